@@ -1,0 +1,1 @@
+"""The harness: timing, quality metrics, cost model, grid runner, results store, reports, CLI."""

@@ -1,0 +1,53 @@
+"""The one interface every compared system implements (AR greedy, AR beam, PaDIR with any T).
+
+``bench/`` only talks to this protocol and never imports a concrete model class; ``models/`` provides
+implementations structurally (it does not import ``bench``). The harness times the three phases:
+
+    prepared = decoder.prepare(sources)          # host: tokenize, pad to a shape bucket
+    outputs  = decoder.run(prepared)             # device: the jitted encode + decode (async)
+    jax.block_until_ready(outputs)               # the timer synchronises here
+    result   = decoder.finish(outputs, prepared) # host: transfer, detokenize
+
+End-to-end latency (the paper's measure) covers all three; device-only covers ``run`` + sync.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping, Protocol, Sequence, runtime_checkable
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class DecodeOutput:
+    hypotheses: list[str]   # one detokenized string per source, same order
+    passes: np.ndarray      # [batch] int: decoder forward passes actually run for each sentence
+
+
+@runtime_checkable
+class Decoder(Protocol):
+    name: str                  # row id, e.g. "ar-greedy", "ar-beam5", "padir-s4-u0.15-distill"
+    family: str                # "ar" or "nar"
+    info: Mapping[str, Any]    # steps, unmask_rate, distill, length_hyps, remask, positional_attention ...
+
+    def prepare(self, sources: Sequence[str]) -> Any:
+        """Host part before the device: tokenize and pad to a shape bucket."""
+
+    def run(self, prepared: Any) -> Any:
+        """Device part: jitted encode + decode; returns device arrays without blocking."""
+
+    def finish(self, outputs: Any, prepared: Any) -> DecodeOutput:
+        """Host part after the device: transfer results and detokenize."""
+
+    def warmup_inputs(self, batch_size: int) -> list[Any]:
+        """One prepared input per shape bucket, so a warm-up compiles every shape before timing."""
+
+    def lower(self, prepared: Any, part: str) -> Any:
+        """``jax.stages.Lowered`` of one ``part``: "encode" (encoder + length prediction) or
+        "pass" (one decoder forward pass), for XLA cost analysis."""
+
+
+def translate(decoder: Decoder, sources: Sequence[str]) -> DecodeOutput:
+    """Untimed convenience: all three phases."""
+    prepared = decoder.prepare(sources)
+    return decoder.finish(decoder.run(prepared), prepared)

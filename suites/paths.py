@@ -1,0 +1,37 @@
+"""Where data, vocabularies, checkpoints and caches live (never inside the repo).
+
+Everything is under one root: ``$NARBENCH_DATA`` if set, else ``~/.cache/narbench``.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def data_root() -> Path:
+    """The root folder for all downloaded and generated artefacts."""
+    root = os.environ.get("NARBENCH_DATA") or os.path.join(Path.home(), ".cache", "narbench")
+    path = Path(root).expanduser()
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def subdir(name: str) -> Path:
+    """A named folder under the data root (``corpora``, ``vocab``, ``checkpoints``, ``jax_cache`` ...)."""
+    path = data_root() / name
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def enable_compilation_cache() -> Path:
+    """Turn on JAX's persistent compilation cache under the data root; returns its folder.
+
+    A second run of the same command then loads compiled executables instead of compiling.
+    """
+    import jax
+
+    path = subdir("jax_cache")
+    jax.config.update("jax_compilation_cache_dir", str(path))
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+    return path
