@@ -1,0 +1,243 @@
+"""Cost model: decoder passes, XLA flops/bytes, the machine's measured peaks, and the roofline bound.
+
+Per batch (the unit the timer measures), ``flops = encode + max(passes in batch) x pass`` (and the
+same for bytes), from ``cost_analysis()`` of the compiled ``decoder.lower(prepared, "encode")`` and
+``decoder.lower(prepared, "pass")``: a whole decode loop cannot be costed directly because XLA's
+cost analysis counts a ``while`` body once. Roofline-bound latency = ``max(flops / peak_flops,
+bytes / bandwidth)``: no real run can be faster, so ``bound / measured`` (the share of the bound
+reached) says how far a latency is from what the hardware allows. Each sentence gets its batch's
+bound and latency; per-sentence flops are the batch's divided by the sentences in it. Each distinct
+shape signature of ``decoder.prepare`` output is lowered and compiled once (first batch seen): a
+decoder whose per-pass program depends on input *values* within one shape is costed at that batch's.
+
+Machine peaks are measured once (best of a few runs of a large jitted fp32 matmul and of a large
+jitted reduction / copy) and cached in ``<data root>/machine/peaks.json`` keyed by CPU model, jax
+version and thread count. Accelerator figures are *projections* from published peaks
+(:data:`ACCELERATORS`), always labelled so and never mixed into measured columns.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from datetime import datetime, timezone
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from bench.errors import UserError
+from bench.timing import batches
+
+PROJECTION_LABEL = "projection"
+
+
+@dataclass(frozen=True)
+class XlaCost:
+    flops: float
+    bytes_accessed: float
+
+
+def xla_cost(lowered: Any) -> XlaCost:
+    """Flops and bytes accessed of a ``jax.stages.Lowered`` after compilation."""
+    analysis = lowered.compile().cost_analysis()
+    if isinstance(analysis, (list, tuple)):  # older jax: one dict per device program
+        analysis = analysis[0] if analysis else {}
+    if not analysis or "flops" not in analysis:
+        raise ValueError("XLA cost analysis returned no flops for this computation")
+    return XlaCost(float(analysis.get("flops", 0.0)), float(analysis.get("bytes accessed", 0.0)))
+
+
+# ---------------------------------------------------------------------------------- machine peaks
+
+@dataclass(frozen=True)
+class MachinePeaks:
+    key: str                        # CPU model | jax version | threads
+    peak_flops: float               # fp32 matmul, flop/s
+    bandwidth: float                # bytes/s (best of a reduction and a copy)
+    measured_at: str                # UTC ISO date-time of the measurement
+    matmul_n: int
+    stream_bytes: int
+
+
+def machine_key() -> str:
+    from bench.env import cpu_model, thread_count
+
+    return f"{cpu_model()}|jax-{jax.__version__}|threads-{thread_count()}"
+
+
+def _best_seconds(fn, *args, repeats: int) -> float:
+    jax.block_until_ready(fn(*args))  # compile + first touch
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        jax.block_until_ready(fn(*args))
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def measure_peaks(matmul_n: int = 2048, stream_mib: int = 256, repeats: int = 5, seed: int = 0) -> MachinePeaks:
+    """Measure fp32 matmul throughput and memory bandwidth on the default device (a few seconds)."""
+    key = jax.random.PRNGKey(seed)
+    a = jax.random.normal(key, (matmul_n, matmul_n), jnp.float32)
+    b = jax.random.normal(jax.random.fold_in(key, 1), (matmul_n, matmul_n), jnp.float32)
+    t_mm = _best_seconds(jax.jit(jnp.matmul), a, b, repeats=repeats)
+    n_elems = stream_mib * 2**20 // 4
+    x = jnp.arange(n_elems, dtype=jnp.float32)
+    t_sum = _best_seconds(jax.jit(jnp.sum), x, repeats=repeats)                     # reads 4n bytes
+    t_copy = _best_seconds(jax.jit(lambda v: v * 2.0), x, repeats=repeats)          # reads + writes 8n
+    bandwidth = max(4 * n_elems / t_sum, 8 * n_elems / t_copy)
+    return MachinePeaks(key=machine_key(), peak_flops=2 * matmul_n**3 / t_mm, bandwidth=bandwidth,
+                        measured_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                        matmul_n=matmul_n, stream_bytes=4 * n_elems)
+
+
+def _peaks_path():
+    from suites.paths import subdir
+
+    return subdir("machine") / "peaks.json"
+
+
+def machine_peaks(refresh: bool = False, **measure_kwargs) -> MachinePeaks:
+    """Cached peaks for this machine (measured on the first call per key, or when ``refresh``)."""
+    path = _peaks_path()
+    cache: dict = {}
+    if path.is_file():
+        try:
+            cache = json.loads(path.read_text())
+        except json.JSONDecodeError:
+            cache = {}  # a corrupt cache is re-measured and rewritten
+    key = machine_key()
+    if not refresh and key in cache:
+        return MachinePeaks(**cache[key])
+    peaks = measure_peaks(**measure_kwargs)
+    cache[peaks.key] = asdict(peaks)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".peaks-", suffix=".json")
+    with os.fdopen(fd, "w") as f:
+        json.dump(cache, f, indent=2, sort_keys=True)
+    os.replace(tmp, path)
+    return peaks
+
+
+def roofline_ms(flops: float, bytes_accessed: float, peak_flops: float, bandwidth: float) -> float:
+    """Lower bound on latency in ms: ``max(flops / peak, bytes / bandwidth)``."""
+    return 1e3 * max(flops / peak_flops, bytes_accessed / bandwidth)
+
+
+# ------------------------------------------------------------------------------- decoder costs
+
+def _bucket_key(prepared: Any) -> Any:
+    """Shape signature of a prepared batch (arrays -> shape + dtype, recursing into containers and
+    dataclasses; plain scalars by value). Batches with equal keys are costed with one lowering."""
+    if dataclasses.is_dataclass(prepared) and not isinstance(prepared, type):
+        return (type(prepared).__name__,) + tuple(
+            (f.name, _bucket_key(getattr(prepared, f.name))) for f in dataclasses.fields(prepared))
+    if hasattr(prepared, "shape") and hasattr(prepared, "dtype"):
+        return ("array", tuple(prepared.shape), str(prepared.dtype))
+    if isinstance(prepared, dict):
+        return ("dict",) + tuple((k, _bucket_key(v)) for k, v in sorted(prepared.items(), key=lambda kv: str(kv[0])))
+    if isinstance(prepared, (list, tuple)):
+        return (type(prepared).__name__,) + tuple(_bucket_key(v) for v in prepared)
+    if prepared is None or isinstance(prepared, (bool, int, float, str)):
+        return prepared
+    return type(prepared).__name__
+
+
+@dataclass(frozen=True)
+class DecoderCost:
+    """Per-sentence cost of one decoder on one test set (arrays aligned with the sources)."""
+
+    name: str
+    passes_mean: float
+    passes_p99: float
+    flops: np.ndarray            # [n_sentences] per-sentence share of its batch's flops
+    bytes_accessed: np.ndarray   # [n_sentences]
+    batch_flops: np.ndarray      # [n_sentences] flops of the batch the sentence ran in
+    batch_bytes: np.ndarray      # [n_sentences]
+    buckets: dict                # bucket key (str) -> {"encode": XlaCost, "pass": XlaCost}
+
+    def bound_ms(self, peak_flops: float, bandwidth: float) -> np.ndarray:
+        """Roofline-bound latency of each sentence's batch, ms ``[n_sentences]``."""
+        return 1e3 * np.maximum(self.batch_flops / peak_flops, self.batch_bytes / bandwidth)
+
+
+def decoder_cost(decoder: Any, sources: Sequence[str], passes: Sequence[int] | np.ndarray,
+                 batch_size: int = 1) -> DecoderCost:
+    """Flops/bytes per sentence from XLA cost analysis of ``encode`` and one ``pass`` per shape bucket."""
+    passes = np.asarray(passes, dtype=np.float64).reshape(-1)
+    if passes.size != len(sources):
+        raise ValueError(f"{passes.size} pass counts for {len(sources)} sources")
+    n = len(sources)
+    flops, nbytes = np.zeros(n), np.zeros(n)
+    batch_flops, batch_bytes = np.zeros(n), np.zeros(n)
+    buckets: dict[str, dict[str, XlaCost]] = {}
+    for idx in batches(n, batch_size):
+        prepared = decoder.prepare([sources[i] for i in idx])
+        key = repr(_bucket_key(prepared))
+        if key not in buckets:
+            buckets[key] = {part: xla_cost(decoder.lower(prepared, part)) for part in ("encode", "pass")}
+        enc, step = buckets[key]["encode"], buckets[key]["pass"]
+        runs = passes[idx.start:idx.stop].max()  # the batch loops until its slowest sentence is done
+        f = enc.flops + runs * step.flops
+        b = enc.bytes_accessed + runs * step.bytes_accessed
+        batch_flops[idx.start:idx.stop], batch_bytes[idx.start:idx.stop] = f, b
+        flops[idx.start:idx.stop], nbytes[idx.start:idx.stop] = f / len(idx), b / len(idx)
+    return DecoderCost(name=decoder.name, passes_mean=float(passes.mean()),
+                       passes_p99=float(np.percentile(passes, 99)), flops=flops, bytes_accessed=nbytes,
+                       batch_flops=batch_flops, batch_bytes=batch_bytes, buckets=buckets)
+
+
+def roofline_share(cost: DecoderCost, latencies_ms: Sequence[float] | np.ndarray, peaks: MachinePeaks) -> np.ndarray:
+    """Per sentence, the share of the roofline bound the measured latency reaches (1.0 = at the bound)."""
+    lat = np.asarray(latencies_ms, dtype=np.float64)
+    if lat.shape != cost.flops.shape:
+        raise ValueError(f"{lat.size} latencies for {cost.flops.size} sentences")
+    return cost.bound_ms(peaks.peak_flops, peaks.bandwidth) / lat
+
+
+# -------------------------------------------------------------------------------- projections
+
+@dataclass(frozen=True)
+class Accelerator:
+    name: str
+    peak_flops: float   # flop/s at the dtype below, dense
+    bandwidth: float    # bytes/s, HBM
+    dtype: str
+    source: str
+
+
+# Published vendor peaks (dense, no sparsity). Projections assume matmuls at this dtype.
+ACCELERATORS: dict[str, Accelerator] = {
+    "tpu-v4": Accelerator("tpu-v4", 275e12, 1200e9, "bf16", "Google Cloud TPU v4 system architecture"),
+    "tpu-v5e": Accelerator("tpu-v5e", 197e12, 819e9, "bf16", "Google Cloud TPU v5e documentation"),
+    "a100-sxm-80gb": Accelerator("a100-sxm-80gb", 156e12, 2039e9, "tf32", "NVIDIA A100 datasheet"),
+    "h100-sxm": Accelerator("h100-sxm", 494.7e12, 3350e9, "tf32", "NVIDIA H100 datasheet"),
+}
+
+
+@dataclass(frozen=True)
+class Projection:
+    """Roofline lower bound on an accelerator: a projection, not a measurement."""
+
+    accelerator: str
+    label: str                  # always PROJECTION_LABEL
+    bound_ms: np.ndarray        # [n_sentences]
+    p50_bound_ms: float
+
+
+def accelerator(name: str) -> Accelerator:
+    if name not in ACCELERATORS:
+        raise UserError(f"unknown accelerator {name!r}; known: {', '.join(sorted(ACCELERATORS))}")
+    return ACCELERATORS[name]
+
+
+def project(cost: DecoderCost, name: str) -> Projection:
+    """Roofline-bound latency of ``cost`` on a published accelerator (labelled ``projection``)."""
+    acc = accelerator(name)
+    bound = cost.bound_ms(acc.peak_flops, acc.bandwidth)
+    return Projection(accelerator=acc.name, label=PROJECTION_LABEL, bound_ms=bound,
+                      p50_bound_ms=float(np.percentile(bound, 50)))

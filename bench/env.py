@@ -1,0 +1,101 @@
+"""The environment every result row carries: device, CPU, threads, library versions, git commit, date, seeds."""
+from __future__ import annotations
+
+import os
+import platform as _platform
+import subprocess
+import sys
+from datetime import datetime, timezone
+from importlib import metadata
+from pathlib import Path
+from typing import Any, Mapping
+
+LIBRARIES = ("jax", "jaxlib", "flax", "tensorflow", "sacrebleu", "numpy", "optax", "seqio", "sentencepiece")
+REPO_DIR = Path(__file__).resolve().parents[1]
+
+
+def cpu_model() -> str:
+    """CPU model name from /proc/cpuinfo (Linux), else the platform's processor string."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.lower().startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return _platform.processor() or _platform.machine() or "unknown"
+
+
+def thread_count() -> int:
+    """CPUs this process may run on (affinity mask), which is what XLA's thread pool uses."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def core_count() -> int:
+    """Physical cores (distinct (package, core id) pairs in /proc/cpuinfo), else the logical count."""
+    try:
+        cores, package = set(), "0"
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("physical id"):
+                package = line.split(":", 1)[1].strip()
+            elif line.startswith("core id"):
+                cores.add((package, line.split(":", 1)[1].strip()))
+        if cores:
+            return len(cores)
+    except OSError:
+        pass
+    return os.cpu_count() or 1
+
+
+def versions(names=LIBRARIES) -> dict[str, str | None]:
+    """Installed distribution versions (None when not installed); nothing is imported."""
+    out = {}
+    for name in names:
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            out[name] = None
+    return out
+
+
+def git_state(repo_dir: Path = REPO_DIR) -> dict[str, Any]:
+    """Commit hash and dirty flag (read-only git calls); None values outside a git checkout."""
+    def _git(*args: str) -> str | None:
+        try:
+            done = subprocess.run(["git", "-C", str(repo_dir), *args], capture_output=True, text=True, timeout=20)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        return done.stdout if done.returncode == 0 else None
+
+    commit = _git("rev-parse", "HEAD")
+    if commit is None:
+        return {"commit": None, "dirty": None}
+    status = _git("status", "--porcelain", "--untracked-files=no")
+    return {"commit": commit.strip(), "dirty": bool(status.strip()) if status is not None else None}
+
+
+def device_info(platform: str | None = None) -> dict[str, Any]:
+    import jax
+
+    backend = platform or jax.default_backend()
+    devices = jax.devices(backend)
+    return {"platform": backend, "device_kind": devices[0].device_kind, "device_count": len(devices)}
+
+
+def capture(seeds: Mapping[str, int] | None = None, platform: str | None = None,
+            repo_dir: Path = REPO_DIR) -> dict[str, Any]:
+    """The ``env.json`` object (JSON-serialisable)."""
+    return {
+        **device_info(platform),
+        "cpu_model": cpu_model(),
+        "threads": thread_count(),
+        "cores": core_count(),
+        "xla_flags": os.environ.get("XLA_FLAGS", ""),
+        "versions": versions(),
+        "python": sys.version.split()[0],
+        "git": git_state(repo_dir),
+        "date_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "seeds": dict(seeds or {}),
+    }

@@ -1,0 +1,210 @@
+"""Quality metrics: SacreBLEU BLEU and chrF (with signatures), stutter, paired bootstrap vs a baseline.
+
+- Tokenizer: ``13a``, or ``zh`` when the target language is Chinese (:func:`tokenizer_for`).
+- References are a list of streams (``refs[k][i]`` = k-th reference of sentence i), as in sacrebleu.
+- Stutter (DESIGN.md): for hypothesis h and reference r, ``sum_w max(0, c_h(w,w) - c_r(w,w))`` where
+  ``c_x(w,w)`` counts adjacent identical word pairs; words are whitespace tokens, and for Chinese
+  targets single non-space characters (Chinese is written without spaces). With several reference
+  streams, r is the first one (the task's own target).
+- Paired bootstrap (Koehn 2004): sentences are resampled with replacement (same indices for both
+  systems); BLEU is recomputed from summed per-sentence sufficient statistics. CI = percentile
+  interval of the resampled deltas; p-value = two-sided test against the centred resampled deltas,
+  ``(1 + #{|d_b - mean(d)| >= |d_obs|}) / (1 + B)``.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+from sacrebleu.metrics import BLEU, CHRF
+
+from bench.errors import UserError
+
+# Metric registry: name -> higher is better. Reports use it to sort and to mark the best value.
+METRICS: dict[str, bool] = {
+    "bleu": True,
+    "chrf": True,
+    "bleurt": True,
+    "bleu_delta_vs_ar": True,
+    "stutter_per_1k_words": False,
+    "stutter_sentence_share": False,
+    "latency_p50_ms": False,
+    "latency_p90_ms": False,
+    "latency_p99_ms": False,
+    "latency_mean_ms": False,
+    "speedup_p50_vs_ar": True,
+    "passes_mean": False,
+    "compile_s": False,
+}
+
+
+def higher_is_better(metric: str) -> bool:
+    """Whether larger values of ``metric`` are better; unknown names list the known ones."""
+    if metric not in METRICS:
+        raise UserError(f"unknown metric {metric!r}; known metrics: {', '.join(sorted(METRICS))}")
+    return METRICS[metric]
+
+
+def is_chinese(lang: str) -> bool:
+    return lang.lower().split("-")[0].split("_")[0] == "zh"
+
+
+def tokenizer_for(target_lang: str) -> str:
+    """SacreBLEU tokenizer for a target language: ``zh`` for Chinese, else ``13a``."""
+    return "zh" if is_chinese(target_lang) else "13a"
+
+
+def _check_streams(hypotheses: Sequence[str], references: Sequence[Sequence[str]]) -> list[list[str]]:
+    if not references or isinstance(references[0], str):
+        raise ValueError("references must be a list of reference streams (list of lists of strings)")
+    streams = [list(r) for r in references]
+    for k, stream in enumerate(streams):
+        if len(stream) != len(hypotheses):
+            raise UserError(f"reference stream {k} has {len(stream)} lines but there are {len(hypotheses)} "
+                            "hypotheses; give aligned files with one sentence per line")
+    return streams
+
+
+@dataclass(frozen=True)
+class CorpusScore:
+    score: float
+    signature: str
+
+
+def corpus_bleu(hypotheses: Sequence[str], references: Sequence[Sequence[str]], tokenize: str = "13a") -> CorpusScore:
+    """SacreBLEU corpus BLEU (default smoothing ``exp``) and its signature."""
+    streams = _check_streams(hypotheses, references)
+    metric = BLEU(tokenize=tokenize)
+    score = metric.corpus_score(list(hypotheses), streams)
+    return CorpusScore(float(score.score), str(metric.get_signature()))
+
+
+def corpus_chrf(hypotheses: Sequence[str], references: Sequence[Sequence[str]]) -> CorpusScore:
+    """SacreBLEU corpus chrF (char order 6, beta 2) and its signature."""
+    streams = _check_streams(hypotheses, references)
+    metric = CHRF()
+    score = metric.corpus_score(list(hypotheses), streams)
+    return CorpusScore(float(score.score), str(metric.get_signature()))
+
+
+# ----------------------------------------------------------------------------------------- stutter
+
+def words(text: str, chinese: bool = False) -> list[str]:
+    """Whitespace tokens, or non-space characters for Chinese."""
+    if chinese:
+        return [ch for ch in text if not ch.isspace()]
+    return text.split()
+
+
+def _repeat_counts(tokens: list[str]) -> Counter:
+    return Counter(a for a, b in zip(tokens, tokens[1:]) if a == b)
+
+
+def stutter_count(hypothesis: str, reference: str, chinese: bool = False) -> int:
+    """``sum_w max(0, c_h(w,w) - c_r(w,w))`` for one sentence."""
+    c_h = _repeat_counts(words(hypothesis, chinese))
+    c_r = _repeat_counts(words(reference, chinese))
+    return sum(max(0, count - c_r.get(w, 0)) for w, count in c_h.items())
+
+
+@dataclass(frozen=True)
+class StutterScore:
+    per_1k_words: float      # excess repeats per 1,000 hypothesis words
+    sentence_share: float    # fraction of sentences with stutter > 0
+    total: int               # excess repeats summed over sentences
+    hypothesis_words: int
+
+
+def stutter(hypotheses: Sequence[str], references: Sequence[str], chinese: bool = False) -> StutterScore:
+    """Corpus stutter against one reference stream (see module docstring)."""
+    if len(hypotheses) != len(references):
+        raise ValueError(f"{len(hypotheses)} hypotheses vs {len(references)} references")
+    counts = [stutter_count(h, r, chinese) for h, r in zip(hypotheses, references)]
+    n_words = sum(len(words(h, chinese)) for h in hypotheses)
+    total = int(sum(counts))
+    return StutterScore(
+        per_1k_words=1000.0 * total / n_words if n_words else 0.0,
+        sentence_share=float(np.mean([c > 0 for c in counts])) if counts else 0.0,
+        total=total, hypothesis_words=n_words)
+
+
+# -------------------------------------------------------------------------------------- bootstrap
+
+_ORDER = 4
+
+
+def sentence_stats(hypotheses: Sequence[str], references: Sequence[Sequence[str]], tokenize: str = "13a") -> np.ndarray:
+    """Per-sentence BLEU sufficient statistics ``[n, 10]``: correct[4], total[4], sys_len, ref_len."""
+    streams = _check_streams(hypotheses, references)
+    metric = BLEU(tokenize=tokenize)
+    rows = []
+    for i, hyp in enumerate(hypotheses):
+        s = metric.corpus_score([hyp], [[stream[i]] for stream in streams])
+        rows.append(list(s.counts) + list(s.totals) + [s.sys_len, s.ref_len])
+    return np.asarray(rows, dtype=np.int64).reshape(len(rows), 2 * _ORDER + 2)
+
+
+def bleu_from_stats(stats: np.ndarray) -> float:
+    """Corpus BLEU (sacrebleu defaults: exp smoothing) from summed statistics ``[10]``."""
+    stats = [int(v) for v in stats]
+    return float(BLEU.compute_bleu(stats[:_ORDER], stats[_ORDER:2 * _ORDER], stats[-2], stats[-1],
+                                   smooth_method="exp").score)
+
+
+@dataclass(frozen=True)
+class BootstrapResult:
+    delta: float                  # BLEU(system) - BLEU(baseline) on the full test set
+    ci: tuple[float, float]       # percentile CI of the resampled deltas
+    p_value: float                # two-sided, H0: no difference
+    n_resamples: int
+    seed: int
+    confidence: float
+
+
+def paired_bootstrap_bleu(system: Sequence[str], baseline: Sequence[str], references: Sequence[Sequence[str]],
+                          tokenize: str = "13a", n_resamples: int = 1000, seed: int = 0,
+                          confidence: float = 0.95) -> BootstrapResult:
+    """Paired bootstrap resampling of a system's BLEU against the baseline (seeded, deterministic)."""
+    if len(system) != len(baseline):
+        raise ValueError(f"{len(system)} system vs {len(baseline)} baseline hypotheses")
+    if len(system) == 0:
+        raise ValueError("empty test set")
+    sys_stats = sentence_stats(system, references, tokenize)     # [n, 10]
+    base_stats = sentence_stats(baseline, references, tokenize)  # [n, 10]
+    observed = bleu_from_stats(sys_stats.sum(0)) - bleu_from_stats(base_stats.sum(0))
+    rng = np.random.default_rng(seed)
+    n = sys_stats.shape[0]
+    deltas = np.empty(n_resamples)
+    for b in range(n_resamples):
+        idx = rng.integers(0, n, size=n)
+        deltas[b] = bleu_from_stats(sys_stats[idx].sum(0)) - bleu_from_stats(base_stats[idx].sum(0))
+    alpha = 1.0 - confidence
+    low, high = np.percentile(deltas, [100 * alpha / 2, 100 * (1 - alpha / 2)])
+    extreme = np.sum(np.abs(deltas - deltas.mean()) >= abs(observed) - 1e-12)
+    return BootstrapResult(delta=float(observed), ci=(float(low), float(high)),
+                           p_value=float((1 + extreme) / (1 + n_resamples)),
+                           n_resamples=n_resamples, seed=seed, confidence=confidence)
+
+
+# ---------------------------------------------------------------------------------- one-stop score
+
+@dataclass(frozen=True)
+class QualityScores:
+    bleu: float
+    bleu_signature: str
+    chrf: float
+    chrf_signature: str
+    stutter_per_1k_words: float
+    stutter_sentence_share: float
+
+
+def score_corpus(hypotheses: Sequence[str], references: Sequence[Sequence[str]], target_lang: str) -> QualityScores:
+    """BLEU, chrF and stutter of one system on one test set (stutter against the first reference)."""
+    tok = tokenizer_for(target_lang)
+    bleu = corpus_bleu(hypotheses, references, tok)
+    chrf = corpus_chrf(hypotheses, references)
+    st = stutter(hypotheses, list(references[0]), chinese=is_chinese(target_lang))
+    return QualityScores(bleu.score, bleu.signature, chrf.score, chrf.signature,
+                         st.per_1k_words, st.sentence_share)

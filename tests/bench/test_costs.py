@@ -1,0 +1,111 @@
+"""bench.costs: XLA flops/bytes against hand counts, per-batch combination, roofline, peaks cache, projections."""
+from __future__ import annotations
+
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from bench import costs
+from bench.errors import UserError
+from fakes import JittedDecoder
+
+
+def test_xla_cost_of_a_matmul_counts_by_hand():
+    m, k, n = 3, 5, 7
+    lowered = jax.jit(jnp.matmul).lower(jnp.ones((m, k)), jnp.ones((k, n)))
+    cost = costs.xla_cost(lowered)
+    assert cost.flops == 2 * m * k * n
+    assert cost.bytes_accessed == 4 * (m * k + k * n + m * n)  # fp32 inputs read once, output written once
+
+
+@pytest.fixture(scope="module")
+def decoder():
+    return JittedDecoder("j", passes=3, dim=32, buckets=(4, 8))
+
+
+def test_decoder_cost_combines_encode_and_passes_per_batch(decoder):
+    sources = ["a b", "c d e f g h", "i", "j k l"]   # buckets 4, 8, 4, 4
+    passes = np.array([1, 3, 2, 5])
+    c1 = costs.decoder_cost(decoder, sources, passes, batch_size=1)
+    pass4 = 2 * 1 * 4 * 32 * 32                      # [1, 4, 32] @ [32, 32]
+    pass8 = 2 * 1 * 8 * 32 * 32
+    assert len(c1.buckets) == 2
+    enc4 = costs.xla_cost(decoder.lower(decoder.prepare(["a"]), "encode")).flops
+    enc8 = costs.xla_cost(decoder.lower(decoder.prepare(["c d e f g h"]), "encode")).flops
+    np.testing.assert_allclose(c1.flops, [enc4 + 1 * pass4, enc8 + 3 * pass8, enc4 + 2 * pass4, enc4 + 5 * pass4])
+    np.testing.assert_allclose(c1.batch_flops, c1.flops)
+    assert c1.passes_mean == pytest.approx(2.75)
+    assert c1.passes_p99 == pytest.approx(np.percentile(passes, 99))
+    assert np.all(c1.bytes_accessed > 0)
+
+    c2 = costs.decoder_cost(decoder, sources, passes, batch_size=2)
+    # batch 0 = sentences 0-1 (bucket 8, max passes 3); batch 1 = 2-3 (bucket 4, max passes 5)
+    b0 = costs.xla_cost(decoder.lower(decoder.prepare(sources[:2]), "encode")).flops + 3 * 2 * 2 * 8 * 32 * 32
+    b1 = costs.xla_cost(decoder.lower(decoder.prepare(sources[2:]), "encode")).flops + 5 * 2 * 2 * 4 * 32 * 32
+    np.testing.assert_allclose(c2.batch_flops, [b0, b0, b1, b1])
+    np.testing.assert_allclose(c2.flops, [b0 / 2, b0 / 2, b1 / 2, b1 / 2])
+
+
+def test_roofline_share_and_bound(decoder):
+    sources = ["a b", "c d e"]
+    c = costs.decoder_cost(decoder, sources, [2, 2])
+    peaks = costs.MachinePeaks(key="k", peak_flops=1e9, bandwidth=1e8, measured_at="t", matmul_n=1, stream_bytes=1)
+    bound = np.maximum(c.batch_flops / 1e9, c.batch_bytes / 1e8) * 1e3
+    np.testing.assert_allclose(c.bound_ms(1e9, 1e8), bound)
+    assert costs.roofline_ms(2e9, 1e8, 1e9, 1e8) == pytest.approx(2000.0)     # compute-bound
+    assert costs.roofline_ms(1e6, 5e8, 1e9, 1e8) == pytest.approx(5000.0)     # memory-bound
+    share = costs.roofline_share(c, bound * 4, peaks)
+    np.testing.assert_allclose(share, [0.25, 0.25])
+    with pytest.raises(ValueError):
+        costs.roofline_share(c, [1.0], peaks)
+
+
+def test_projection_is_labelled_and_uses_published_peaks(decoder):
+    c = costs.decoder_cost(decoder, ["a b", "c"], [3, 1])
+    proj = costs.project(c, "tpu-v4")
+    acc = costs.ACCELERATORS["tpu-v4"]
+    assert proj.label == "projection" == costs.PROJECTION_LABEL
+    np.testing.assert_allclose(proj.bound_ms, 1e3 * np.maximum(c.batch_flops / acc.peak_flops,
+                                                                c.batch_bytes / acc.bandwidth))
+    with pytest.raises(UserError, match="known"):
+        costs.project(c, "tpu-v99")
+
+
+def test_machine_peaks_are_measured_once_and_cached(tmp_path, monkeypatch):
+    monkeypatch.setenv("NARBENCH_DATA", str(tmp_path))
+    peaks = costs.machine_peaks(matmul_n=128, stream_mib=4, repeats=2)
+    assert peaks.peak_flops > 1e6 and peaks.bandwidth > 1e6
+    assert peaks.key == costs.machine_key() and "jax-" in peaks.key and "threads-" in peaks.key
+    stored = json.loads((tmp_path / "machine" / "peaks.json").read_text())
+    assert stored[peaks.key]["peak_flops"] == peaks.peak_flops
+
+    def _fail(**_):
+        raise AssertionError("should have used the cache")
+
+    monkeypatch.setattr(costs, "measure_peaks", _fail)
+    assert costs.machine_peaks() == peaks
+    (tmp_path / "machine" / "peaks.json").write_text("{corrupt")
+    monkeypatch.setattr(costs, "measure_peaks", lambda **kw: peaks)
+    assert costs.machine_peaks() == peaks  # corrupt cache -> re-measured and rewritten
+    assert json.loads((tmp_path / "machine" / "peaks.json").read_text())[peaks.key]["bandwidth"] == peaks.bandwidth
+
+
+def test_bucket_key_sees_inside_dataclasses():
+    from dataclasses import dataclass
+
+    @dataclass
+    class Prepared:  # like models.decoders.Prepared: not a pytree
+        inputs: np.ndarray
+        num_sources: int
+        target_bucket: int | None = None
+
+    key = costs._bucket_key
+    a = Prepared(np.zeros((1, 16), np.int32), 1)
+    assert key(a) == key(Prepared(np.ones((1, 16), np.int32), 1))          # values do not matter
+    assert key(a) != key(Prepared(np.zeros((1, 32), np.int32), 1))         # shapes do
+    assert key(a) != key(Prepared(np.zeros((1, 16), np.int64), 1))         # dtypes do
+    assert key(a) != key(Prepared(np.zeros((1, 16), np.int32), 1, 32))     # scalar fields do
+    assert key({"ids": a.inputs}) != key({"ids": a.inputs[:, :8]})

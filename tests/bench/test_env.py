@@ -1,0 +1,46 @@
+"""bench.env: the environment captured with every run."""
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from importlib import metadata
+
+from bench import env
+
+
+def test_capture_has_every_field_and_is_json():
+    e = env.capture(seeds={"train": 0, "decode": 1})
+    json.dumps(e)  # serialisable
+    assert e["platform"] == "cpu" and e["device_kind"] and e["device_count"] >= 1
+    assert e["threads"] >= 1 and e["cores"] >= 1 and e["cpu_model"]
+    assert e["versions"]["jax"] == metadata.version("jax")
+    assert e["versions"]["sacrebleu"] == metadata.version("sacrebleu")
+    assert set(env.LIBRARIES) <= set(e["versions"])
+    assert e["python"] == sys.version.split()[0]
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\+00:00", e["date_utc"])
+    assert e["seeds"] == {"train": 0, "decode": 1}
+
+
+def test_git_state_matches_git():
+    state = env.git_state()
+    head = subprocess.run(["git", "-C", str(env.REPO_DIR), "rev-parse", "HEAD"], capture_output=True, text=True)
+    if head.returncode != 0:
+        assert state == {"commit": None, "dirty": None}
+    else:
+        assert state["commit"] == head.stdout.strip() and isinstance(state["dirty"], bool)
+
+
+def test_git_state_outside_a_repo(tmp_path):
+    assert env.git_state(tmp_path) == {"commit": None, "dirty": None}
+
+
+def test_cpu_model_matches_proc_cpuinfo():
+    text = open("/proc/cpuinfo").read()
+    names = [line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("model name")]
+    assert env.cpu_model() == names[0]
+
+
+def test_unknown_library_version_is_none():
+    assert env.versions(("no-such-distribution-xyz",)) == {"no-such-distribution-xyz": None}

@@ -1,0 +1,163 @@
+"""bench.timing: interleaving, phases, per-sentence attribution, warm-up kept apart (fake clock, exact)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from bench import timing
+from bench.errors import UserError
+from fakes import Costs, FakeClock, ScriptedDecoder
+
+SOURCES = ["a b c", "d e", "f", "g h i j", "k l"]
+
+
+def _systems(clock, log, **extra):
+    return [
+        ScriptedDecoder("A", clock, log, Costs(prepare=1_000, run=2_000, block=30_000, finish=500), **extra),
+        ScriptedDecoder("B", clock, log, Costs(prepare=1_000, run=2_000, block=10_000, finish=500),
+                        family="nar", fixed_passes=4, **extra),
+        ScriptedDecoder("C", clock, log, Costs(prepare=2_000, run=1_000, block=5_000, finish=1_000),
+                        family="nar", **extra),
+    ]
+
+
+def _run_order(log):
+    return [name for event, name, _ in log if event == "run"]
+
+
+def test_interleaved_without_rotation():
+    clock, log = FakeClock(), []
+    timing.measure(_systems(clock, log), SOURCES, rotate=False, clock=clock)
+    assert _run_order(log) == ["A", "B", "C"] * len(SOURCES)
+
+
+def test_rotation_cycles_the_order_per_batch():
+    clock, log = FakeClock(), []
+    m = timing.measure(_systems(clock, log), SOURCES, rotate=True, clock=clock)
+    expected = ["A", "B", "C", "B", "C", "A", "C", "A", "B", "A", "B", "C", "B", "C", "A"]
+    assert _run_order(log) == expected
+    assert [name for _, _, name in m.schedule] == expected
+    assert [b for _, b, _ in m.schedule] == [i // 3 for i in range(15)]
+
+
+def test_phases_sum_the_right_parts_and_block_is_called():
+    clock, log = FakeClock(), []
+    systems = _systems(clock, log)
+    e2e = timing.measure(systems, SOURCES, phase="end_to_end", clock=clock)
+    np.testing.assert_array_equal(e2e.latencies("A"), np.full(5, 0.0335))  # ms: 1+2+30+0.5 us
+    np.testing.assert_array_equal(e2e.latencies("B"), np.full(5, 0.0135))
+    np.testing.assert_array_equal(e2e.latencies("C"), np.full(5, 0.009))
+    dev = timing.measure(systems, SOURCES, phase="device", clock=clock)
+    np.testing.assert_array_equal(dev.latencies("A"), np.full(5, 0.032))   # run + block only
+    np.testing.assert_array_equal(dev.latencies("C"), np.full(5, 0.006))
+    # Every run was followed by its block before finish (ScriptedDecoder.finish also checks it).
+    events = [(e, n) for e, n, _ in log]
+    for i, (event, name) in enumerate(events):
+        if event == "run":
+            assert events[i + 1] == ("block", name) and events[i + 2] == ("finish", name)
+
+
+def test_batch_time_is_attributed_to_each_sentence():
+    clock, log = FakeClock(), []
+    a = ScriptedDecoder("A", clock, log, Costs(run=1_000_000))
+    m = timing.measure([a], SOURCES, batch_size=2, clock=clock)
+    assert [n for e, _, n in log if e == "run"] == [2, 2, 1]
+    np.testing.assert_array_equal(m.latencies("A"), np.full(5, 1.0))
+    assert m.systems["A"].hypotheses == ["c b a", "e d", "f", "j i h g", "l k"]
+    np.testing.assert_array_equal(m.systems["A"].passes, [3, 2, 1, 4, 2])
+    assert m.batch_size == 2 and m.phase == "end_to_end"
+
+
+def test_per_sentence_latencies_follow_their_batch():
+    clock, log = FakeClock(), []
+
+    class Growing(ScriptedDecoder):
+        def run(self, prepared):  # cost grows with the batch's longest sentence
+            self.clock.advance(1_000_000 * max(len(s.split()) for s in prepared.sources))
+            return super().run(prepared)
+
+    m = timing.measure([Growing("G", clock, log)], SOURCES, batch_size=1, clock=clock)
+    np.testing.assert_array_equal(m.latencies("G"), [3.0, 2.0, 1.0, 4.0, 2.0])
+
+
+def test_repeats_keep_raw_and_take_the_median():
+    clock, log = FakeClock(), []
+    calls = []
+
+    class Jittery(ScriptedDecoder):
+        def run(self, prepared):
+            calls.append(1)
+            self.clock.advance([1, 5, 2][(len(calls) - 1) // len(SOURCES)] * 1_000_000)
+            return super().run(prepared)
+
+    m = timing.measure([Jittery("J", clock, log)], SOURCES, repeats=3, clock=clock)
+    assert m.systems["J"].raw_ms.shape == (3, 5)
+    np.testing.assert_array_equal(m.systems["J"].raw_ms[:, 0], [1.0, 5.0, 2.0])
+    np.testing.assert_array_equal(m.latencies("J"), np.full(5, 2.0))
+
+
+def test_warmup_compiles_every_bucket_and_stays_out_of_measurement():
+    clock, log = FakeClock(), []
+    systems = _systems(clock, log, warmup_costs=7_000_000_000)  # 7 s "compile" per bucket
+    compile_s = timing.warmup(systems, batch_size=1, clock=clock)
+    # 2 buckets x (7 s compile + run + block + finish)
+    assert compile_s["A"] == pytest.approx(2 * (7 + 32.5e-6))
+    assert set(compile_s) == {"A", "B", "C"}
+    assert [n for e, name, n in log if e == "run" and name == "A"] == [1, 1]
+    m = timing.measure(systems, SOURCES, clock=clock)
+    assert m.latencies("A").max() == pytest.approx(0.0335)  # no compile inside the measured rounds
+
+
+def test_bad_arguments_give_user_errors():
+    clock, log = FakeClock(), []
+    systems = _systems(clock, log)
+    with pytest.raises(UserError, match="phase"):
+        timing.measure(systems, SOURCES, phase="wall", clock=clock)
+    with pytest.raises(UserError, match="batch size"):
+        timing.measure(systems, SOURCES, batch_size=0, clock=clock)
+    with pytest.raises(UserError, match="duplicate"):
+        timing.measure([systems[0], systems[0]], SOURCES, clock=clock)
+    with pytest.raises(UserError, match="empty"):
+        timing.measure(systems, [], clock=clock)
+    with pytest.raises(UserError, match="platform"):
+        timing.resolve_platform("no-such-platform")
+
+
+def test_platform_is_recorded():
+    clock, log = FakeClock(), []
+    m = timing.measure(_systems(clock, log)[:1], SOURCES[:1], clock=clock)
+    assert m.platform == timing.default_platform() == "cpu"
+    assert timing.resolve_platform(None) == "cpu" and timing.resolve_platform("cpu") == "cpu"
+
+
+def test_real_jitted_decoders_through_the_protocol(jitted_pair):
+    jitted = jitted_pair
+    compile_s = timing.warmup(jitted, batch_size=1)
+    assert all(v > 0 for v in compile_s.values())
+    m = timing.measure(jitted, ["a b c", "d e f g h i j k l m", "x"], phase="end_to_end")
+    for d in jitted:
+        lat = m.latencies(d.name)
+        assert lat.shape == (3,) and np.all(lat > 0)
+        assert [len(h.split()) for h in m.systems[d.name].hypotheses] == [3, 10, 1]
+        np.testing.assert_array_equal(m.systems[d.name].passes, [d.passes] * 3)
+
+
+def test_gc_is_paused_only_inside_the_timed_window():
+    import gc
+
+    clock, log, seen = FakeClock(), [], []
+
+    class Probe(ScriptedDecoder):
+        def prepare(self, sources):
+            seen.append(("prepare", gc.isenabled()))
+            return super().prepare(sources)
+
+        def run(self, prepared):
+            seen.append(("run", gc.isenabled()))
+            return super().run(prepared)
+
+    assert gc.isenabled()
+    timing.measure([Probe("P", clock, log)], SOURCES[:1], phase="device", clock=clock)
+    timing.measure([Probe("P", clock, log)], SOURCES[:1], phase="end_to_end", clock=clock)
+    assert seen == [("prepare", True), ("run", False), ("prepare", False), ("run", False)]
+    assert gc.isenabled()
