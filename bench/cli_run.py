@@ -1,5 +1,264 @@
-"""Sub-commands (filled in by the owning work stream)."""
+"""Sub-commands ``run``, ``eval``, ``report``, ``results`` and ``latency`` (thin: parse, call, print)."""
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+import time
+from pathlib import Path
+
+from bench.errors import UserError
+
+SUITE_HELP = "built-in suite name (smoke, quick, default, ablation, paper) or a path to a .toml spec"
 
 
 def register(sub) -> None:
     """Add this module's sub-commands to ``sub`` (argparse subparsers)."""
+    p = sub.add_parser("run", help="train (cached) and benchmark every system of a suite",
+                       description="Expand a suite into training and evaluation cells, run the missing ones "
+                       "into results/<suite>/<run_id>/ (re-running the same command resumes), then write "
+                       "table.md, leaderboard.md and plots.")
+    p.add_argument("--suite", default="default", help=SUITE_HELP + " (default: default)")
+    p.add_argument("--out", default="results", help="results root folder (default: results)")
+    _timing_args(p)
+    p.add_argument("--force", action="store_true", help="start a fresh run folder instead of resuming")
+    p.add_argument("--bleurt-checkpoint", help="BLEURT checkpoint folder (default: $NARBENCH_BLEURT; none: no BLEURT)")
+    p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("eval", help="score every system of a finished run on your own parallel text",
+                       description="Add a test set to a run: time and score every system on SOURCE/REFERENCE "
+                       "files (one sentence per line, aligned), then rewrite the run's report.")
+    p.add_argument("--run", required=True, help="run folder (results/<suite>/<run_id>) or suite folder (latest)")
+    p.add_argument("--source-file", required=True, help="source sentences, one per line")
+    p.add_argument("--reference-file", required=True, action="append",
+                   help="reference translations, one per line (repeat for multi-reference BLEU)")
+    p.add_argument("--name", help="test set name (default: the source file's stem)")
+    p.add_argument("--task", help="which trained task's systems to use when the run has several")
+    p.add_argument("--force", action="store_true", help="replace a test set of the same name")
+    p.add_argument("--platform", help="JAX platform to time on (cpu, gpu, tpu); default: JAX's default")
+    p.add_argument("--bleurt-checkpoint", help="BLEURT checkpoint folder (default: $NARBENCH_BLEURT)")
+    p.set_defaults(func=cmd_eval)
+
+    p = sub.add_parser("report", help="(re)write table.md, leaderboard.md and plots of a run",
+                       description="Render a run folder's rows into table.md, leaderboard.md, pareto.png, "
+                       "latency_cdf.png and bleu_vs_steps.png, and check every figure against samples.jsonl.")
+    p.add_argument("run_dir", help="run folder (results/<suite>/<run_id>) or suite folder (latest)")
+    p.set_defaults(func=cmd_report)
+
+    p = sub.add_parser("results", help="print a run's rows as csv, json or markdown",
+                       description="Print rows.jsonl of a run for pandas and other tools.")
+    p.add_argument("run", help="run folder (results/<suite>/<run_id>) or suite folder (latest)")
+    p.add_argument("--format", choices=("csv", "json", "md"), default="md", help="output format (default: md)")
+    p.add_argument("--test-set", help="only rows of this test set")
+    p.set_defaults(func=cmd_results)
+
+    p = sub.add_parser("latency", help="timing only: p50/p90/p99 and speedups of a suite's systems",
+                       description="Time every system of a suite on its test sets (training any missing "
+                       "checkpoint first) without scoring quality; prints a latency table.")
+    p.add_argument("--suite", default="default", help=SUITE_HELP + " (default: default)")
+    _timing_args(p)
+    p.add_argument("--json", dest="json_out", help="also write the rows as JSON lines to this file")
+    p.set_defaults(func=cmd_latency)
+
+
+def _timing_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--batch-size", type=int, help="sentences per decoder call (default: the suite's, 1)")
+    p.add_argument("--max-test-sentences", type=int, help="cap on test sentences (default: the suite's)")
+    p.add_argument("--platform", help="JAX platform to time on (cpu, gpu, tpu); default: JAX's default")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+
+
+def _setup(platform: str | None) -> str:
+    from bench.timing import resolve_platform
+    from suites.paths import enable_compilation_cache
+
+    enable_compilation_cache()
+    return resolve_platform(platform)
+
+
+def _spec(args):
+    from suites.spec import load_spec
+
+    spec = load_spec(args.suite)
+    if args.batch_size is not None:
+        if args.batch_size < 1:
+            raise UserError(f"--batch-size must be >= 1, got {args.batch_size}")
+        spec = spec.replace(batch_size=args.batch_size)
+    if args.max_test_sentences is not None:
+        if args.max_test_sentences < 1:
+            raise UserError(f"--max-test-sentences must be >= 1, got {args.max_test_sentences}")
+        spec = spec.replace(max_test_sentences=args.max_test_sentences)
+    return spec
+
+
+def _command(args, names: tuple[str, ...]) -> str:
+    """The canonical command line that reproduces this run."""
+    parts = ["narbench", args.command]
+    for name in names:
+        value = getattr(args, name, None)
+        flag = "--" + name.replace("_", "-")
+        if value is True:
+            parts.append(flag)
+        elif value not in (None, False):
+            parts.extend([flag, str(value)])
+    return " ".join(shlex.quote(p) for p in parts)
+
+
+def _seeds(spec) -> dict[str, int]:
+    many = len(spec.seeds) > 1
+    return {**{("train" + (f"_{i}" if many else "")): s for i, s in enumerate(spec.seeds)},
+            "test_subset": spec.seeds[0], "bootstrap": spec.seeds[0], "decoder": spec.seeds[0]}
+
+
+def cmd_run(args) -> int:
+    from bench import env as benv, grid, store
+    from bench.bleurt import load_scorer
+
+    spec = _spec(args)
+    platform = _setup(args.platform)
+    command = _command(args, ("suite", "out", "batch_size", "max_test_sentences", "platform", "bleurt_checkpoint"))
+    run, resumed = store.open_run(Path(args.out), spec.name, spec.spec_hash(), spec.to_toml(), command,
+                                  force=args.force)
+    print(f"narbench: {'resuming' if resumed else 'starting'} {spec.name} in {run.path}", file=sys.stderr)
+    env = benv.capture(seeds=_seeds(spec), platform=platform)
+    run.write_env(env)
+    start = time.perf_counter()
+    runner = grid.Runner(spec, grid.real_deps(), run, env, platform, load_scorer(args.bleurt_checkpoint),
+                         progress=not args.no_progress)
+    runner.run()
+    run.update_info(last_session_s=round(time.perf_counter() - start, 1))
+    store.finish_run(run)
+    return _finish(run.path)
+
+
+def _finish(run_dir: Path) -> int:
+    from bench import report
+
+    files = report.write_report(run_dir)
+    problems = report.verify_run(run_dir)
+    for f in files:
+        print(f)
+    if problems:
+        print(f"narbench: {len(problems)} figure(s) do not match samples.jsonl:", file=sys.stderr)
+        for p in problems[:20]:
+            print(f"  {p}", file=sys.stderr)
+        return 1
+    print(f"narbench: every figure in rows.jsonl recomputed from samples.jsonl: OK ({run_dir})", file=sys.stderr)
+    return 0
+
+
+def _read_lines(path: str) -> list[str]:
+    try:
+        return Path(path).read_text(encoding="utf-8").splitlines()
+    except FileNotFoundError:
+        raise UserError(f"{path} does not exist; pass a text file with one sentence per line") from None
+    except UnicodeDecodeError:
+        raise UserError(f"{path} is not UTF-8 text; convert it with iconv") from None
+
+
+def cmd_eval(args) -> int:
+    import tomllib
+
+    from bench import env as benv, grid, store
+    from bench.bleurt import load_scorer
+    from suites.spec import parse_spec
+
+    run = store.RunStore(store.resolve_run_dir(args.run), allow_finished=True)
+    sources = _read_lines(args.source_file)
+    refs = [_read_lines(f) for f in args.reference_file]
+    for f, r in zip(args.reference_file, refs):
+        if len(r) != len(sources):
+            raise UserError(f"{f} has {len(r)} lines but {args.source_file} has {len(sources)}; "
+                            "give aligned files with one sentence per line")
+    if not sources:
+        raise UserError(f"{args.source_file} is empty; give at least one sentence")
+    name = args.name or Path(args.source_file).stem
+    rows = run.rows()
+    if not rows:
+        raise UserError(f"{run.path} has no finished systems; run `narbench run` first")
+    if any(r["test_set"] == name for r in rows) and not args.force:
+        raise UserError(f"{run.path} already has a test set {name!r}; pass --name NEW or --force to replace it")
+    platform = _setup(args.platform)
+    spec = parse_spec(tomllib.loads(run.spec_text()), str(run.path / store.SPEC))
+    tasks = sorted({r["task"] for r in rows})
+    task = args.task or (tasks[0] if len(tasks) == 1 else None)
+    if task not in tasks:
+        raise UserError(f"pass --task with one of the run's tasks: {', '.join(tasks)}")
+    ckpts = {r["system"]: r["checkpoint"] for r in rows if r["task"] == task}
+    systems = [(s, Path(ckpts[s.name])) for s in grid.expand(spec).systems
+               if s.cell.task == task and s.name in ckpts]
+    data = grid.TestData(task, name, list(range(len(sources))), sources, refs)
+    target = grid.Target(name, len(refs), frozenset(s.name for s, _ in systems))
+    env = benv.capture(seeds=_seeds(spec), platform=platform)
+    runner = grid.Runner(spec, grid.real_deps(), run, env, platform, load_scorer(args.bleurt_checkpoint))
+    runner.evaluate(systems, data, [target])
+    return _finish(run.path)
+
+
+def cmd_report(args) -> int:
+    from bench.store import resolve_run_dir
+
+    return _finish(resolve_run_dir(args.run_dir))
+
+
+MD_COLUMNS = ("system", "test_set", "family", "steps", "bleu", "chrf", "bleurt", "latency_p50_ms",
+              "latency_p99_ms", "speedup_p50_vs_ar", "passes_mean", "stutter_per_1k_words", "n_sentences")
+
+
+def markdown(df, columns=MD_COLUMNS) -> str:
+    cols = [c for c in columns if c in df.columns]
+
+    counts = {"steps", "n_sentences", "length_hyps", "hypotheses", "batch_size", "stages"}
+
+    def cell(col, v):
+        if v is None or (isinstance(v, float) and v != v):
+            return ""
+        if isinstance(v, float):
+            return str(int(v)) if col in counts and v.is_integer() else f"{v:.2f}"
+        return str(v)
+
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    lines += ["| " + " | ".join(cell(c, v) for c, v in zip(cols, rec)) + " |"
+              for rec in df[cols].itertuples(index=False)]
+    return "\n".join(lines) + "\n"
+
+
+def cmd_results(args) -> int:
+    from bench.store import load_rows
+
+    df = load_rows(args.run)
+    if args.test_set:
+        known = sorted(df["test_set"].unique()) if len(df) else []
+        if args.test_set not in known:
+            raise UserError(f"no test set {args.test_set!r} in this run; known: {', '.join(known)}")
+        df = df[df["test_set"] == args.test_set]
+    if args.format == "csv":
+        sys.stdout.write(df.to_csv(index=False))
+    elif args.format == "json":
+        sys.stdout.write(df.to_json(orient="records", lines=True, force_ascii=False))
+    else:
+        sys.stdout.write(markdown(df))
+    return 0
+
+
+def cmd_latency(args) -> int:
+    import pandas as pd
+
+    from bench import env as benv, grid, store
+
+    spec = _spec(args)
+    platform = _setup(args.platform)
+    env = benv.capture(seeds=_seeds(spec), platform=platform)
+    rows = grid.Runner(spec, grid.real_deps(), None, env, platform, score=False,
+                       progress=not args.no_progress).run()
+    if args.json_out:
+        store.write_jsonl_atomic(Path(args.json_out), rows)
+    from bench.report import P99_MIN_N
+
+    for row in rows:  # never print a p99 from too few samples
+        if row["n_sentences"] < P99_MIN_N:
+            row["latency_p99_ms"] = f"n too small ({row['n_sentences']} < {P99_MIN_N})"
+    cols = ("system", "test_set", "n_sentences", "latency_p50_ms", "latency_p90_ms", "latency_p99_ms",
+            "latency_mean_ms", "speedup_p50_vs_ar", "passes_mean", "compile_s")
+    sys.stdout.write(markdown(pd.DataFrame(rows), cols))
+    return 0

@@ -1,0 +1,457 @@
+"""The grid runner: expand a suite spec into training and evaluation cells, then run them.
+
+Training cells are unique (task, model kind, PaDIR training axes, seed) combinations, each trained
+once (the trainer itself caches checkpoints by config hash); a distilled PaDIR cell has the AR cell of
+the same task and seed as its teacher, which is always trained first. Evaluation cells are
+(system, test set); the systems of one test set are warmed up and then timed interleaved in one
+``bench.timing.measure`` call, scored, and saved together. Rows are keyed by ``(system, test_set)``:
+a re-run skips the cells whose rows exist.
+
+All model-specific work goes through :class:`Deps` (trainer, distiller, decoder factory, task text),
+so tests inject fakes and ``bench`` never imports a concrete model class.
+"""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from bench.errors import UserError
+from bench.store import SCHEMA_VERSION, RunStore
+from suites.spec import SuiteSpec, TestSet
+
+PAPER_DEFAULTS = {"length_hyps": 5, "remask": "stutter", "init": "random", "positional_attention": True,
+                  "stages": 2}
+
+
+# ------------------------------------------------------------------------------------------ cells
+
+@dataclass(frozen=True)
+class TrainCell:
+    task: str                                  # the task named in the spec (before distillation)
+    kind: str                                  # "ar" | "padir"
+    seed: int
+    unmask_rate: float | None = None           # PaDIR training axes (None for AR)
+    stages: int | None = None
+    positional_attention: bool | None = None
+    distill: bool = False
+    teacher: "TrainCell | None" = None         # AR cell whose beam outputs replace the references
+
+    @property
+    def label(self) -> str:
+        if self.kind == "ar":
+            return f"ar {self.task} seed {self.seed}"
+        return (f"padir {self.task} u{self.unmask_rate:g} stages {self.stages}"
+                f"{'' if self.positional_attention else ' no-pos'}{' distill' if self.distill else ''}"
+                f" seed {self.seed}")
+
+
+@dataclass(frozen=True)
+class System:
+    name: str                                  # row id: ar-greedy, ar-beam5, padir-s4-u0.15-distill
+    family: str                                # "ar" | "nar"
+    decoder: str                               # load_decoder spec: greedy | beam:K | refine:T
+    cell: TrainCell
+    options: tuple[tuple[str, Any], ...]       # load_decoder keyword options
+    info: tuple[tuple[str, Any], ...]          # row fields describing the system
+    baseline: str                              # the AR greedy system of the same task and seed
+
+
+@dataclass(frozen=True)
+class EvalCell:
+    system: System
+    test_set: TestSet
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return self.system.name, self.test_set.name
+
+
+@dataclass(frozen=True)
+class Plan:
+    train_cells: tuple[TrainCell, ...]         # every teacher precedes its students
+    systems: tuple[System, ...]
+    eval_cells: tuple[EvalCell, ...]
+
+
+def ar_name(decoder: str) -> str:
+    return "ar-greedy" if decoder == "greedy" else f"ar-beam{decoder.split(':')[1]}"
+
+
+def padir_name(steps: int, unmask_rate: float, distill: bool, length_hyps: int, remask: str, init: str,
+               positional_attention: bool, stages: int) -> str:
+    """``padir-s4-u0.15[-distill]``, plus a suffix for every axis that differs from the paper."""
+    name = f"padir-s{steps}-u{unmask_rate:g}" + ("-distill" if distill else "")
+    if length_hyps != PAPER_DEFAULTS["length_hyps"]:
+        name += f"-k{length_hyps}"
+    if remask != PAPER_DEFAULTS["remask"]:
+        name += f"-remask-{remask}"
+    if init != PAPER_DEFAULTS["init"]:
+        name += f"-init-{init}"
+    if not positional_attention:
+        name += "-nopos"
+    if stages != PAPER_DEFAULTS["stages"]:
+        name += f"-st{stages}"
+    return name
+
+
+def expand(spec: SuiteSpec) -> Plan:
+    """All training cells, systems and evaluation cells of a spec, in run order."""
+    cells: dict[TrainCell, None] = {}
+    systems: list[System] = []
+    evals: list[EvalCell] = []
+    for task in spec.tasks:
+        task_systems: list[System] = []
+        for seed in spec.seeds:
+            sfx = f"-seed{seed}" if len(spec.seeds) > 1 else ""
+            baseline = "ar-greedy" + sfx
+            ar = TrainCell(task.train, "ar", seed)
+            cells[ar] = None
+            for dec in spec.ar.decoders:
+                beam = 1 if dec == "greedy" else int(dec.split(":")[1])
+                opts = {"seed": seed, "name": ar_name(dec) + sfx}
+                if beam > 1:
+                    opts["length_penalty"] = spec.ar.length_penalty
+                if spec.ar.max_decode_length:
+                    opts["max_decode_length"] = spec.ar.max_decode_length
+                if spec.decode_buckets:
+                    opts["buckets"] = spec.decode_buckets
+                info = {"steps": None, "unmask_rate": None, "distill": False, "length_hyps": None,
+                        "hypotheses": beam, "remask": None, "init": None, "positional_attention": None,
+                        "stages": None, "seed": seed, "decoder": dec}
+                task_systems.append(System(ar_name(dec) + sfx, "ar", dec, ar, tuple(sorted(opts.items())),
+                                           tuple(info.items()), baseline))
+            p = spec.padir
+            for u, distill, pos, stages in itertools.product(p.unmask_rate, p.distill, p.positional_attention,
+                                                             p.stages):
+                cell = TrainCell(task.train, "padir", seed, u, stages, pos, distill, ar if distill else None)
+                cells[cell] = None
+                for steps, k, remask, init in itertools.product(p.steps, p.length_hyps, p.remask, p.init):
+                    name = padir_name(steps, u, distill, k, remask, init, pos, stages) + sfx
+                    opts = {"length_hyps": k, "remask": remask, "init": init, "seed": seed, "name": name}
+                    if spec.ar.max_decode_length:
+                        opts["max_decode_length"] = spec.ar.max_decode_length
+                    if spec.decode_buckets:
+                        opts["buckets"] = spec.decode_buckets
+                    info = {"steps": steps, "unmask_rate": u, "distill": distill, "length_hyps": k,
+                            "hypotheses": k, "remask": remask, "init": init, "positional_attention": pos,
+                            "stages": stages, "seed": seed, "decoder": f"refine:{steps}"}
+                    task_systems.append(System(name, "nar", f"refine:{steps}", cell, tuple(sorted(opts.items())),
+                                               tuple(info.items()), baseline))
+        names = [s.name for s in task_systems]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise UserError(f"{spec.source}: suite gives several systems the same name {dupes}; "
+                            "remove duplicate axis values")
+        systems.extend(task_systems)
+        evals.extend(EvalCell(s, ts) for ts in task.test_sets for s in task_systems)
+    ordered = sorted(cells, key=lambda c: c.teacher is not None)  # stable: teachers (AR) first
+    return Plan(tuple(ordered), tuple(systems), tuple(evals))
+
+
+# ------------------------------------------------------------------------------------ dependencies
+
+@dataclass
+class Deps:
+    """Everything model- or data-specific the grid needs, injectable for tests."""
+
+    train: Callable[..., Path]                       # (task, model_config, train_config, progress=) -> ckpt dir
+    distill: Callable[..., str]                      # (teacher_dir, task, beam_size=...) -> distilled task
+    load_decoder: Callable[..., Any]                 # (ckpt_dir, spec, **options) -> Decoder
+    load_text: Callable[[str, str], tuple]           # (task, split) -> (sources, reference streams)
+    target_lang: Callable[[str], str]                # task -> target language code
+    configs: Callable[[SuiteSpec, TrainCell], tuple[Any, Any]]  # -> (model_config, train_config)
+    costs: bool = True                               # XLA cost analysis per decoder (needs .lower)
+
+
+def real_configs(spec: SuiteSpec, cell: TrainCell) -> tuple[Any, Any]:
+    """``ModelConfig`` (preset + overrides + vocab size) and ``TrainConfig`` (budget + axes) of a cell."""
+    from models.config import preset
+    from models.train import TrainConfig
+    from suites.tasks import task_info
+
+    vocab_size = task_info(cell.task).vocabulary.vocab_size
+    extra = {"positional_attention": cell.positional_attention} if cell.kind == "padir" else {}
+    model = preset(spec.model.preset, kind=cell.kind, vocab_size=vocab_size,
+                   **{**spec.model.override_dict(), **extra})
+    budget = spec.train_ar if cell.kind == "ar" else spec.train_padir
+    kwargs = {**budget.train_kwargs(), "seed": cell.seed}
+    if cell.kind == "padir":
+        kwargs.update(unmask_rate=cell.unmask_rate, stages=cell.stages)
+    return model, TrainConfig(**kwargs)
+
+
+def real_deps() -> Deps:
+    """The real trainer, distiller, decoder factory and tasks (imported on first use)."""
+    def train(task, model_config, train_config, progress=True):
+        from models.train import train as _train
+        return _train(task, model_config, train_config, progress=progress)
+
+    def distill(teacher_dir, task, **kwargs):
+        from models.distill import distill_task
+        return distill_task(teacher_dir, task, **kwargs)
+
+    def load_decoder(checkpoint_dir, spec, **options):
+        from models.decoders import load_decoder as _load
+        return _load(checkpoint_dir, spec, **options)
+
+    def load_text(task, split):
+        from suites.tasks import load_text as _load
+        return _load(task, split)
+
+    def target_lang(task):
+        from suites.tasks import task_info
+        return task_info(task).target_lang
+
+    return Deps(train, distill, load_decoder, load_text, target_lang, real_configs)
+
+
+# --------------------------------------------------------------------------------------- figures
+
+def cell_figures(hypotheses: Sequence[str], references: Sequence[Sequence[str]], latencies_ms: Sequence[float],
+                 passes: Sequence[int], target_lang: str, baseline_latencies_ms: Sequence[float] | None = None,
+                 baseline_hypotheses: Sequence[str] | None = None, bootstrap_resamples: int = 1000,
+                 seed: int = 0, score: bool = True) -> dict[str, Any]:
+    """Every figure of a row that follows from per-sentence data (``verify_run`` recomputes these)."""
+    from bench import quality, stats
+
+    lat = stats.summarize(latencies_ms)
+    p = np.asarray(passes, dtype=np.float64)  # [n_sentences]
+    ci = lambda c: None if c is None else [c[0], c[1]]  # noqa: E731
+    out: dict[str, Any] = {
+        "n_sentences": lat.n,
+        "latency_p50_ms": lat.p50, "latency_p90_ms": lat.p90, "latency_p99_ms": lat.p99,
+        "latency_mean_ms": lat.mean, "latency_min_ms": lat.min, "latency_max_ms": lat.max,
+        "latency_p50_ci_ms": ci(lat.p50_ci), "latency_p90_ci_ms": ci(lat.p90_ci),
+        "latency_p99_ci_ms": ci(lat.p99_ci),
+        "passes_mean": float(p.mean()), "passes_p99": float(np.percentile(p, 99)),
+        "speedup_p50_vs_ar": None, "speedup_p50_ci": None, "speedup_share_faster": None,
+    }
+    if baseline_latencies_ms is not None:
+        sp = stats.paired_speedup(baseline_latencies_ms, latencies_ms)
+        out.update(speedup_p50_vs_ar=sp.median, speedup_p50_ci=ci(sp.ci), speedup_share_faster=sp.share_faster)
+    if not score:
+        return out
+    q = quality.score_corpus(hypotheses, references, target_lang)
+    out.update(bleu=q.bleu, bleu_signature=q.bleu_signature, chrf=q.chrf, chrf_signature=q.chrf_signature,
+               stutter_per_1k_words=q.stutter_per_1k_words, stutter_sentence_share=q.stutter_sentence_share,
+               bleu_delta_vs_ar=None, bleu_delta_ci=None, bleu_delta_p_value=None)
+    if baseline_hypotheses is not None:
+        if list(baseline_hypotheses) == list(hypotheses):
+            out.update(bleu_delta_vs_ar=0.0, bleu_delta_ci=[0.0, 0.0], bleu_delta_p_value=1.0)
+        else:
+            tok = quality.tokenizer_for(target_lang)
+            boot = quality.paired_bootstrap_bleu(hypotheses, baseline_hypotheses, references, tok,
+                                                 n_resamples=bootstrap_resamples, seed=seed)
+            out.update(bleu_delta_vs_ar=boot.delta, bleu_delta_ci=list(boot.ci), bleu_delta_p_value=boot.p_value)
+    return out
+
+
+# ------------------------------------------------------------------------------------------ test sets
+
+@dataclass(frozen=True)
+class TestData:
+    """The sentences of one (task, split): timed once, scored for every test set reading them."""
+
+    task: str                       # the task whose text it is (gives the target language)
+    split: str
+    indices: list[int]              # positions in the full split (after the cap)
+    sources: list[str]
+    references: list[list[str]]     # every reference stream, each aligned with sources
+
+
+def load_test_data(spec: SuiteSpec, deps: Deps, task: str, split: str, multi_ref: bool) -> TestData:
+    """A split's text (all reference streams if ``multi_ref``), capped by a seeded subset of sentences."""
+    sources, refs = deps.load_text(task, split)
+    streams = [list(r) for r in refs]
+    if not streams or any(len(s) != len(sources) for s in streams):
+        raise UserError(f"task {task} split {split}: references are not aligned with the sources; "
+                        "re-run `narbench data prepare`")
+    if multi_ref and len(streams) < 2:
+        raise UserError(f"{spec.source}: task {task} has no extra references; use {split!r} instead "
+                        f"of '{split}+refs'")
+    if not multi_ref:
+        streams = streams[:1]
+    n = len(sources)
+    if n == 0:
+        raise UserError(f"task {task} split {split} is empty; check the data with `narbench tasks`")
+    idx = list(range(n))
+    cap = spec.max_test_sentences
+    if cap and cap < n:
+        rng = np.random.default_rng(spec.seeds[0])
+        idx = sorted(int(i) for i in rng.choice(n, size=cap, replace=False))
+    return TestData(task, split, idx, [sources[i] for i in idx], [[s[i] for i in idx] for s in streams])
+
+
+@dataclass(frozen=True)
+class Target:
+    """One test set scored from a shared measurement: its name, how many reference streams, which systems."""
+
+    name: str
+    n_refs: int
+    systems: frozenset[str]
+
+
+# -------------------------------------------------------------------------------------------- runner
+
+@dataclass
+class Runner:
+    """Runs a plan's missing cells into a store (or, with ``store=None``, returns rows only)."""
+
+    spec: SuiteSpec
+    deps: Deps
+    store: RunStore | None = None
+    env: dict = field(default_factory=dict)
+    platform: str | None = None
+    bleurt: Any = None                  # bench.bleurt.BleurtScorer or None
+    score: bool = True                  # False: timing only (`narbench latency`)
+    progress: bool = True
+    checkpoints: dict = field(default_factory=dict)   # TrainCell -> checkpoint dir
+
+    def run(self, plan: Plan | None = None) -> list[dict]:
+        from tqdm.auto import tqdm
+
+        plan = plan or expand(self.spec)
+        done = self.store.done_keys() if self.store is not None else set()
+        todo = [c for c in plan.eval_cells if c.key not in done]
+        needed = _needed_cells(plan, todo)
+        bar = tqdm(total=len(needed) + len(todo), unit="cell", desc=self.spec.name,
+                   disable=not self.progress, dynamic_ncols=True)
+        rows: list[dict] = []
+        try:
+            for cell in needed:
+                bar.set_postfix_str(f"train {cell.label}")
+                self.train_cell(cell)
+                bar.update(1)
+            # Test sets reading the same (task, split) share one timed measurement.
+            splits = list(dict.fromkeys((ts.task, ts.split) for ts in self.spec.test_sets()))
+            for task, split in splits:
+                group = [c for c in todo if (c.test_set.task, c.test_set.split) == (task, split)]
+                if not group:
+                    continue
+                bar.set_postfix_str(f"time+score {task}:{split} ({len(group)} cells)")
+                sets = list(dict.fromkeys(c.test_set for c in group))
+                data = load_test_data(self.spec, self.deps, task, split, any(ts.multi_ref for ts in sets))
+                targets = [Target(ts.name, len(data.references) if ts.multi_ref else 1,
+                                  frozenset(c.system.name for c in group if c.test_set == ts)) for ts in sets]
+                systems = list(dict.fromkeys(c.system for c in group))
+                rows.extend(self.evaluate([(s, self.checkpoints[s.cell]) for s in systems], data, targets))
+                bar.update(len(group))
+        finally:
+            bar.close()
+        return rows
+
+    def train_cell(self, cell: TrainCell) -> Path:
+        if cell in self.checkpoints:
+            return self.checkpoints[cell]
+        task = cell.task
+        if cell.teacher is not None:
+            teacher_dir = self.train_cell(cell.teacher)
+            task = self.deps.distill(teacher_dir, cell.task, beam_size=self.spec.distill.beam_size,
+                                     max_examples=self.spec.distill.max_examples,
+                                     length_penalty=self.spec.ar.length_penalty, progress=self.progress)
+        model_config, train_config = self.deps.configs(self.spec, cell)
+        path = Path(self.deps.train(task, model_config, train_config, progress=self.progress))
+        self.checkpoints[cell] = path
+        return path
+
+    def evaluate(self, systems: list[tuple[System, Path]], data: TestData, targets: list[Target]) -> list[dict]:
+        """Warm up and time the systems interleaved on ``data`` once, then score and save every target."""
+        from bench import timing
+
+        spec = self.spec
+        decoders = [self.deps.load_decoder(ckpt, s.decoder, **dict(s.options)) for s, ckpt in systems]
+        compile_s = timing.warmup(decoders, spec.batch_size, platform=self.platform)
+        m = timing.measure(decoders, data.sources, batch_size=spec.batch_size, phase=spec.timing.phase,
+                           repeats=spec.timing.repeats, rotate=spec.timing.rotate, platform=self.platform)
+        costs = self._costs(decoders, data, m) if spec.timing.costs and self.deps.costs else {}
+        target_lang = self.deps.target_lang(data.task)
+        rows, samples = [], []
+        for target in targets:
+            refs = data.references[:target.n_refs]
+            chosen = [(s, ckpt) for s, ckpt in systems if s.name in target.systems]
+            stored = self._stored_baselines(target.name, data, {s.baseline for s, _ in chosen} - set(m.systems))
+            for system, ckpt in chosen:
+                t = m.systems[system.name]
+                base = m.systems.get(system.baseline)
+                base_lat, base_hyp = ((base.latencies_ms, base.hypotheses) if base
+                                      else stored.get(system.baseline, (None, None)))
+                figures = cell_figures(t.hypotheses, refs, t.latencies_ms, t.passes, target_lang, base_lat, base_hyp,
+                                       spec.bootstrap_resamples, spec.seeds[0], self.score)
+                rows.append({
+                    "schema_version": SCHEMA_VERSION, "suite": spec.name, "task": system.cell.task,
+                    "test_set": target.name, "system": system.name, "family": system.family,
+                    **dict(system.info), "batch_size": spec.batch_size, **figures,
+                    "bleurt": self._bleurt(refs[0], t.hypotheses) if self.score else None,
+                    "compile_s": compile_s[system.name], "platform": m.platform, "phase": m.phase,
+                    "repeats": m.repeats, "target_lang": target_lang, "n_references": len(refs),
+                    "baseline_system": system.baseline, "baseline_timed_together": base is not None,
+                    "checkpoint": str(ckpt), "decoder_options": {k: v for k, v in system.options if k != "name"},
+                    **costs.get(system.name, {}), **_env_fields(self.env),
+                })
+                for j, i in enumerate(data.indices):
+                    sample = {"system": system.name, "test_set": target.name, "index": i,
+                              "source": data.sources[j], "reference": refs[0][j], "hypothesis": t.hypotheses[j],
+                              "latency_ms": float(t.latencies_ms[j]), "passes": int(t.passes[j])}
+                    if len(refs) > 1:
+                        sample["references"] = [r[j] for r in refs]
+                    if m.repeats > 1:
+                        sample["latency_raw_ms"] = [float(x) for x in t.raw_ms[:, j]]
+                    samples.append(sample)
+        if self.store is not None:
+            self.store.save_cells(rows, samples)
+        return rows
+
+    def _bleurt(self, references: list[str], hypotheses: list[str]) -> float | None:
+        from bench.bleurt import corpus_bleurt
+
+        return corpus_bleurt(self.bleurt, references, hypotheses) if self.bleurt else None
+
+    def _stored_baselines(self, test_set: str, data: TestData, names: set[str]) -> dict[str, tuple]:
+        """Baseline latencies/hypotheses of cells finished earlier (resumed runs), by sentence index."""
+        if not names or self.store is None:
+            return {}
+        out = {}
+        for name in names:
+            by_index = {s["index"]: s for s in self.store.samples()
+                        if s["system"] == name and s["test_set"] == test_set}
+            if all(i in by_index for i in data.indices):
+                out[name] = ([by_index[i]["latency_ms"] for i in data.indices],
+                             [by_index[i]["hypothesis"] for i in data.indices])
+        return out
+
+    def _costs(self, decoders, data: TestData, m) -> dict[str, dict]:
+        from bench import costs
+
+        peaks = costs.machine_peaks()
+        out = {}
+        for decoder in decoders:
+            t = m.systems[decoder.name]
+            c = costs.decoder_cost(decoder, data.sources, t.passes, self.spec.batch_size)
+            share = costs.roofline_share(c, t.latencies_ms, peaks)
+            bound = c.bound_ms(peaks.peak_flops, peaks.bandwidth)
+            out[decoder.name] = {
+                "flops_per_sentence": float(c.flops.mean()), "bytes_per_sentence": float(c.bytes_accessed.mean()),
+                "roofline_p50_ms": float(np.percentile(bound, 50)), "roofline_share_p50": float(np.median(share)),
+                "peak_flops": peaks.peak_flops, "bandwidth_bytes_s": peaks.bandwidth,
+                "tpu_v4_projection_p50_ms": costs.project(c, "tpu-v4").p50_bound_ms,
+            }
+        return out
+
+
+def _needed_cells(plan: Plan, todo: list[EvalCell]) -> list[TrainCell]:
+    wanted = {c.system.cell for c in todo}
+    wanted |= {c.teacher for c in wanted if c.teacher is not None}
+    return [c for c in plan.train_cells if c in wanted]
+
+
+def _env_fields(env: dict) -> dict:
+    versions = env.get("versions", {})
+    git = env.get("git", {})
+    return {"device_kind": env.get("device_kind"), "cpu_model": env.get("cpu_model"),
+            "threads": env.get("threads"), "jax_version": versions.get("jax"),
+            "flax_version": versions.get("flax"), "git_commit": git.get("commit"), "git_dirty": git.get("dirty"),
+            "date_utc": env.get("date_utc")}

@@ -1,0 +1,236 @@
+"""The results store: one folder per run, written so that a kill at any moment leaves whole files.
+
+Layout (DESIGN.md, "Results format")::
+
+    <out>/<suite>/latest                 one line: the run_id of the last finished run
+    <out>/<suite>/<run_id>/spec.toml     the fully resolved suite spec
+                          /env.json      device, CPU, threads, versions, git commit, date, seeds
+                          /run.json      status (running|finished), spec hash, command, times
+                          /rows.jsonl    one object per (system, test_set)
+                          /samples.jsonl one object per (system, test_set, sentence)
+
+``run_id`` is the UTC date-time plus the first 8 hex digits of the spec hash. Re-running the same
+spec reuses the newest *unfinished* run folder of that hash (so it resumes); ``narbench run`` never
+modifies a finished run (only ``narbench eval`` adds new test sets to one). Every file is written whole to a temp name in the same folder and ``os.replace``d; appends
+rewrite the file the same way.
+"""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Iterable
+
+from bench.errors import UserError
+
+SCHEMA_VERSION = 1
+
+# Every field DESIGN.md lists for rows.jsonl, in that order (rows may carry more).
+ROW_FIELDS = (
+    "schema_version", "suite", "task", "test_set", "system", "family", "steps", "unmask_rate",
+    "distill", "length_hyps", "batch_size", "n_sentences", "bleu", "bleu_signature", "chrf",
+    "bleurt", "stutter_per_1k_words", "stutter_sentence_share", "latency_p50_ms", "latency_p90_ms",
+    "latency_p99_ms", "latency_mean_ms", "latency_p50_ci_ms", "latency_p99_ci_ms",
+    "speedup_p50_vs_ar", "speedup_p50_ci", "passes_mean", "passes_p99", "compile_s",
+)
+SAMPLE_FIELDS = ("system", "test_set", "index", "source", "reference", "hypothesis", "latency_ms", "passes")
+
+ROWS, SAMPLES, ENV, SPEC, RUN, LATEST = (
+    "rows.jsonl", "samples.jsonl", "env.json", "spec.toml", "run.json", "latest")
+
+
+# ------------------------------------------------------------------------------------ atomic files
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """Write ``text`` to a temp file next to ``path``, fsync, then ``os.replace`` it into place."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    write_text_atomic(path, json.dumps(data, indent=2, sort_keys=True, default=_json_default) + "\n")
+
+
+def write_jsonl_atomic(path: Path, records: Iterable[dict]) -> None:
+    write_text_atomic(path, "".join(json.dumps(r, ensure_ascii=False, default=_json_default) + "\n"
+                                    for r in records))
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    """All records of a JSONL file ([] if absent); a corrupt line is a ``UserError`` naming it."""
+    path = Path(path)
+    if not path.is_file():
+        return []
+    out = []
+    for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if line.strip():
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError as err:
+                raise UserError(f"{path}:{i}: not valid JSON ({err.msg}); delete the run folder and "
+                                "re-run") from None
+    return out
+
+
+def _json_default(value: Any) -> Any:
+    import numpy as np
+
+    if isinstance(value, np.integer):
+        return int(value)
+    if isinstance(value, np.floating):
+        return float(value)
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, (tuple, set)):
+        return list(value)
+    if isinstance(value, Path):
+        return str(value)
+    raise TypeError(f"cannot write {type(value).__name__} to JSON")
+
+
+def utc_now() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+# --------------------------------------------------------------------------------------- run folder
+
+def make_run_id(spec_hash: str, now: datetime | None = None) -> str:
+    now = (now or utc_now()).astimezone(timezone.utc)
+    return f"{now:%Y%m%dT%H%M%SZ}-{spec_hash[:8]}"
+
+
+@dataclass
+class RunStore:
+    """One run folder. Cells are keyed by ``(system, test_set)``."""
+
+    path: Path
+    allow_finished: bool = False   # `narbench eval` adds test sets to a finished run
+
+    @property
+    def run_id(self) -> str:
+        return self.path.name
+
+    @property
+    def info(self) -> dict:
+        file = self.path / RUN
+        return json.loads(file.read_text()) if file.is_file() else {}
+
+    @property
+    def finished(self) -> bool:
+        return self.info.get("status") == "finished"
+
+    def rows(self) -> list[dict]:
+        return read_jsonl(self.path / ROWS)
+
+    def samples(self) -> list[dict]:
+        return read_jsonl(self.path / SAMPLES)
+
+    def done_keys(self) -> set[tuple[str, str]]:
+        return {(r["system"], r["test_set"]) for r in self.rows()}
+
+    def save_cells(self, rows: list[dict], samples: list[dict]) -> None:
+        """Add (or replace) finished cells: samples are written first, then rows.
+
+        A row's presence marks its cell finished, so a kill between the two writes leaves samples
+        without a row, which the next run simply recomputes.
+        """
+        if self.finished and not self.allow_finished:
+            raise UserError(f"run {self.path} is finished and is never modified; start a new run")
+        keys = {(r["system"], r["test_set"]) for r in rows}
+        old_samples = [s for s in self.samples() if (s["system"], s["test_set"]) not in keys]
+        write_jsonl_atomic(self.path / SAMPLES, old_samples + list(samples))
+        old_rows = [r for r in self.rows() if (r["system"], r["test_set"]) not in keys]
+        write_jsonl_atomic(self.path / ROWS, old_rows + list(rows))
+
+    def update_info(self, **changes: Any) -> None:
+        write_json_atomic(self.path / RUN, {**self.info, **changes, "updated": utc_now().isoformat()})
+
+    def write_env(self, env: dict) -> None:
+        write_json_atomic(self.path / ENV, env)
+
+    def env(self) -> dict:
+        file = self.path / ENV
+        return json.loads(file.read_text()) if file.is_file() else {}
+
+    def spec_text(self) -> str:
+        file = self.path / SPEC
+        return file.read_text(encoding="utf-8") if file.is_file() else ""
+
+
+def open_run(out_root: Path, suite: str, spec_hash: str, spec_toml: str, command: str,
+             force: bool = False, now: datetime | None = None) -> tuple[RunStore, bool]:
+    """The run folder for this spec: the newest unfinished one of the same hash, else a new one.
+
+    ``force`` always starts a new folder. Returns ``(store, resumed)``.
+    """
+    suite_dir = Path(out_root) / suite
+    if not force:
+        for candidate in sorted(suite_dir.glob(f"*-{spec_hash[:8]}"), reverse=True):
+            store = RunStore(candidate)
+            info = store.info
+            if info.get("spec_hash") == spec_hash and info.get("status") != "finished":
+                for stale in candidate.glob(".*.tmp"):  # temp files of a write that was killed
+                    stale.unlink()
+                store.update_info(command=command, resumed_at=utc_now().isoformat())
+                return store, True
+    run_id = make_run_id(spec_hash, now)
+    path = suite_dir / run_id
+    n = 1
+    while path.exists():  # two starts within one second
+        n += 1
+        path = suite_dir / f"{run_id}.{n}"
+    path.mkdir(parents=True)
+    store = RunStore(path)
+    write_text_atomic(path / SPEC, spec_toml)
+    store.update_info(schema_version=SCHEMA_VERSION, suite=suite, run_id=path.name, spec_hash=spec_hash,
+                      status="running", command=command, started=utc_now().isoformat())
+    return store, False
+
+
+def finish_run(store: RunStore) -> None:
+    """Mark the run finished and point ``<suite>/latest`` at it (atomically)."""
+    store.update_info(status="finished", finished=utc_now().isoformat())
+    write_text_atomic(store.path.parent / LATEST, store.run_id + "\n")
+
+
+def resolve_run_dir(arg: str | Path) -> Path:
+    """A run folder from a run folder, a suite folder (its ``latest``) or a ``latest`` file."""
+    path = Path(arg)
+    if path.is_file() and path.name == LATEST:
+        path = path.parent
+    if path.is_dir() and not (path / ROWS).exists() and not (path / RUN).exists() and (path / LATEST).is_file():
+        path = path / (path / LATEST).read_text().strip()
+    if not path.is_dir() or not ((path / RUN).is_file() or (path / ROWS).is_file()):
+        raise UserError(f"{arg} is not a run folder; pass results/<suite>/<run_id> or results/<suite> "
+                        "(its latest run), e.g. from `narbench run`")
+    return path
+
+
+# ------------------------------------------------------------------------------------------ loaders
+
+def load_rows(run_dir: str | Path):
+    """``rows.jsonl`` of a run as a pandas DataFrame (one row per system and test set)."""
+    import pandas as pd
+
+    return pd.DataFrame(read_jsonl(resolve_run_dir(run_dir) / ROWS))
+
+
+def load_samples(run_dir: str | Path):
+    """``samples.jsonl`` of a run as a pandas DataFrame (one row per system, test set, sentence)."""
+    import pandas as pd
+
+    return pd.DataFrame(read_jsonl(resolve_run_dir(run_dir) / SAMPLES))

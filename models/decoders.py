@@ -1,0 +1,349 @@
+"""Decoders the harness compares (AR greedy / beam, PaDIR refine:T), built from a checkpoint.
+
+Each implements ``bench.decoder.Decoder`` structurally: ``prepare`` tokenizes and pads to a source
+bucket (16/32/64/128 by default), ``run`` is the jitted device part (parameters are jit arguments),
+``finish`` detokenizes. Target capacity depends on the source bucket s: target buckets between s/2
+and 2s (capped by ``max_decode_length``). AR decodes up to the largest of them; PaDIR reads its k
+predicted lengths back to the host (one small transfer) and refines in the smallest bucket that
+holds them, so a pass costs what the predicted lengths need, with few compiled shapes.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from bench.errors import UserError
+from models import decoding, refine, t5
+from models.config import ModelConfig
+
+EOS_ID, FIRST_REGULAR_ID = 1, 4
+DEFAULT_BUCKETS = (16, 32, 64, 128)
+OPTIONS = ("length_hyps", "remask", "init", "length_penalty", "max_decode_length", "seed", "name",
+           "cached", "buckets")
+
+
+@dataclass(frozen=True)
+class DecodeOutput:
+    """Same fields as ``bench.decoder.DecodeOutput`` (models/ does not import bench.decoder)."""
+    hypotheses: list[str]
+    passes: np.ndarray                   # [batch] decoder passes actually run per sentence
+
+
+@dataclass
+class Prepared:
+    inputs: np.ndarray                   # [B, S] int32 source ids (EOS appended, 0-padded to a bucket)
+    num_sources: int                     # real rows; the rest pad the batch to a warmed-up size
+    target_bucket: Optional[int] = None  # PaDIR: force this target bucket (warm-up)
+
+    @property
+    def active(self) -> np.ndarray:
+        """[B] bool: real rows (batch-padding rows start finished, so they never lengthen a loop)."""
+        return np.arange(self.inputs.shape[0]) < self.num_sources
+
+
+@dataclass
+class _Parsed:
+    algorithm: str                       # "greedy" | "beam" | "refine"
+    k: int = 1                           # beam size or refinement steps
+
+
+def parse_spec(spec: str) -> _Parsed:
+    name, _, arg = str(spec).strip().partition(":")
+    if name == "greedy" and not arg:
+        return _Parsed("greedy")
+    if name in ("beam", "refine") and arg.strip().isdigit():
+        k = int(arg)
+        if k < 1:
+            what = "refinement steps" if name == "refine" else "beam size"
+            raise UserError(f"decoder {spec!r}: {what} must be >= 1, e.g. {name}:4")
+        return _Parsed(name, k)
+    raise UserError(f"unknown decoder {spec!r}; use greedy, beam:K or refine:T (e.g. beam:5, refine:4)")
+
+
+def _detokenize(vocab: Any, ids: np.ndarray) -> str:
+    ids = [int(i) for i in ids]
+    if EOS_ID in ids:
+        ids = ids[:ids.index(EOS_ID)]
+    return vocab.decode([i for i in ids if FIRST_REGULAR_ID <= i < vocab.vocab_size])
+
+
+class _BaseDecoder:
+    family = "ar"
+
+    def __init__(self, config: ModelConfig, params: Any, vocab: Any, parsed: _Parsed, info: dict, name: str,
+                 buckets: Sequence[int], max_decode_length: int):
+        self.config, self.vocab, self.parsed, self.name = config, vocab, parsed, name
+        self.model = t5.make_model(config)
+        self.params = jax.device_put(params)
+        self.buckets = tuple(sorted({int(b) for b in buckets}))
+        self.max_decode_length = int(min(max_decode_length, config.max_target_length))
+        self.info = dict(info)
+        self._warm_batches: set[int] = set()
+
+    # -- shapes ---------------------------------------------------------------------------------
+    def target_buckets(self, source_bucket: int) -> list[int]:
+        """Target capacities allowed for a source bucket: buckets in [s/2, 2s], capped."""
+        capped = sorted({min(b, self.max_decode_length) for b in self.buckets + (self.max_decode_length,)})
+        allowed = [t for t in capped if source_bucket / 2 <= t <= 2 * source_bucket]
+        return allowed or [min(capped, key=lambda t: abs(t - source_bucket))]
+
+    def _source_bucket(self, length: int) -> int:
+        return next((b for b in self.buckets if b >= length), self.buckets[-1])
+
+    # -- Decoder protocol -------------------------------------------------------------------------
+    def prepare(self, sources: Sequence[str]) -> Prepared:
+        if len(sources) == 0:
+            raise UserError("no sources to translate; give at least one sentence")
+        cap = self.buckets[-1]
+        rows = [list(self.vocab.encode(s))[: cap - 1] + [EOS_ID] for s in sources]
+        bucket = self._source_bucket(max(len(r) for r in rows))
+        batch = min((b for b in self._warm_batches if b >= len(rows)), default=len(rows))
+        inputs = np.zeros((batch, bucket), np.int32)
+        inputs[len(rows):, 0] = EOS_ID                                       # batch-padding rows
+        for i, r in enumerate(rows):
+            inputs[i, : len(r)] = r
+        return Prepared(inputs, len(rows))
+
+    def warmup_inputs(self, batch_size: int) -> list[Prepared]:
+        self._warm_batches.add(int(batch_size))
+        out = []
+        for bucket in self.buckets:
+            inputs = np.zeros((batch_size, bucket), np.int32)
+            inputs[:, : bucket - 1] = FIRST_REGULAR_ID
+            inputs[:, bucket - 1] = EOS_ID
+            out.extend(self._warmup_variants(inputs, batch_size))
+        return out
+
+    def _warmup_variants(self, inputs: np.ndarray, batch_size: int) -> list[Prepared]:
+        return [Prepared(inputs, batch_size)]
+
+    def finish(self, outputs: Any, prepared: Prepared) -> "DecodeOutput":
+        tokens, passes = jax.device_get(outputs[:2])                         # [B, n], [B]
+        n = prepared.num_sources
+        hyps = [_detokenize(self.vocab, row) for row in np.asarray(tokens)[:n]]
+        return DecodeOutput(hyps, np.asarray(passes)[:n].astype(np.int64))
+
+
+class ARDecoder(_BaseDecoder):
+    """Greedy (cached or uncached) or beam search; ``passes`` = decoder steps run per sentence."""
+    family = "ar"
+
+    def __init__(self, *args, cached: bool = True, length_penalty: float = 0.6, **kw):
+        super().__init__(*args, **kw)
+        self.cached, self.length_penalty = bool(cached), float(length_penalty)
+        self._run = jax.jit(self._device_run, static_argnums=(3,))
+
+    def max_len(self, source_bucket: int) -> int:
+        return max(self.target_buckets(source_bucket))
+
+    def _encode(self, params, inputs):
+        return self.model.apply({"params": params}, inputs, method=t5.Transformer.encode)   # [b, s, d]
+
+    def _step(self, params, cache, encoded, inputs, tokens):
+        """One cached decoder pass: tokens [b, 1] -> logits [b, V], new cache."""
+        logits, state = self.model.apply({"params": params, "cache": cache}, encoded, inputs, tokens,
+                                         decode=True, mutable=["cache"], method=t5.Transformer.decode)
+        return logits[:, 0], state["cache"]
+
+    def _uncached_pass(self, params, encoded, inputs, seqs, index):
+        """One uncached pass over the whole prefix buffer seqs [b, L]: logits [b, V] at ``index``."""
+        logits = self.model.apply({"params": params}, encoded, inputs, seqs, logit_index=index,
+                                  method=t5.Transformer.decode)
+        return logits[:, 0]
+
+    def _device_run(self, params, inputs, active, max_len: int):
+        b = inputs.shape[0]
+        encoded = self._encode(params, inputs)
+        if self.parsed.algorithm == "beam":
+            k = self.parsed.k
+            encoded, inputs = jnp.repeat(encoded, k, axis=0), jnp.repeat(inputs, k, axis=0)  # [b*k, ...]
+            cache = t5.init_cache(self.config, b * k, inputs.shape[1], max_len)
+            fn = lambda tok, c: self._step(params, c, encoded, inputs, tok)
+            tokens, scores, steps = decoding.beam_search(fn, cache, b, k, max_len, self.length_penalty, EOS_ID,
+                                                        active)
+            return tokens[:, 0], steps, scores[:, 0]
+        if self.cached:
+            cache = t5.init_cache(self.config, b, inputs.shape[1], max_len)
+            fn = lambda tok, c: self._step(params, c, encoded, inputs, tok)
+            return self._reorder(decoding.greedy_search(fn, cache, b, max_len, EOS_ID, active))
+        fn = lambda seqs, i: self._uncached_pass(params, encoded, inputs, seqs, i)
+        return self._reorder(decoding.greedy_search_uncached(fn, b, max_len, EOS_ID, active))
+
+    @staticmethod
+    def _reorder(result):
+        tokens, scores, steps = result
+        return tokens, steps, scores
+
+    def run(self, prepared: Prepared):
+        return self._run(self.params, jnp.asarray(prepared.inputs), jnp.asarray(prepared.active),
+                         self.max_len(prepared.inputs.shape[1]))
+
+    def lower(self, prepared: Prepared, part: str):
+        inputs = jnp.asarray(prepared.inputs)
+        b, s = inputs.shape
+        if part == "encode":
+            return jax.jit(self._encode).lower(self.params, inputs)
+        if part != "pass":
+            raise UserError(f"unknown part {part!r}; use encode or pass")
+        rows = b * (self.parsed.k if self.parsed.algorithm == "beam" else 1)
+        max_len = self.max_len(s)
+        encoded = jax.ShapeDtypeStruct((rows, s, self.config.d_model), self.config.jnp_dtype)
+        inputs = jax.ShapeDtypeStruct((rows, s), jnp.int32)
+        if self.parsed.algorithm == "greedy" and not self.cached:
+            seqs = jax.ShapeDtypeStruct((rows, max_len), jnp.int32)
+            return jax.jit(self._uncached_pass).lower(self.params, encoded, inputs, seqs, jnp.int32(0))
+        cache = jax.eval_shape(lambda: t5.init_cache(self.config, rows, s, max_len))
+        tokens = jax.ShapeDtypeStruct((rows, 1), jnp.int32)
+        return jax.jit(self._step).lower(self.params, cache, encoded, inputs, tokens)
+
+
+class PaDIRDecoder(_BaseDecoder):
+    """refine:T with k length hypotheses; ``passes`` = refinement passes run per sentence."""
+    family = "nar"
+
+    def __init__(self, *args, length_hyps: int = 5, remask: str = "stutter", init: str = "random", seed: int = 0,
+                 **kw):
+        super().__init__(*args, **kw)
+        if remask not in refine.REMASK_MODES:
+            raise UserError(f"unknown remask {remask!r}; use one of {', '.join(refine.REMASK_MODES)}")
+        if init not in refine.INIT_MODES:
+            raise UserError(f"unknown init {init!r}; use one of {', '.join(refine.INIT_MODES)}")
+        if int(length_hyps) < 1:
+            raise UserError(f"length_hyps must be >= 1, got {length_hyps}")
+        self.length_hyps, self.remask, self.init = int(length_hyps), remask, init
+        self.rng = jax.random.key(int(seed))
+        self._encode = jax.jit(self._encode_and_lengths)
+        self._refine = jax.jit(self._refine_all, static_argnums=(6,))
+
+    def _encode_and_lengths(self, params, inputs):
+        """Encoder + length prediction: encoded [b, s, d], top-k lengths [b, k] in [1, max]."""
+        v = {"params": params}
+        encoded = self.model.apply(v, inputs, method=t5.PaDIR.encode)
+        logits = self.model.apply(v, encoded, inputs, method=t5.PaDIR.predict_length)  # [b, L + 1]
+        return encoded, refine.top_k_lengths(logits, self.length_hyps, self.max_decode_length)
+
+    def _pass(self, params, encoded, inputs, tokens, mask):
+        """One parallel decoder pass: tokens/mask [b*k, n] -> logits [b*k, n, V]."""
+        return self.model.apply({"params": params}, encoded, inputs, tokens, mask, method=t5.PaDIR.refine)
+
+    def _refine_all(self, params, encoded, inputs, lengths, active, rng, capacity: int):
+        k = lengths.shape[1]
+        encoded, inputs = jnp.repeat(encoded, k, axis=0), jnp.repeat(inputs, k, axis=0)  # [b*k, ...]
+        fn = lambda tokens, mask: self._pass(params, encoded, inputs, tokens, mask)
+        out = refine.refine_length_hypotheses(fn, jnp.minimum(lengths, capacity), capacity, self.parsed.k, rng,
+                                              self.remask, self.init, self.config.vocab_size, active=active)
+        return out.tokens, out.passes, out.score
+
+    def _choose_bucket(self, source_bucket: int, longest: int) -> int:
+        allowed = self.target_buckets(source_bucket)
+        return next((t for t in allowed if t >= longest), allowed[-1])
+
+    def run(self, prepared: Prepared):
+        inputs = jnp.asarray(prepared.inputs)
+        encoded, lengths = self._encode(self.params, inputs)
+        active = jnp.asarray(prepared.active)
+        longest = int(np.max(np.asarray(lengths)[prepared.active]))                   # host sync (tiny)
+        capacity = prepared.target_bucket or self._choose_bucket(inputs.shape[1], longest)
+        return self._refine(self.params, encoded, inputs, lengths, active, self.rng, capacity)
+
+    def _warmup_variants(self, inputs: np.ndarray, batch_size: int) -> list[Prepared]:
+        return [Prepared(inputs, batch_size, t) for t in self.target_buckets(inputs.shape[1])]
+
+    def lower(self, prepared: Prepared, part: str):
+        inputs = jnp.asarray(prepared.inputs)
+        b, s = inputs.shape
+        if part == "encode":
+            return jax.jit(self._encode_and_lengths).lower(self.params, inputs)
+        if part != "pass":
+            raise UserError(f"unknown part {part!r}; use encode or pass")
+        n_src = int(np.max((prepared.inputs > 0).sum(axis=1)))
+        capacity = prepared.target_bucket or self._choose_bucket(s, n_src)
+        rows = b * self.length_hyps
+        encoded = jax.ShapeDtypeStruct((rows, s, self.config.d_model), self.config.jnp_dtype)
+        tokens = jax.ShapeDtypeStruct((rows, capacity), jnp.int32)
+        return jax.jit(self._pass).lower(self.params, encoded, jax.ShapeDtypeStruct((rows, s), jnp.int32),
+                                         tokens, tokens)
+
+
+def _default_name(config: ModelConfig, parsed: _Parsed, cached: bool, meta: dict) -> str:
+    if config.kind == "ar":
+        if parsed.algorithm == "beam":
+            return f"ar-beam{parsed.k}"
+        return "ar-greedy" if cached else "ar-greedy-uncached"
+    train = meta.get("train_config") or {}
+    name = f"padir-s{parsed.k}"
+    if train.get("unmask_rate") is not None:
+        name += f"-u{train['unmask_rate']:g}"
+    if str(meta.get("task", "")).endswith("_distilled"):
+        name += "-distill"
+    return name
+
+
+def make_decoder(model_config: ModelConfig, params: Any, vocab: Any, spec: str, meta: Optional[dict] = None,
+                 **options: Any):
+    """A decoder for ``spec`` (greedy | beam:K | refine:T) from an in-memory model and vocabulary."""
+    meta = dict(meta or {})
+    unknown = sorted(set(options) - set(OPTIONS))
+    if unknown:
+        raise UserError(f"unknown decoder options {unknown}; known: {', '.join(OPTIONS)}")
+    parsed = parse_spec(spec)
+    if model_config.kind == "ar" and parsed.algorithm == "refine":
+        raise UserError(f"decoder {spec!r} needs a PaDIR checkpoint; use greedy or beam:K for this AR model")
+    if model_config.kind == "padir" and parsed.algorithm != "refine":
+        raise UserError(f"decoder {spec!r} needs an AR checkpoint; use refine:T (e.g. refine:4) for PaDIR")
+    cached = bool(options.get("cached", True))
+    train = meta.get("train_config") or {}
+    info = {"kind": model_config.kind, "decoder": str(spec), "task": meta.get("task"),
+            "steps": parsed.k if parsed.algorithm == "refine" else None,
+            "beam_size": parsed.k if parsed.algorithm == "beam" else None,
+            "unmask_rate": train.get("unmask_rate") if model_config.kind == "padir" else None,
+            "stages": train.get("stages") if model_config.kind == "padir" else None,
+            "distill": str(meta.get("task", "")).endswith("_distilled"),
+            "positional_attention": model_config.positional_attention if model_config.kind == "padir" else None,
+            "checkpoint_step": meta.get("restored_step", meta.get("steps_done")),
+            "seed": int(options.get("seed", 0))}
+    common = dict(name=options.get("name") or _default_name(model_config, parsed, cached, meta),
+                  buckets=options.get("buckets") or DEFAULT_BUCKETS,
+                  max_decode_length=int(options.get("max_decode_length") or model_config.max_target_length))
+    if model_config.kind == "ar":
+        lp = float(options.get("length_penalty", 0.6))
+        info.update(cached=cached, length_penalty=lp if parsed.algorithm == "beam" else None, length_hyps=None,
+                    remask=None, init=None)
+        if parsed.algorithm == "beam" and not cached:
+            raise UserError("beam search always uses the KV cache; drop cached=False")
+        return ARDecoder(model_config, params, vocab, parsed, info, cached=cached, length_penalty=lp, **common)
+    hyps = int(options.get("length_hyps", 5))
+    remask, init = options.get("remask", "stutter"), options.get("init", "random")
+    info.update(length_hyps=hyps, remask=remask, init=init)
+    return PaDIRDecoder(model_config, params, vocab, parsed, info, length_hyps=hyps, remask=remask, init=init,
+                        seed=int(options.get("seed", 0)), **common)
+
+
+def _vocabulary(meta: dict):
+    path = meta.get("vocab_path")
+    if path:
+        from suites.vocab import load_vocabulary
+        from pathlib import Path
+
+        if not Path(path).is_file():
+            raise UserError(f"the checkpoint's vocabulary {path} is missing; rebuild it with the task's data step")
+        return load_vocabulary(path)
+    task = meta.get("task")
+    if not task:
+        raise UserError("the checkpoint names neither a vocabulary nor a task; retrain it with `narbench train`")
+    from suites.tasks import get_vocabulary
+
+    return get_vocabulary(task)
+
+
+def load_decoder(checkpoint_dir, spec: str, **options: Any):
+    """The decoder ``spec`` for the trained checkpoint in ``checkpoint_dir`` (see ``make_decoder``)."""
+    parse_spec(spec)  # a bad spec fails before loading anything
+    from models.checkpoint import load
+
+    model_config, params, meta = load(checkpoint_dir)
+    return make_decoder(model_config, params, _vocabulary(meta), spec, meta, **options)

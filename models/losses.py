@@ -1,0 +1,69 @@
+"""Training losses and PaDIR's input noise (pure jnp functions, used inside the jitted train step).
+
+Token ids: 0 = pad, 1 = EOS, 2 = unk, 3 = <mask>. Random replacement tokens are drawn from
+``[FIRST_RANDOM_ID, vocab_size)`` = ids >= 4, so noise never produces pad (which would change the
+decoder's padding mask), EOS, unk or <mask>.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+PAD_ID = 0
+FIRST_RANDOM_ID = 4
+
+
+def token_cross_entropy(logits: jax.Array, targets: jax.Array, weights: jax.Array,
+                        label_smoothing: float = 0.0) -> dict[str, jax.Array]:
+    """Sums over weighted positions of the (smoothed) cross-entropy, the plain NLL and the hits.
+
+    logits [B, L, V] (any float dtype; computed in float32), targets [B, L] int, weights [B, L].
+    Smoothing spreads ``label_smoothing`` uniformly over all V classes (target included):
+    loss = (1 - ls) * nll + ls * (logsumexp - mean logit); no one-hot [B, L, V] is built.
+    """
+    assert logits.ndim == 3 and targets.ndim == 2, (logits.shape, targets.shape)
+    logits = logits.astype(jnp.float32)
+    lse = jax.nn.logsumexp(logits, axis=-1)                                        # [B, L]
+    target_logit = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]  # [B, L]
+    nll = lse - target_logit
+    loss = nll
+    if label_smoothing:
+        loss = (1.0 - label_smoothing) * nll + label_smoothing * (lse - logits.mean(axis=-1))
+    hits = (jnp.argmax(logits, axis=-1) == targets).astype(jnp.float32)
+    w = weights.astype(jnp.float32)
+    return {"loss_sum": (loss * w).sum(), "nll_sum": (nll * w).sum(),
+            "correct_sum": (hits * w).sum(), "weight_sum": w.sum()}
+
+
+def shift_right(targets: jax.Array) -> jax.Array:
+    """AR decoder inputs: targets shifted one position right with 0 (pad = T5's start id) first."""
+    return jnp.pad(targets, ((0, 0), (1, 0)))[:, :-1]
+
+
+def target_lengths(targets: jax.Array, num_classes: int) -> jax.Array:
+    """[B] number of non-pad target tokens (EOS included), clipped to ``num_classes - 1``."""
+    return jnp.minimum((targets != PAD_ID).sum(axis=-1), num_classes - 1)
+
+
+def random_tokens(rng: jax.Array, shape: tuple[int, ...], vocab_size: int) -> jax.Array:
+    """Uniform ids in ``[FIRST_RANDOM_ID, vocab_size)``."""
+    return jax.random.randint(rng, shape, FIRST_RANDOM_ID, vocab_size, dtype=jnp.int32)
+
+
+def padir_noise(rng: jax.Array, targets: jax.Array, unmask_rate: float, vocab_size: int
+                ) -> jax.Array:
+    """PaDIR's initial hypothesis X(0) for training: per sentence, round(unmask_rate * n) of its
+    n target tokens (chosen uniformly) stay correct, the others become random tokens; pad stays pad.
+
+    targets [B, L] int -> [B, L] int32.
+    """
+    assert targets.ndim == 2, targets.shape
+    keep_rng, token_rng = jax.random.split(rng)
+    real = targets != PAD_ID                                                      # [B, L]
+    n = real.sum(axis=-1, keepdims=True)                                          # [B, 1]
+    n_keep = jnp.round(unmask_rate * n).astype(jnp.int32)                         # [B, 1]
+    scores = jnp.where(real, jax.random.uniform(keep_rng, targets.shape), 2.0)   # pads rank last
+    rank = jnp.argsort(jnp.argsort(scores, axis=-1), axis=-1)                     # [B, L] 0 = first
+    keep = real & (rank < n_keep)
+    noise = random_tokens(token_rng, targets.shape, vocab_size)
+    return jnp.where(keep, targets, jnp.where(real, noise, PAD_ID)).astype(jnp.int32)

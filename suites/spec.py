@@ -1,0 +1,488 @@
+"""Suite specs: one frozen schema for a benchmark grid, loaded from TOML and validated key by key.
+
+A spec names the tasks (train task -> test sets), the model preset, the training budget per model
+kind, the AR decoders, the PaDIR axes (steps x unmask rate x distillation x ...), and how to time.
+Built-in suites live in ``suites/specs/<name>.toml``; ``load_spec`` also takes a path.
+
+Any unknown key or bad value raises ``UserError`` naming the file and the key path, e.g.
+``suites/specs/x.toml: padir.steps: expected positive integers, got 0``.
+
+Test sets are written ``[TASK:]SPLIT[+refs]``: ``"test"`` scores the train task's test split against
+its own references; ``"test+refs"`` also uses the extra references where the task has them
+(multi-reference BLEU); ``"bible_en_de:test"`` scores another task's split.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import re
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from bench.errors import UserError
+
+SPECS_DIR = Path(__file__).resolve().parent / "specs"
+SCHEMA_VERSION = 1
+
+# Keys mirror the fields of models.config.ModelConfig that a suite may override (`kind` is set by
+# the grid, `vocab_size` by the task's vocabulary).
+MODEL_OVERRIDE_KEYS = (
+    "d_model", "num_heads", "head_dim", "d_ff", "num_encoder_layers", "num_decoder_layers",
+    "dropout_rate", "relative_attention_num_buckets", "relative_attention_max_distance",
+    "max_target_length", "dtype",
+)
+AR_DECODER_RE = re.compile(r"^(greedy|beam:([1-9][0-9]*))$")
+REMASK = ("none", "stutter", "mask-predict")
+INITS = ("random", "mask")
+PHASES = ("end_to_end", "device")
+TEST_SET_RE = re.compile(r"^(?:(?P<task>[A-Za-z0-9_]+):)?(?P<split>[A-Za-z0-9_]+)(?P<refs>\+refs)?$")
+
+
+@dataclass(frozen=True)
+class TestSet:
+    task: str
+    split: str
+    multi_ref: bool = False
+
+    @property
+    def name(self) -> str:
+        return f"{self.task}:{self.split}" + ("+refs" if self.multi_ref else "")
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    train: str                       # seqio task the models are trained on
+    test_sets: tuple[TestSet, ...]
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    preset: str
+    overrides: tuple[tuple[str, Any], ...] = ()   # sorted (field, value) pairs
+
+    def override_dict(self) -> dict[str, Any]:
+        return dict(self.overrides)
+
+
+@dataclass(frozen=True)
+class TrainBudget:
+    """Training budget of one model kind (mapped by name onto ``models.train.TrainConfig``)."""
+
+    steps: int
+    batch_tokens: int
+    learning_rate: float
+    warmup_steps: int
+    min_learning_rate: float | None = None    # None: keep TrainConfig's default
+    label_smoothing: float | None = None
+    length_loss_weight: float | None = None   # PaDIR's length-predictor loss weight
+    max_length: int | None = None             # longer training examples are truncated
+    buckets: tuple[int, ...] | None = None    # sequence-length buckets of the batcher
+    checkpoint_every: int | None = None
+
+    def train_kwargs(self) -> dict[str, Any]:
+        """The fields that are set (None means: keep TrainConfig's default)."""
+        return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
+
+
+@dataclass(frozen=True)
+class ARSpec:
+    decoders: tuple[str, ...] = ("greedy", "beam:5")   # "greedy" or "beam:K"
+    length_penalty: float = 0.6
+    max_decode_length: int | None = None
+
+
+@dataclass(frozen=True)
+class DistillSpec:
+    beam_size: int = 5
+    max_examples: int | None = None   # cap on training sources the teacher decodes (None: all)
+
+
+@dataclass(frozen=True)
+class PadirAxes:
+    """Each field is one axis of the grid; the PaDIR systems are their Cartesian product."""
+
+    steps: tuple[int, ...] = (1, 2, 4, 10)
+    unmask_rate: tuple[float, ...] = (0.15,)
+    distill: tuple[bool, ...] = (False, True)
+    length_hyps: tuple[int, ...] = (5,)
+    remask: tuple[str, ...] = ("stutter",)
+    init: tuple[str, ...] = ("random",)
+    positional_attention: tuple[bool, ...] = (True,)
+    stages: tuple[int, ...] = (2,)
+
+
+@dataclass(frozen=True)
+class TimingSpec:
+    repeats: int = 1
+    phase: str = "end_to_end"
+    rotate: bool = True
+    costs: bool = True     # XLA flops/bytes per sentence and the roofline bound (compiles 2 programs)
+
+
+@dataclass(frozen=True)
+class SuiteSpec:
+    name: str
+    description: str
+    tasks: tuple[TaskSpec, ...]
+    model: ModelSpec
+    train_ar: TrainBudget
+    train_padir: TrainBudget
+    ar: ARSpec = field(default_factory=ARSpec)
+    padir: PadirAxes = field(default_factory=PadirAxes)
+    distill: DistillSpec = field(default_factory=DistillSpec)
+    timing: TimingSpec = field(default_factory=TimingSpec)
+    batch_size: int = 1
+    seeds: tuple[int, ...] = (0,)
+    max_test_sentences: int | None = None
+    bootstrap_resamples: int = 1000    # paired bootstrap of BLEU vs the AR baseline
+    decode_buckets: tuple[int, ...] | None = None   # source-length shape buckets of every decoder
+    source: str = ""   # where it was loaded from (not part of the hash)
+
+    def replace(self, **changes: Any) -> "SuiteSpec":
+        return dataclasses.replace(self, **changes)
+
+    def test_sets(self) -> list[TestSet]:
+        return [ts for task in self.tasks for ts in task.test_sets]
+
+    def to_dict(self) -> dict[str, Any]:
+        """The resolved spec in the TOML layout (``parse_spec(to_dict())`` round-trips)."""
+        def clean(d: dict) -> dict:
+            return {k: (list(v) if isinstance(v, tuple) else v) for k, v in d.items() if v is not None}
+
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "name": self.name, "description": self.description,
+            "batch_size": self.batch_size, "seeds": list(self.seeds),
+            "bootstrap_resamples": self.bootstrap_resamples,
+            **({"max_test_sentences": self.max_test_sentences} if self.max_test_sentences else {}),
+            **({"decode_buckets": list(self.decode_buckets)} if self.decode_buckets else {}),
+            "tasks": [{"train": t.train, "test": [_test_set_str(t.train, ts) for ts in t.test_sets]}
+                      for t in self.tasks],
+            "model": {"preset": self.model.preset, "overrides": self.model.override_dict()},
+            "train": {"ar": clean(dataclasses.asdict(self.train_ar)),
+                      "padir": clean(dataclasses.asdict(self.train_padir))},
+            "ar": clean(dataclasses.asdict(self.ar)),
+            "padir": clean(dataclasses.asdict(self.padir)),
+            "distill": clean(dataclasses.asdict(self.distill)),
+            "timing": clean(dataclasses.asdict(self.timing)),
+        }
+
+    def spec_hash(self) -> str:
+        """Stable hex digest of the resolved spec (canonical JSON; the source path is excluded)."""
+        blob = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(blob.encode()).hexdigest()
+
+    def to_toml(self) -> str:
+        return dump_toml(self.to_dict())
+
+
+def _test_set_str(train: str, ts: TestSet) -> str:
+    prefix = "" if ts.task == train else f"{ts.task}:"
+    return f"{prefix}{ts.split}" + ("+refs" if ts.multi_ref else "")
+
+
+# ---------------------------------------------------------------------------------------- parsing
+
+class _Reader:
+    """Reads typed values out of one TOML table, with errors naming ``source: key.path``."""
+
+    def __init__(self, source: str, table: Any, path: str):
+        self.source, self.path = source, path
+        if not isinstance(table, dict):
+            self.fail("", f"expected a table, got {_show(table)}")
+        self.table, self.used = table, set()
+
+    def key(self, name: str) -> str:
+        return f"{self.path}.{name}" if self.path else name
+
+    def fail(self, name: str, message: str):
+        where = self.key(name) if name else (self.path or "<top>")
+        raise UserError(f"{self.source}: {where}: {message}")
+
+    def get(self, name: str, check: Callable[[Any], Any], default: Any = ..., required: bool = False):
+        self.used.add(name)
+        if name not in self.table:
+            if required or default is ...:
+                self.fail(name, "missing required key")
+            return default
+        try:
+            return check(self.table[name])
+        except _Bad as bad:
+            self.fail(name, str(bad))
+
+    def sub(self, name: str, required: bool = False) -> "_Reader":
+        self.used.add(name)
+        if name not in self.table:
+            if required:
+                self.fail(name, "missing required table")
+            return _Reader(self.source, {}, self.key(name))
+        return _Reader(self.source, self.table[name], self.key(name))
+
+    def done(self) -> None:
+        unknown = sorted(set(self.table) - self.used)
+        if unknown:
+            known = ", ".join(sorted(self.used))
+            self.fail(unknown[0], f"unknown key (known keys here: {known})")
+
+
+class _Bad(Exception):
+    pass
+
+
+def _show(value: Any) -> str:
+    return json.dumps(value) if isinstance(value, (str, list, dict)) else repr(value)
+
+
+def _int(lo: int) -> Callable[[Any], int]:
+    def check(v):
+        if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+            raise _Bad(f"expected an integer >= {lo}, got {_show(v)}")
+        return v
+    return check
+
+
+def _num(lo: float, hi: float = math.inf, lo_open: bool = False) -> Callable[[Any], float]:
+    def check(v):
+        ok = not isinstance(v, bool) and isinstance(v, (int, float)) and math.isfinite(v)
+        ok = ok and (v > lo if lo_open else v >= lo) and v <= hi
+        if not ok:
+            bound = f"{'>' if lo_open else '>='} {lo}" + (f" and <= {hi}" if hi != math.inf else "")
+            raise _Bad(f"expected a number {bound}, got {_show(v)}")
+        return float(v)
+    return check
+
+
+def _str(pattern: re.Pattern | None = None, choices: tuple[str, ...] | None = None, what: str = "a string"):
+    def check(v):
+        if not isinstance(v, str) or not v or (pattern and not pattern.match(v)) or (choices and v not in choices):
+            hint = f"one of {', '.join(choices)}" if choices else what
+            raise _Bad(f"expected {hint}, got {_show(v)}")
+        return v
+    return check
+
+
+def _text(v):
+    if not isinstance(v, str):
+        raise _Bad(f"expected a string, got {_show(v)}")
+    return v
+
+
+def _bool(v):
+    if not isinstance(v, bool):
+        raise _Bad(f"expected true or false, got {_show(v)}")
+    return v
+
+
+def _list(item: Callable[[Any], Any], what: str, unique: bool = True) -> Callable[[Any], tuple]:
+    def check(v):
+        if not isinstance(v, list) or not v:
+            raise _Bad(f"expected a non-empty list of {what}, got {_show(v)}")
+        out = []
+        for x in v:
+            try:
+                out.append(item(x))
+            except _Bad:
+                raise _Bad(f"expected {what}, got {_show(x)}") from None
+        if unique and len(set(out)) != len(out):
+            raise _Bad(f"expected distinct {what}, got duplicates in {_show(v)}")
+        return tuple(out)
+    return check
+
+
+_NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
+_TASK = re.compile(r"^[A-Za-z0-9_]+$")
+
+
+def _budget(r: _Reader) -> TrainBudget:
+    b = TrainBudget(
+        steps=r.get("steps", _int(1), required=True),
+        batch_tokens=r.get("batch_tokens", _int(1), required=True),
+        learning_rate=r.get("learning_rate", _num(0.0, lo_open=True), required=True),
+        warmup_steps=r.get("warmup_steps", _int(0), required=True),
+        min_learning_rate=r.get("min_learning_rate", _num(0.0), None),
+        label_smoothing=r.get("label_smoothing", _num(0.0, 1.0), None),
+        length_loss_weight=r.get("length_loss_weight", _num(0.0), None),
+        max_length=r.get("max_length", _int(2), None),
+        buckets=r.get("buckets", _list(_int(1), "positive integers"), None),
+        checkpoint_every=r.get("checkpoint_every", _int(1), None),
+    )
+    r.done()
+    return b
+
+
+def _tasks(source: str, value: Any) -> tuple[TaskSpec, ...]:
+    if not isinstance(value, list) or not value:
+        raise UserError(f"{source}: tasks: expected a non-empty array of tables "
+                        f"([[tasks]] with train = ... and test = [...])")
+    out, seen = [], {}
+    for i, table in enumerate(value):
+        r = _Reader(source, table, f"tasks[{i}]")
+        train = r.get("train", _str(_TASK, what="a task name"), required=True)
+        raw = r.get("test", _list(_str(TEST_SET_RE, what='"[TASK:]SPLIT[+refs]"'),
+                                  '"[TASK:]SPLIT[+refs]" strings'), ("test",))
+        r.done()
+        sets = []
+        for text in raw:
+            m = TEST_SET_RE.match(text)
+            ts = TestSet(task=m["task"] or train, split=m["split"], multi_ref=bool(m["refs"]))
+            if ts.name in seen:
+                r.fail("test", f"test set {ts.name!r} already belongs to tasks[{seen[ts.name]}]; "
+                               "each test set may appear once")
+            seen[ts.name] = i
+            sets.append(ts)
+        out.append(TaskSpec(train=train, test_sets=tuple(sets)))
+    return tuple(out)
+
+
+def _model(r: _Reader) -> ModelSpec:
+    preset = r.get("preset", _str(_NAME, what="a preset name (tiny, small, paper)"), required=True)
+    o = r.sub("overrides")
+    overrides = {}
+    for key in list(o.table):
+        if key not in MODEL_OVERRIDE_KEYS:
+            o.fail(key, f"unknown model field (known: {', '.join(MODEL_OVERRIDE_KEYS)})")
+        if key == "dtype":
+            overrides[key] = o.get(key, _str(choices=("float32", "bfloat16")))
+        elif key == "dropout_rate":
+            overrides[key] = o.get(key, _num(0.0, 0.999))
+        else:
+            overrides[key] = o.get(key, _int(1))
+    r.done()
+    return ModelSpec(preset=preset, overrides=tuple(sorted(overrides.items())))
+
+
+def parse_spec(data: dict[str, Any], source: str = "<spec>") -> SuiteSpec:
+    """Validate a TOML-shaped dict into a ``SuiteSpec`` (``UserError`` on the first bad key)."""
+    top = _Reader(source, data, "")
+    top.get("schema_version", _int(1), SCHEMA_VERSION)
+    name = top.get("name", _str(_NAME, what="a name of letters, digits, _ . -"), required=True)
+    description = top.get("description", _text, "")
+    top.used.add("tasks")
+    if "tasks" not in data:
+        top.fail("tasks", "missing required key")
+    tasks = _tasks(source, data["tasks"])
+    model = _model(top.sub("model", required=True))
+    tr = top.sub("train", required=True)
+    train_ar = _budget(tr.sub("ar", required=True))
+    train_padir = _budget(tr.sub("padir", required=True))
+    tr.done()
+
+    a = top.sub("ar")
+    ar = ARSpec(
+        decoders=a.get("decoders", _list(_str(AR_DECODER_RE, what='"greedy" or "beam:K"'),
+                                         '"greedy" or "beam:K" strings'), ARSpec.decoders),
+        length_penalty=a.get("length_penalty", _num(0.0), ARSpec.length_penalty),
+        max_decode_length=a.get("max_decode_length", _int(1), None),
+    )
+    a.done()
+
+    p = top.sub("padir")
+    d = PadirAxes()
+    padir = PadirAxes(
+        steps=p.get("steps", _list(_int(1), "positive integers"), d.steps),
+        unmask_rate=p.get("unmask_rate", _list(_num(0.0, 1.0), "numbers in [0, 1]"), d.unmask_rate),
+        distill=p.get("distill", _list(_bool, "true/false"), d.distill),
+        length_hyps=p.get("length_hyps", _list(_int(1), "positive integers"), d.length_hyps),
+        remask=p.get("remask", _list(_str(choices=REMASK), f"one of {', '.join(REMASK)}"), d.remask),
+        init=p.get("init", _list(_str(choices=INITS), f"one of {', '.join(INITS)}"), d.init),
+        positional_attention=p.get("positional_attention", _list(_bool, "true/false"),
+                                   d.positional_attention),
+        stages=p.get("stages", _list(_int(1), "positive integers"), d.stages),
+    )
+    p.done()
+    ds = top.sub("distill")
+    distill = DistillSpec(beam_size=ds.get("beam_size", _int(1), 5),
+                          max_examples=ds.get("max_examples", _int(1), None))
+    ds.done()
+
+    t = top.sub("timing")
+    timing = TimingSpec(repeats=t.get("repeats", _int(1), 1),
+                        phase=t.get("phase", _str(choices=PHASES), "end_to_end"),
+                        rotate=t.get("rotate", _bool, True),
+                        costs=t.get("costs", _bool, True))
+    t.done()
+
+    spec = SuiteSpec(
+        name=name, description=description, tasks=tasks, model=model,
+        train_ar=train_ar, train_padir=train_padir, ar=ar, padir=padir, distill=distill, timing=timing,
+        batch_size=top.get("batch_size", _int(1), 1),
+        seeds=top.get("seeds", _list(_int(0), "non-negative integers"), (0,)),
+        max_test_sentences=top.get("max_test_sentences", _int(1), None),
+        bootstrap_resamples=top.get("bootstrap_resamples", _int(10), 1000),
+        decode_buckets=top.get("decode_buckets", _list(_int(1), "positive integers"), None),
+        source=source,
+    )
+    top.done()
+    if "greedy" not in spec.ar.decoders:
+        top.fail("ar.decoders", 'must include "greedy" (the speedup baseline of every table)')
+    return spec
+
+
+def builtin_specs() -> list[str]:
+    return sorted(p.stem for p in SPECS_DIR.glob("*.toml"))
+
+
+def load_spec(name_or_path: str | Path) -> SuiteSpec:
+    """A built-in suite by name (``smoke``, ``default`` ...) or a path to a ``.toml`` file."""
+    text = str(name_or_path)
+    path = Path(text)
+    if text.endswith(".toml") or path.is_file() or "/" in text:
+        if not path.is_file():
+            raise UserError(f"suite file {text} does not exist; pass a built-in suite "
+                            f"({', '.join(builtin_specs())}) or a path to a .toml spec")
+        source = text
+    else:
+        path = SPECS_DIR / f"{text}.toml"
+        if not path.is_file():
+            raise UserError(f"unknown suite {text!r}; built-in suites: {', '.join(builtin_specs())} "
+                            "(or pass a path to a .toml spec)")
+        source = f"suites/specs/{text}.toml"
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as err:
+        raise UserError(f"{source}: malformed TOML: {err}") from None
+    except UnicodeDecodeError:
+        raise UserError(f"{source}: not UTF-8 text; save the spec as UTF-8 TOML") from None
+    return parse_spec(data, source)
+
+
+# ---------------------------------------------------------------------------------------- writing
+
+def _toml_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return repr(v)
+    if isinstance(v, str):
+        return json.dumps(v, ensure_ascii=False)  # a JSON string is a valid TOML basic string
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    if isinstance(v, dict):
+        return "{" + ", ".join(f"{k} = {_toml_value(x)}" for k, x in v.items()) + "}"
+    raise TypeError(f"cannot write {type(v).__name__} to TOML")
+
+
+def dump_toml(data: dict[str, Any]) -> str:
+    """TOML text for the spec layout: scalars first, then tables, arrays of tables and sub-tables."""
+    lines: list[str] = []
+
+    def table(d: dict, prefix: str) -> None:
+        scalars = {k: v for k, v in d.items()
+                   if not isinstance(v, dict) and not (isinstance(v, list) and v and isinstance(v[0], dict))}
+        lines.extend(f"{k} = {_toml_value(v)}" for k, v in scalars.items())
+        for k, v in d.items():
+            if isinstance(v, list) and v and isinstance(v[0], dict):
+                for item in v:
+                    lines.extend(["", f"[[{prefix}{k}]]"])
+                    table(item, f"{prefix}{k}.")
+        for k, v in d.items():
+            if isinstance(v, dict):
+                lines.extend(["", f"[{prefix}{k}]"])
+                table(v, f"{prefix}{k}.")
+
+    table(data, "")
+    return "\n".join(lines).lstrip("\n") + "\n"

@@ -1,0 +1,379 @@
+"""seqio Tasks for every corpus; importing this module registers them all (cheaply).
+
+Names: ``bible_{de,ro,zh}_en``, ``bible_en_{de,ro,zh}``, ``wmt14_de_en``, ``wmt14_en_de``,
+``wmt16_ro_en``, ``wmt16_en_ro``, ``wmt17_zh_en``, ``wmt17_en_zh``, ``synthetic_d0/d50/d100``.
+Splits everywhere: ``train``, ``dev``, ``test``. Features ``inputs``/``targets`` (SentencePiece ids,
+EOS appended) plus ``inputs_pretokenized``/``targets_pretokenized``; metrics BLEU and chrF.
+
+Registration downloads nothing and trains nothing: data sources read their corpus on first use
+(``bible.prepare`` runs then) and each vocabulary is trained when first needed (``LazyVocabulary``).
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import seqio
+
+from bench.errors import UserError
+from suites import bible, synthetic, vocab, wmt
+
+SPLITS = ("train", "dev", "test")
+# Vocabulary sizes per family (the paper uses 32k; 8k is the CPU default for the Bible).
+VOCAB_SIZES = {"bible": 8000, "wmt": 32000, "synthetic": 256}
+SYNTHETIC_VOCAB_SENTENCES = 5_000
+
+
+@dataclass(frozen=True)
+class _Spec:
+    """What a registered task is made of (internal)."""
+
+    name: str
+    family: str              # "bible" | "wmt" | "synthetic"
+    source_lang: str
+    target_lang: str
+    pair: str = ""           # the foreign language of bible/wmt tasks
+    synthetic: synthetic.SyntheticConfig | None = None
+    distilled_train: str | None = None   # TSV of distilled training pairs
+    base: str | None = None              # the task a distilled task derives from
+
+    @property
+    def to_english(self) -> bool:
+        return self.target_lang == "en"
+
+    @property
+    def vocab_key(self) -> str:
+        if self.family == "synthetic":
+            return "synthetic-" + _vocab_config(self.synthetic).key()
+        return f"{self.family}-{self.pair}-en"
+
+
+@dataclass(frozen=True)
+class TaskInfo:
+    name: str
+    source_lang: str
+    target_lang: str
+    family: str
+    splits: dict            # split -> number of examples, or None where unknown (data not prepared)
+    vocabulary: seqio.SentencePieceVocabulary
+
+    @property
+    def vocab_path(self) -> Path:
+        """The SentencePiece model file (trains the vocabulary on first access)."""
+        return Path(self.vocabulary.sentencepiece_model_file)
+
+
+_SPECS: dict[str, _Spec] = {}
+_VOCABS: dict[str, vocab.LazyVocabulary] = {}
+
+
+# ------------------------------------------------------------------------------------ vocabularies
+def _vocab_config(cfg: synthetic.SyntheticConfig) -> synthetic.SyntheticConfig:
+    """Every dial setting of one synthetic language shares the vocabulary of its most-modes setting."""
+    return dataclasses.replace(cfg, dependency=1.0)
+
+
+def _vocab_inputs(spec: _Spec) -> tuple[str, list[Path], vocab.VocabSettings, tuple[int, ...]]:
+    """(name, files, settings, columns) of the vocabulary; prepares the training text if needed."""
+    size = VOCAB_SIZES[spec.family]
+    if spec.family == "bible":
+        if not bible.split_path(spec.pair, "train").exists():
+            bible.prepare(pairs=(spec.pair,))
+        settings = vocab.VocabSettings.for_languages([spec.pair, "en"], size)
+        return f"bible_{spec.pair}_en", [bible.split_path(spec.pair, "train")], settings, (1, 2)
+    if spec.family == "wmt":
+        settings = vocab.VocabSettings.for_languages([spec.pair, "en"], size)
+        name = f"wmt{wmt.YEARS[spec.pair]}_{spec.pair}_en"
+        return name, [wmt.write_train_sample(spec.pair)], settings, (0, 1)
+    gen = synthetic.SyntheticTranslation(_vocab_config(spec.synthetic))
+    path = gen.write_split("train", SYNTHETIC_VOCAB_SENTENCES)
+    return spec.vocab_key, [path], vocab.VocabSettings(vocab_size=size), (0, 1)
+
+
+def _peek_path(spec: _Spec) -> Path | None:
+    """The cached model path if the training text already exists (never prepares or trains)."""
+    if spec.family == "bible" and not bible.split_path(spec.pair, "train").exists():
+        return None
+    if spec.family == "wmt":
+        return None  # would need a pass over the TFDS training data
+    if spec.family == "synthetic":
+        gen = synthetic.SyntheticTranslation(_vocab_config(spec.synthetic))
+        if not gen.split_file("train", SYNTHETIC_VOCAB_SENTENCES).exists():
+            return None
+    return vocab.model_path(*_vocab_inputs(spec))
+
+
+def _vocabulary(spec: _Spec) -> vocab.LazyVocabulary:
+    key = spec.vocab_key
+    if key not in _VOCABS:
+        build = lambda: vocab.train_vocabulary(*_vocab_inputs(spec))  # noqa: E731
+        _VOCABS[key] = vocab.LazyVocabulary(build, key, peek=lambda: _peek_path(spec))
+    return _VOCABS[key]
+
+
+# ------------------------------------------------------------------------------------------ text
+def _synthetic_text(cfg: synthetic.SyntheticConfig, split: str) -> tuple[list[str], list[list[str]]]:
+    gen = synthetic.SyntheticTranslation(cfg)
+    sources, own = map(list, zip(*gen.examples(split))) if cfg.split_size(split) else ([], [])
+    others: list[list[str]] = [[] for _ in range(cfg.modes - 1)]
+    for s, t in zip(sources, own if cfg.modes > 1 else []):
+        rest = [v for v in gen.valid_targets(s) if v != t]
+        for k, v in enumerate(rest):
+            others[k].append(v)
+    return sources, [own] + others
+
+
+def _read_tsv(path: Path) -> tuple[list[str], list[str]]:
+    sources, targets = [], []
+    with open(path, encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            cols = line.rstrip("\n").split("\t")
+            if len(cols) != 2:
+                raise UserError(f"{path}:{n}: expected `source<TAB>target`; re-run the distillation")
+            sources.append(cols[0])
+            targets.append(cols[1])
+    return sources, targets
+
+
+@functools.lru_cache(maxsize=32)
+def _load_text_cached(name: str, split: str) -> tuple[tuple[str, ...], tuple[tuple[str, ...], ...]]:
+    return _load_text_raw(name, split)
+
+
+def _load_text_raw(name: str, split: str) -> tuple[tuple[str, ...], tuple[tuple[str, ...], ...]]:
+    spec = _spec(name)
+    if split not in SPLITS:
+        raise UserError(f"unknown split {split!r} for {name}; choose from {', '.join(SPLITS)}")
+    if spec.distilled_train is not None:
+        if split == "train":
+            src, tgt = _read_tsv(Path(spec.distilled_train))
+            return tuple(src), (tuple(tgt),)
+        src, refs = load_text(spec.base, split)
+        return tuple(src), tuple(tuple(r) for r in refs)
+    if spec.family == "synthetic":
+        src, refs = _synthetic_text(spec.synthetic, split)
+    elif spec.family == "bible":
+        pairs = bible.load_split(spec.pair, split)
+        foreign, english = [p[0] for p in pairs], [p[1] for p in pairs]
+        src, own = (foreign, english) if spec.to_english else (english, foreign)
+        extra = bible.extra_references(split, pair=spec.pair, target=spec.target_lang)
+        refs = [own] + list(extra.values())
+    else:
+        pairs = list(wmt.iter_pairs(spec.pair, split))
+        foreign, english = [p[0] for p in pairs], [p[1] for p in pairs]
+        src, refs = (foreign, [english]) if spec.to_english else (english, [foreign])
+    return tuple(src), tuple(tuple(r) for r in refs)
+
+
+def load_text(name: str, split: str) -> tuple[list[str], list[list[str]]]:
+    """``(sources, references)`` of one split, references in sacrebleu's layout:
+    ``references[k][i]`` is the k-th reference of sentence i; ``references[0]`` is the task's own
+    target, further streams are extra references (Bible: KJV/BBE or Schlachter; synthetic: the
+    other valid targets)."""
+    src, refs = _load_text_cached(name, split) if _cacheable(name, split) else _load_text_raw(name, split)
+    return list(src), [list(r) for r in refs]
+
+
+def _cacheable(name: str, split: str) -> bool:
+    """Small texts are kept in memory; WMT texts (millions of pairs) are read each time."""
+    spec = _spec(name)
+    if spec.distilled_train is not None:
+        return split == "train" or _cacheable(spec.base, split)
+    return spec.family != "wmt"
+
+
+def get_vocabulary(name: str) -> seqio.SentencePieceVocabulary:
+    """The task's joint SentencePiece vocabulary (trained on first use)."""
+    return _vocabulary(_spec(name))
+
+
+# ------------------------------------------------------------------------------------- metrics
+def _metric_fns(target_lang: str) -> list[Callable]:
+    import sacrebleu
+
+    tokenize = "zh" if target_lang == "zh" else "13a"
+
+    def bleu(targets, predictions):
+        return {"bleu": sacrebleu.corpus_bleu(list(predictions), [list(targets)], tokenize=tokenize).score}
+
+    def chrf(targets, predictions):
+        return {"chrf": sacrebleu.corpus_chrf(list(predictions), [list(targets)]).score}
+
+    return [bleu, chrf]
+
+
+# ------------------------------------------------------------------------------------ sources
+class _LazySource(seqio.FunctionDataSource):
+    """A FunctionDataSource whose split sizes are looked up when asked (None if unknown)."""
+
+    def __init__(self, dataset_fn, sizes: Callable[[], dict | None]):
+        super().__init__(dataset_fn=dataset_fn, splits=SPLITS)
+        self._sizes = sizes
+
+    def num_input_examples(self, split: str) -> int | None:
+        sizes = self._sizes()
+        return None if sizes is None else sizes.get(split)
+
+
+def split_sizes(name: str) -> dict[str, int | None]:
+    """Examples per split; None where the data is not prepared / not found (never downloads)."""
+    spec = _spec(name)
+    if spec.distilled_train is not None:
+        with open(spec.distilled_train, encoding="utf-8") as f:
+            return {**split_sizes(spec.base), "train": sum(1 for _ in f)}
+    if spec.family == "synthetic":
+        return {s: spec.synthetic.split_size(s) for s in SPLITS}
+    if spec.family == "wmt":
+        sizes = wmt.split_sizes(spec.pair)
+        return {s: (sizes[s] if sizes else None) for s in SPLITS}
+    out = {}
+    for s in SPLITS:
+        path = bible.split_path(spec.pair, s)
+        if path.exists():
+            with open(path, encoding="utf-8") as f:
+                out[s] = sum(1 for _ in f)
+        else:
+            out[s] = None
+    return out
+
+
+def _dataset_fn(name: str):
+    def dataset_fn(split, shuffle_files, seed=None):
+        import tensorflow as tf
+
+        spec = _spec(name)
+        _vocabulary(spec).model_path()   # build the vocabulary here, eagerly, not inside tf.data
+        own_data = not (spec.distilled_train and split == "train")
+        if spec.family == "wmt" and own_data:
+            return wmt.load_dataset(spec.pair, split, spec.to_english, shuffle_files, seed)
+        if spec.family == "synthetic" and own_data:     # no extra references needed here
+            pairs = list(synthetic.SyntheticTranslation(spec.synthetic).examples(split))
+            sources, targets = [p[0] for p in pairs], [p[1] for p in pairs]
+        else:
+            sources, refs = load_text(name, split)
+            targets = refs[0]
+        return tf.data.Dataset.from_tensor_slices(
+            {"inputs": tf.constant(sources, tf.string), "targets": tf.constant(targets, tf.string)})
+
+    return dataset_fn
+
+
+def _register(spec: _Spec) -> None:
+    if spec.name in seqio.TaskRegistry.names():
+        seqio.TaskRegistry.remove(spec.name)
+    _SPECS[spec.name] = spec
+    voc = _vocabulary(spec)
+    seqio.TaskRegistry.add(
+        spec.name,
+        source=_LazySource(_dataset_fn(spec.name), lambda: split_sizes(spec.name)),
+        output_features={"inputs": seqio.Feature(voc, add_eos=True),
+                         "targets": seqio.Feature(voc, add_eos=True)},
+        preprocessors=[seqio.preprocessors.tokenize, seqio.preprocessors.append_eos],
+        metric_fns=_metric_fns(spec.target_lang),
+    )
+
+
+def _spec(name: str) -> _Spec:
+    if name not in _SPECS:
+        raise UserError(f"unknown task {name!r}; known tasks: {', '.join(known_tasks())}")
+    return _SPECS[name]
+
+
+def known_tasks() -> list[str]:
+    """Every registered task name, in a stable order."""
+    return list(_SPECS)
+
+
+def task_info(name: str) -> TaskInfo:
+    """Languages, family, split sizes and vocabulary of a task (never downloads or trains)."""
+    spec = _spec(name)
+    return TaskInfo(name=name, source_lang=spec.source_lang, target_lang=spec.target_lang,
+                    family=spec.family, splits=split_sizes(name), vocabulary=_vocabulary(spec))
+
+
+def register_distilled_task(base_task: str, train_tsv: Path) -> str:
+    """Register ``<base_task>_distilled``: train split from ``train_tsv`` (``source<TAB>target``
+    lines written by the distillation), other splits and vocabulary as ``base_task``."""
+    base = _spec(base_task)
+    train_tsv = Path(train_tsv)
+    if not train_tsv.is_file():
+        raise UserError(f"distilled training file {train_tsv} not found; run the distillation first")
+    name = f"{base_task}_distilled"
+    _register(dataclasses.replace(base, name=name, distilled_train=str(train_tsv), base=base_task))
+    _load_text_cached.cache_clear()
+    return name
+
+
+# ------------------------------------------------------------------------------------ statistics
+def text_length(text: str, lang: str) -> int:
+    """Length in words (Chinese: characters, spaces excluded)."""
+    return len(text.replace(" ", "")) if lang == "zh" else len(text.split())
+
+
+def _sample(name: str, split: str, limit: int | None) -> tuple[list[str], list[str]]:
+    """(sources, targets) of a split; with ``limit``, at most that many, evenly spaced where cheap."""
+    spec = _spec(name)
+    own_data = not (spec.distilled_train and split == "train")
+    if spec.family == "synthetic" and own_data:
+        pairs = list(synthetic.SyntheticTranslation(spec.synthetic).examples(split, limit and min(
+            limit, spec.synthetic.split_size(split))))
+        return [p[0] for p in pairs], [p[1] for p in pairs]
+    if spec.family == "wmt" and own_data:           # streaming: the first `limit` pairs
+        pairs = list(wmt.iter_pairs(spec.pair, split, limit=limit))
+        fo, en = [p[0] for p in pairs], [p[1] for p in pairs]
+        return (fo, en) if spec.to_english else (en, fo)
+    sources, refs = load_text(name, split)
+    step = max(1, len(sources) // limit) if limit else 1
+    return sources[::step][:limit], refs[0][::step][:limit]
+
+
+def _summary(values: list[int]) -> dict:
+    import numpy as np
+
+    if not values:
+        return {"mean": None, "p50": None, "p95": None, "max": None}
+    a = np.asarray(values)
+    return {"mean": float(a.mean()), "p50": float(np.percentile(a, 50)),
+            "p95": float(np.percentile(a, 95)), "max": int(a.max())}
+
+
+def task_stats(name: str, splits=SPLITS, limit: int | None = None,
+               tokens: bool | None = None) -> dict[str, dict]:
+    """Per split: ``size``, ``sampled`` and length summaries (mean/p50/p95/max) of sources and
+    targets in words (``source_words``, ``target_words``) and, when ``tokens`` (default: only if
+    the vocabulary is already trained), in SentencePiece tokens without EOS (``*_tokens``).
+    Raises ``UserError`` where the data is missing (e.g. TFDS not built)."""
+    spec = _spec(name)
+    voc = _vocabulary(spec)
+    if tokens is None:
+        tokens = voc.is_built()
+    sizes = split_sizes(name)
+    out = {}
+    for split in splits:
+        src, tgt = _sample(name, split, limit)
+        row = {"size": sizes[split] if sizes[split] is not None else len(src), "sampled": len(src),
+               "source_words": _summary([text_length(t, spec.source_lang) for t in src]),
+               "target_words": _summary([text_length(t, spec.target_lang) for t in tgt])}
+        if tokens:
+            sp = voc.tokenizer
+            row["source_tokens"] = _summary([len(x) for x in sp.encode(src)])
+            row["target_tokens"] = _summary([len(x) for x in sp.encode(tgt)])
+        out[split] = row
+    return out
+
+
+def _register_all() -> None:
+    for pair in bible.PAIRS:
+        _register(_Spec(f"bible_{pair}_en", "bible", pair, "en", pair=pair))
+        _register(_Spec(f"bible_en_{pair}", "bible", "en", pair, pair=pair))
+    for pair, year in wmt.YEARS.items():
+        _register(_Spec(f"wmt{year}_{pair}_en", "wmt", pair, "en", pair=pair))
+        _register(_Spec(f"wmt{year}_en_{pair}", "wmt", "en", pair, pair=pair))
+    for name, cfg in synthetic.TASKS.items():
+        _register(_Spec(name, "synthetic", "src", "tgt", synthetic=cfg))
+
+
+_register_all()

@@ -1,0 +1,1 @@
+"""Theory suites of the paper: Ising k-pseudolikelihood, k-Gibbs vs parallel sampling, attention dependency."""

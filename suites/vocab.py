@@ -1,0 +1,230 @@
+"""Joint SentencePiece (unigram) vocabularies, trained on a task's training split, cached by hash.
+
+Ids in every vocabulary: 0 = pad, 1 = EOS, 2 = unk, 3 = ``<mask>`` (a user-defined symbol); no BOS.
+A model lives at ``vocab/<name>-<hash>.model`` where the hash covers the training files' contents and
+the settings, so changing either trains a new one and an unchanged one is reused.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import io
+import json
+import os
+import re
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterator, Sequence
+
+import seqio
+
+from bench.errors import UserError
+from suites import paths
+
+PAD_ID, EOS_ID, UNK_ID, MASK_ID = 0, 1, 2, 3
+MASK_PIECE = "<mask>"
+
+
+@dataclass(frozen=True)
+class VocabSettings:
+    vocab_size: int = 8000                # paper: 32k; CPU default 8k
+    character_coverage: float = 1.0       # < 1.0 for Chinese (rare characters fall back to bytes)
+    byte_fallback: bool = False
+    max_sentences: int = 2_000_000        # SentencePiece samples at most this many lines
+    seed: int = 0
+
+    @classmethod
+    def for_languages(cls, langs: Sequence[str], vocab_size: int, **kw) -> "VocabSettings":
+        """Settings for a joint vocabulary over ``langs`` (high coverage + byte fallback for zh)."""
+        if "zh" in langs:
+            kw.setdefault("character_coverage", 0.9995)
+            kw.setdefault("byte_fallback", True)
+        return cls(vocab_size=vocab_size, **kw)
+
+
+def file_digest(path: Path) -> str:
+    """sha256 of a file's bytes."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def vocab_key(files: Sequence[Path], settings: VocabSettings, fields: Sequence[int] | None) -> str:
+    """Hash of (data file hashes, settings, selected columns)."""
+    blob = json.dumps({"files": [file_digest(Path(f)) for f in files],
+                       "settings": dataclasses.asdict(settings),
+                       "fields": list(fields) if fields is not None else None,
+                       "format": 1}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def _sentences(files: Sequence[Path], fields: Sequence[int] | None) -> Iterator[str]:
+    """Every line of every file; with ``fields``, those tab-separated columns, one sentence each."""
+    for path in files:
+        with open(path, encoding="utf-8") as f:
+            for line in f:
+                cols = line.rstrip("\n").split("\t")
+                for text in (cols if fields is None else [cols[i] for i in fields]):
+                    if text:
+                        yield text
+
+
+class _Ticker:
+    """An elapsed-time progress bar for a step that reports no progress of its own."""
+
+    def __init__(self, desc: str, enabled: bool):
+        from tqdm import tqdm
+
+        self._bar = tqdm(desc=desc, unit="s", disable=None if enabled else True, leave=False,
+                         bar_format="{desc}: {elapsed}")
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self):
+        while not self._stop.wait(0.5):
+            self._bar.refresh()
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+        self._bar.close()
+
+
+def model_path(name: str, files: Sequence[Path], settings: VocabSettings,
+               fields: Sequence[int] | None = None) -> Path:
+    """Where the model for these files and settings lives (whether trained yet or not)."""
+    return paths.subdir("vocab") / f"{name}-{vocab_key(files, settings, fields)}.model"
+
+
+@contextlib.contextmanager
+def _as_user_error(settings: VocabSettings):
+    """SentencePiece's fixable failures as one-line UserErrors."""
+    try:
+        yield
+    except RuntimeError as err:
+        found = re.search(r"Vocabulary size is smaller than required_chars\. (\d+) vs (\d+)", str(err))
+        if found:
+            raise UserError(
+                f"vocabulary size {found[1]} is below the {found[2]} characters the corpus needs; "
+                f"use a vocabulary size of at least {int(found[2]) + 100} or a lower "
+                f"character_coverage") from None
+        raise
+
+
+def train_vocabulary(name: str, files: Sequence[Path], settings: VocabSettings,
+                     fields: Sequence[int] | None = None, progress: bool = True) -> Path:
+    """Train (or reuse) the SentencePiece model for ``files``; returns the ``.model`` path."""
+    import sentencepiece as spm
+
+    path = model_path(name, files, settings, fields)
+    if path.exists():
+        return path
+    n_lines = sum(1 for _ in _sentences(files, fields))
+    if progress:
+        print(f"narbench: training SentencePiece vocabulary {path.name} ({settings.vocab_size} "
+              f"pieces, {n_lines} sentences) ...", file=sys.stderr)
+    spm.set_random_generator_seed(settings.seed)
+    model = io.BytesIO()
+    start = time.perf_counter()
+    with _Ticker(f"sentencepiece {name}", progress), _as_user_error(settings):
+        spm.SentencePieceTrainer.train(
+            sentence_iterator=_sentences(files, fields), model_writer=model,
+            model_type="unigram", vocab_size=settings.vocab_size, hard_vocab_limit=False,
+            character_coverage=settings.character_coverage, byte_fallback=settings.byte_fallback,
+            input_sentence_size=settings.max_sentences, shuffle_input_sentence=True,
+            pad_id=PAD_ID, eos_id=EOS_ID, unk_id=UNK_ID, bos_id=-1,
+            user_defined_symbols=[MASK_PIECE],
+            normalization_rule_name="identity",   # keep the text as cleaned (e.g. full-width 。)
+            num_threads=os.cpu_count() or 1, minloglevel=2,
+        )
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
+    with os.fdopen(fd, "wb") as f:
+        f.write(model.getvalue())
+    os.replace(tmp, path)
+    if progress:
+        print(f"narbench: vocabulary trained in {time.perf_counter() - start:.1f} s", file=sys.stderr)
+    return path
+
+
+def load_vocabulary(model_file: str | Path) -> seqio.SentencePieceVocabulary:
+    """A seqio vocabulary for a trained model (checks the narbench id layout)."""
+    vocab = seqio.SentencePieceVocabulary(str(model_file))
+    sp = vocab.tokenizer
+    assert (sp.pad_id(), sp.eos_id(), sp.unk_id(), sp.bos_id()) == (PAD_ID, EOS_ID, UNK_ID, -1)
+    assert sp.piece_to_id(MASK_PIECE) == MASK_ID, "expected <mask> at id 3"
+    return vocab
+
+
+class LazyVocabulary(seqio.SentencePieceVocabulary):
+    """A ``seqio.SentencePieceVocabulary`` whose model is trained on first use.
+
+    ``build()`` returns the model path; it runs once, when a property or encode/decode first needs
+    the model, so registering tasks stays cheap.
+    """
+
+    def __init__(self, build: Callable[[], Path], key: str,
+                 peek: Callable[[], Path | None] | None = None):
+        self._build = build
+        self._peek = peek              # the model path if already trained (no training), else None
+        self._key = key                # identifies the vocabulary before it is built
+        self._built_lock = threading.Lock()
+        super().__init__(sentencepiece_model_file="")
+
+    def model_path(self) -> str:
+        with self._built_lock:
+            if not self._sentencepiece_model_file:
+                path = str(self._build())
+                load_vocabulary(path)  # checks the id layout
+                self._sentencepiece_model_file = path
+        return self._sentencepiece_model_file
+
+    def is_built(self) -> bool:
+        """Whether the model exists (in this process or in the cache); never trains."""
+        if self._sentencepiece_model_file:
+            return True
+        try:
+            found = self._peek() if self._peek else None
+        except Exception:  # data not prepared yet
+            return False
+        return bool(found and Path(found).exists())
+
+    @property
+    def sentencepiece_model_file(self) -> str:
+        return self.model_path()
+
+    def _model_context(self):
+        self.model_path()
+        return super()._model_context()
+
+    def __getstate__(self):
+        state = super().__getstate__()
+        state.pop("_built_lock", None)
+        return state
+
+    def __setstate__(self, state):
+        super().__setstate__(state)
+        self._built_lock = threading.Lock()
+
+    def __eq__(self, other):
+        if isinstance(other, LazyVocabulary):
+            return self._key == other._key
+        return isinstance(other, seqio.SentencePieceVocabulary) and (
+            other.sentencepiece_model_file == self.sentencepiece_model_file)
+
+    def __hash__(self):
+        return hash(self._key)
+
+    def __str__(self) -> str:
+        built = self._sentencepiece_model_file or "not built yet"
+        return f"LazyVocabulary({self._key}: {built})"

@@ -1,0 +1,174 @@
+"""The run/eval/report/results/latency commands, driven with fake models (bench.grid.real_deps patched)."""
+from __future__ import annotations
+
+import io
+import json
+
+import pandas as pd
+import pytest
+
+from bench import store as st
+from bench.cli import main
+from bench.costs import MachinePeaks
+from bench.report import verify_run
+from grid_fakes import FakeFactory, fake_deps
+
+SPEC = """
+name = "clitest"
+max_test_sentences = 15
+bootstrap_resamples = 50
+
+[[tasks]]
+train = "fake_task"
+test = ["test"]
+
+[model]
+preset = "tiny"
+
+[train.ar]
+steps = 5
+batch_tokens = 256
+learning_rate = 1e-3
+warmup_steps = 1
+
+[train.padir]
+steps = 5
+batch_tokens = 256
+learning_rate = 1e-3
+warmup_steps = 1
+
+[ar]
+decoders = ["greedy", "beam:2"]
+
+[padir]
+steps = [1, 2]
+distill = [false, true]
+"""
+
+
+@pytest.fixture
+def env(tmp_path, monkeypatch):
+    """Fake models behind the CLI; returns (spec path, results root, holder of the current factory)."""
+    holder = {"factory": FakeFactory()}
+    monkeypatch.setattr("bench.grid.real_deps", lambda: fake_deps(tmp_path / "ckpt", holder["factory"]))
+    monkeypatch.setattr("bench.costs.machine_peaks", lambda: MachinePeaks("t", 1e11, 1e10, "x", 8, 8))
+    spec = tmp_path / "clitest.toml"
+    spec.write_text(SPEC)
+    return spec, tmp_path / "results", holder
+
+
+def run_cli(args, capsys):
+    code = main(args)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_help_everywhere(capsys):
+    for cmd in ("run", "eval", "report", "results", "latency"):
+        with pytest.raises(SystemExit) as exit_:
+            main([cmd, "--help"])
+        assert exit_.value.code == 0
+        assert "usage: narbench " + cmd in capsys.readouterr().out
+
+
+def test_run_report_results_end_to_end(env, capsys):
+    spec, out, _ = env
+    code, stdout, err = run_cli(["run", "--suite", str(spec), "--out", str(out), "--no-progress"], capsys)
+    assert code == 0, err
+    run_dir = st.resolve_run_dir(out / "clitest")
+    assert (out / "clitest" / "latest").read_text().strip() == run_dir.name
+    for name in ("spec.toml", "env.json", "rows.jsonl", "samples.jsonl", "table.md", "leaderboard.md",
+                 "pareto.png", "latency_cdf.png", "bleu_vs_steps.png"):
+        assert (run_dir / name).is_file(), name
+    assert "recomputed from samples.jsonl: OK" in err
+    info = json.loads((run_dir / "run.json").read_text())
+    assert info["status"] == "finished" and info["command"].startswith("narbench run --suite ")
+    assert verify_run(run_dir) == []
+
+    code, stdout, _ = run_cli(["results", str(run_dir), "--format", "csv"], capsys)
+    df = pd.read_csv(io.StringIO(stdout))
+    assert code == 0 and len(df) == 6 and set(st.ROW_FIELDS) <= set(df.columns)
+    code, stdout, _ = run_cli(["results", str(out / "clitest"), "--format", "json"], capsys)
+    assert len([json.loads(line) for line in stdout.splitlines()]) == 6
+    code, stdout, _ = run_cli(["results", str(run_dir), "--format", "md"], capsys)
+    assert stdout.startswith("| system | test_set |") and stdout.count("\n") == 8
+    code, _, err = run_cli(["results", str(run_dir), "--test-set", "nope"], capsys)
+    assert code == 2 and "no test set 'nope'" in err
+
+    (run_dir / "table.md").unlink()
+    code, stdout, _ = run_cli(["report", str(run_dir)], capsys)
+    assert code == 0 and (run_dir / "table.md").is_file()
+
+    # A finished run is never modified: the same command starts a new run folder.
+    code, _, err = run_cli(["run", "--suite", str(spec), "--out", str(out), "--no-progress"], capsys)
+    assert code == 0 and "starting" in err
+    assert len([p for p in (out / "clitest").iterdir() if p.is_dir()]) == 2
+
+
+def test_interrupt_then_resume_via_cli(env, capsys):
+    spec, out, holder = env
+    holder["factory"] = FakeFactory(interrupt_after_runs=6 + 10)
+    code, _, err = run_cli(["run", "--suite", str(spec), "--out", str(out), "--no-progress"], capsys)
+    assert code == 130 and "re-run the same command to resume" in err
+    run_dir = next(p for p in (out / "clitest").iterdir() if p.is_dir())
+    assert st.RunStore(run_dir).rows() == [] and not (out / "clitest" / "latest").exists()
+    holder["factory"] = FakeFactory()
+    code, _, err = run_cli(["run", "--suite", str(spec), "--out", str(out), "--no-progress"], capsys)
+    assert code == 0 and "resuming" in err
+    assert [p for p in (out / "clitest").iterdir() if p.is_dir()] == [run_dir]
+    assert len(st.RunStore(run_dir).rows()) == 6
+
+
+def test_force_starts_fresh(env, capsys):
+    spec, out, holder = env
+    holder["factory"] = FakeFactory(fail_after=0)
+    with pytest.raises(RuntimeError):
+        main(["run", "--suite", str(spec), "--out", str(out), "--no-progress"])
+    holder["factory"] = FakeFactory()
+    code, _, err = run_cli(["run", "--suite", str(spec), "--out", str(out), "--no-progress", "--force"], capsys)
+    assert code == 0 and "starting" in err
+    assert len([p for p in (out / "clitest").iterdir() if p.is_dir()]) == 2
+
+
+def test_eval_adds_a_test_set(env, capsys, tmp_path):
+    spec, out, _ = env
+    assert main(["run", "--suite", str(spec), "--out", str(out), "--no-progress"]) == 0
+    capsys.readouterr()
+    src, ref = tmp_path / "mine.src", tmp_path / "mine.ref"
+    src.write_text("alpha beta gamma\ndelta delta\nzeta eta theta iota kappa lambda\n")
+    ref.write_text("ALPHA BETA GAMMA\nDELTA DELTA\nZETA ETA THETA IOTA KAPPA LAMBDA\n")
+    code, _, err = run_cli(["eval", "--run", str(out / "clitest"), "--source-file", str(src),
+                            "--reference-file", str(ref)], capsys)
+    assert code == 0, err
+    rows = st.RunStore(st.resolve_run_dir(out / "clitest")).rows()
+    mine = [r for r in rows if r["test_set"] == "mine"]
+    assert len(mine) == 6 and all(r["n_sentences"] == 3 for r in mine)
+    assert next(r for r in mine if r["system"] == "ar-beam2")["bleu"] == pytest.approx(100.0)
+    assert "mine" in (st.resolve_run_dir(out / "clitest") / "table.md").read_text()
+    # Same name again without --force, and mismatched files: one-line errors, exit 2.
+    code, _, err = run_cli(["eval", "--run", str(out / "clitest"), "--source-file", str(src),
+                            "--reference-file", str(ref)], capsys)
+    assert code == 2 and "already has a test set 'mine'" in err
+    ref.write_text("ONE\nTWO\n")
+    code, _, err = run_cli(["eval", "--run", str(out / "clitest"), "--source-file", str(src),
+                            "--reference-file", str(ref), "--name", "other"], capsys)
+    assert code == 2 and "has 2 lines but" in err and len(err.strip().splitlines()) == 1
+
+
+def test_latency_prints_timing_only(env, capsys, tmp_path):
+    spec, _, _ = env
+    code, stdout, _ = run_cli(["latency", "--suite", str(spec), "--no-progress", "--json",
+                               str(tmp_path / "lat.jsonl")], capsys)
+    assert code == 0
+    assert stdout.startswith("| system | test_set | n_sentences | latency_p50_ms |")
+    assert "n too small (15 < 459)" in stdout
+    rows = [json.loads(line) for line in (tmp_path / "lat.jsonl").read_text().splitlines()]
+    assert len(rows) == 6 and all("bleu" not in r for r in rows)
+
+
+def test_bad_arguments(env, capsys, tmp_path):
+    spec, out, _ = env
+    code, _, err = run_cli(["run", "--suite", str(spec), "--out", str(out), "--batch-size", "0"], capsys)
+    assert code == 2 and "--batch-size must be >= 1" in err
+    code, _, err = run_cli(["report", str(tmp_path / "nowhere")], capsys)
+    assert code == 2 and "is not a run folder" in err

@@ -1,0 +1,209 @@
+"""Grid expansion and running with fakes: unique training cells, teachers first, rows and resume."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from bench import store as st
+from bench.costs import MachinePeaks
+from bench.grid import Runner, expand, padir_name
+from bench.report import verify_run
+from suites.spec import load_spec
+from grid_fakes import FakeFactory, fake_deps
+
+SPEC = """
+name = "gridtest"
+seeds = [0]
+max_test_sentences = 20
+bootstrap_resamples = 50
+
+[[tasks]]
+train = "fake_task"
+test = ["test", "test+refs", "dev"]
+
+[model]
+preset = "tiny"
+
+[train.ar]
+steps = 5
+batch_tokens = 256
+learning_rate = 1e-3
+warmup_steps = 1
+
+[train.padir]
+steps = 5
+batch_tokens = 256
+learning_rate = 1e-3
+warmup_steps = 1
+
+[ar]
+decoders = ["greedy", "beam:3"]
+
+[padir]
+steps = [1, 4]
+distill = [false, true]
+length_hyps = [3]
+"""
+
+
+@pytest.fixture(autouse=True)
+def fixed_peaks(monkeypatch):
+    peaks = MachinePeaks("test", 1e11, 1e10, "2024-01-01T00:00:00+00:00", 8, 8)
+    monkeypatch.setattr("bench.costs.machine_peaks", lambda: peaks)
+
+
+@pytest.fixture
+def spec(tmp_path):
+    path = tmp_path / "gridtest.toml"
+    path.write_text(SPEC)
+    return load_spec(path)
+
+
+def new_store(tmp_path, spec, **kw):
+    return st.open_run(tmp_path / "results", spec.name, spec.spec_hash(), spec.to_toml(), "narbench run", **kw)[0]
+
+
+def test_expand_unique_cells_and_teacher_first(spec):
+    plan = expand(spec)
+    kinds = [(c.kind, c.distill) for c in plan.train_cells]
+    assert kinds == [("ar", False), ("padir", False), ("padir", True)]
+    distilled = plan.train_cells[2]
+    assert distilled.teacher == plan.train_cells[0]
+    assert plan.train_cells.index(distilled.teacher) < plan.train_cells.index(distilled)
+    names = [s.name for s in plan.systems]
+    assert names == ["ar-greedy", "ar-beam3", "padir-s1-u0.15-k3", "padir-s4-u0.15-k3",
+                     "padir-s1-u0.15-distill-k3", "padir-s4-u0.15-distill-k3"]
+    assert len(plan.eval_cells) == 6 * 3
+    assert len({c.key for c in plan.eval_cells}) == len(plan.eval_cells)
+    # Systems differing only in decode-time axes share one trained model.
+    assert plan.systems[2].cell is plan.systems[3].cell
+
+
+def test_ablation_expansion_trains_each_model_once():
+    plan = expand(load_spec("ablation"))
+    assert len(plan.train_cells) == len(set(plan.train_cells)) == 6 * (1 + 2 * 2 * 2)
+    for i, cell in enumerate(plan.train_cells):
+        if cell.teacher is not None:
+            assert plan.train_cells.index(cell.teacher) < i
+
+
+def test_padir_names_follow_design():
+    assert padir_name(4, 0.15, True, 5, "stutter", "random", True, 2) == "padir-s4-u0.15-distill"
+    assert padir_name(10, 0.5, False, 3, "mask-predict", "mask", False, 1) == \
+        "padir-s10-u0.5-k3-remask-mask-predict-init-mask-nopos-st1"
+
+
+def test_run_writes_every_field_and_verifies(tmp_path, spec):
+    deps = fake_deps(tmp_path / "ckpt")
+    run = new_store(tmp_path, spec)
+    rows = Runner(spec, deps, run, progress=False).run()
+    assert len(rows) == 18 and run.done_keys() == {c.key for c in expand(spec).eval_cells}
+    for row in run.rows():
+        assert set(st.ROW_FIELDS) <= set(row)
+        assert row["schema_version"] == st.SCHEMA_VERSION
+    # Each model trained once, teacher before the distilled student.
+    assert len(deps.train.calls) == 3
+    assert [t for t, _ in deps.train.calls] == ["fake_task", "fake_task", "fake_task_distilled"]
+    assert len(deps.distill.calls) == 1
+    # One measurement per split: test and test+refs share hypotheses and latencies.
+    samples = run.samples()
+    assert len(samples) == 18 * 20
+    a = {(s["system"], s["index"]): s["latency_ms"] for s in samples if s["test_set"] == "fake_task:test"}
+    b = {(s["system"], s["index"]): s["latency_ms"] for s in samples if s["test_set"] == "fake_task:test+refs"}
+    assert a == b
+    by = {(r["system"], r["test_set"]): r for r in run.rows()}
+    assert by[("ar-beam3", "fake_task:test+refs")]["n_references"] == 2
+    assert by[("ar-beam3", "fake_task:test")]["bleu"] == pytest.approx(100.0)
+    # Fake PaDIR stutters at 1 step, the AR baseline never does.
+    assert by[("padir-s1-u0.15-k3", "fake_task:test")]["stutter_per_1k_words"] > 0
+    assert by[("ar-greedy", "fake_task:test")]["stutter_per_1k_words"] == 0
+    assert by[("ar-greedy", "fake_task:test")]["bleu_delta_vs_ar"] == 0.0
+    assert by[("padir-s1-u0.15-k3", "fake_task:test")]["passes_mean"] <= 1
+    assert verify_run(run.path) == []
+
+
+def test_crash_mid_grid_then_resume_recomputes_only_missing(tmp_path, spec):
+    deps = fake_deps(tmp_path / "ckpt", FakeFactory(fail_after=8))
+    run = new_store(tmp_path, spec)
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        Runner(spec, deps, run, progress=False).run()
+    # The first split (test + test+refs) finished; files are whole and parseable.
+    first = run.rows()
+    assert {ts for _, ts in run.done_keys()} == {"fake_task:test", "fake_task:test+refs"}
+    assert len(first) == 12
+    for name in (st.ROWS, st.SAMPLES):
+        for line in (run.path / name).read_text().splitlines():
+            json.loads(line)
+    assert not list(run.path.glob(".*.tmp"))
+
+    again, resumed = st.open_run(tmp_path / "results", spec.name, spec.spec_hash(), spec.to_toml(), "narbench run")
+    assert resumed and again.path == run.path
+    factory = FakeFactory()
+    Runner(spec, fake_deps(tmp_path / "ckpt", factory), again, progress=False).run()
+    assert sorted(name for name, _ in factory.loads) == sorted(s.name for s in expand(spec).systems)
+    assert len(again.rows()) == 18
+    kept = {(r["system"], r["test_set"]): r for r in again.rows()}
+    for row in first:  # finished cells were not recomputed
+        assert kept[(row["system"], row["test_set"])] == row
+    assert verify_run(again.path) == []
+
+
+def test_keyboard_interrupt_mid_measurement_keeps_whole_files(tmp_path, spec):
+    # 6 warm-ups + 6 x 20 timed runs for the first split, then 6 warm-ups and 10 timed runs of the second.
+    factory = FakeFactory(interrupt_after_runs=6 + 6 * 20 + 6 + 10)
+    run = new_store(tmp_path, spec)
+    with pytest.raises(KeyboardInterrupt):
+        Runner(spec, fake_deps(tmp_path / "ckpt", factory), run, progress=False).run()
+    assert len(run.rows()) == 12 and len(run.samples()) == 12 * 20
+    factory = FakeFactory()
+    Runner(spec, fake_deps(tmp_path / "ckpt", factory), run, progress=False).run()
+    assert len(factory.loads) == 6 and len(run.rows()) == 18
+    assert verify_run(run.path) == []
+
+
+def test_partial_split_resume_pairs_with_stored_baseline(tmp_path, spec):
+    run = new_store(tmp_path, spec)
+    Runner(spec, fake_deps(tmp_path / "ckpt"), run, progress=False).run()
+    # Drop two PaDIR cells of one test set, as if the run had died after the others.
+    dropped = {("padir-s4-u0.15-k3", "fake_task:test"), ("padir-s1-u0.15-distill-k3", "fake_task:test")}
+    rows = [r for r in run.rows() if (r["system"], r["test_set"]) not in dropped]
+    st.write_jsonl_atomic(run.path / st.ROWS, rows)
+    factory = FakeFactory()
+    Runner(spec, fake_deps(tmp_path / "ckpt", factory), run, progress=False).run()
+    assert sorted(n for n, _ in factory.loads) == sorted(n for n, _ in dropped)
+    by = {(r["system"], r["test_set"]): r for r in run.rows()}
+    for key in dropped:
+        assert by[key]["speedup_p50_vs_ar"] is not None and by[key]["baseline_timed_together"] is False
+    assert len(run.rows()) == 18
+    assert verify_run(run.path) == []
+
+
+def test_timing_only_runner_returns_rows_without_quality(tmp_path, spec):
+    rows = Runner(spec, fake_deps(tmp_path / "ckpt"), None, score=False, progress=False).run()
+    assert len(rows) == 18
+    assert all("bleu" not in r and r["latency_p50_ms"] > 0 for r in rows)
+
+
+def test_verify_run_catches_tampering(tmp_path, spec):
+    run = new_store(tmp_path, spec)
+    Runner(spec, fake_deps(tmp_path / "ckpt"), run, progress=False).run()
+    rows = run.rows()
+    rows[0]["bleu"] += 0.5
+    st.write_jsonl_atomic(run.path / st.ROWS, rows)
+    samples = run.samples()
+    target = next(s for s in samples if s["system"] == rows[1]["system"] and s["test_set"] == rows[1]["test_set"])
+    target["latency_ms"] *= 100
+    st.write_jsonl_atomic(run.path / st.SAMPLES, samples)
+    problems = verify_run(run.path)
+    assert any("bleu =" in p and rows[0]["system"] in p for p in problems)
+    assert any("latency_" in p and rows[1]["system"] in p for p in problems)
+
+
+def test_multi_ref_without_extra_references_is_a_user_error(tmp_path, spec):
+    from bench.errors import UserError
+
+    deps = fake_deps(tmp_path / "ckpt")
+    deps.load_text = lambda task, split: (["a b"], [["A B"]])
+    with pytest.raises(UserError, match="no extra references"):
+        Runner(spec, deps, new_store(tmp_path, spec), progress=False).run()

@@ -1,0 +1,84 @@
+"""Reports: table.md in the paper's layout, leaderboard.md, the three plots, the Pareto front."""
+from __future__ import annotations
+
+import pytest
+
+from bench import report, store as st
+from bench.costs import MachinePeaks
+from bench.grid import Runner
+from suites.spec import load_spec
+from grid_fakes import fake_deps
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    import bench.costs
+
+    tmp = tmp_path_factory.mktemp("report")
+    saved = bench.costs.machine_peaks
+    bench.costs.machine_peaks = lambda: MachinePeaks("test", 1e11, 1e10, "x", 8, 8)
+    try:
+        spec = load_spec("default").replace(max_test_sentences=30)
+        run, _ = st.open_run(tmp / "results", spec.name, spec.spec_hash(), spec.to_toml(),
+                             "narbench run --suite default")
+        run.write_env({"platform": "cpu", "cpu_model": "Test CPU", "threads": 2, "versions": {"jax": "0"},
+                       "git": {"commit": "abc123", "dirty": False}, "seeds": {"train": 0}})
+        Runner(spec, fake_deps(tmp / "ckpt", n_sentences=80), run, progress=False).run()
+        st.finish_run(run)
+        theory = tmp / "results" / "theory" / "ising" / "20240101T000000Z-aaaa"
+        theory.mkdir(parents=True)
+        (theory / "ising.md").write_text("# Ising\n")
+        (theory.parent / "latest").write_text(theory.name + "\n")
+        report.write_report(run.path)
+    finally:
+        bench.costs.machine_peaks = saved
+    return run.path
+
+
+def test_files_and_plots_exist(run_dir):
+    for name in ("table.md", "leaderboard.md", *report.PLOTS):
+        path = run_dir / name
+        assert path.is_file() and path.stat().st_size > 0, name
+    for name in report.PLOTS:
+        assert (run_dir / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_table_has_paper_layout_and_latency_columns(run_dir):
+    text = (run_dir / "table.md").read_text()
+    assert "| Model | Family | # Hyp. | Steps | bible_de_en:test | bible_de_en:test+refs |" in text
+    assert "| ar-beam5 | AR | 5 | N | 100.00 | 100.00 |" in text
+    assert "| padir-s4-u0.15-distill | NAR | 5 | 4 |" in text
+    assert "n too small (30 < 459)" in text  # no p99 from 30 sentences
+    assert "speedup p50 vs AR greedy" in text and "1.00x" in text
+    assert "no BLEURT checkpoint" in text
+    assert "**" in text  # the stuttering 1-step systems differ significantly from AR greedy
+    lines = text.splitlines()
+    # AR rows come first, then PaDIR by distillation and steps.
+    order = [ln.split("|")[1].strip() for ln in lines if ln.startswith("| ar-") or ln.startswith("| padir-")][:10]
+    assert order[:3] == ["ar-greedy", "ar-beam5", "padir-s1-u0.15"]
+
+
+def test_leaderboard_sorted_with_signature_env_command_and_links(run_dir):
+    text = (run_dir / "leaderboard.md").read_text()
+    section = text.split("## bible_de_en:test\n")[1].split("##")[0]
+    bleus = [float(ln.split("|")[6]) for ln in section.splitlines() if ln.startswith("| ") and ln[2].isdigit()]
+    assert len(bleus) == 10 and bleus == sorted(bleus, reverse=True)
+    assert "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:" in text
+    assert "narbench run --suite default" in text
+    assert "Test CPU" in text and "abc123" in text
+    assert "BLEURT: no BLEURT checkpoint" in text
+    assert "![pareto.png](pareto.png)" in text
+    assert "(../../theory/ising/20240101T000000Z-aaaa/ising.md)" in text
+
+
+def test_pareto_front():
+    pts = [(10.0, 20.0), (5.0, 15.0), (20.0, 25.0), (12.0, 18.0), (5.0, 10.0), (30.0, 24.0)]
+    assert report.pareto_front(pts) == [1, 0, 2]
+
+
+def test_report_of_an_empty_run_is_a_user_error(tmp_path):
+    from bench.errors import UserError
+
+    run, _ = st.open_run(tmp_path, "s", "f" * 64, "", "cmd")
+    with pytest.raises(UserError, match="no finished cells"):
+        report.write_report(run.path)

@@ -1,0 +1,40 @@
+"""`narbench run --suite smoke` end to end with the real tasks, trainer, distiller and decoders."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pytest.importorskip("suites.tasks", reason="suites.tasks (work stream A) is not there yet")
+pytest.importorskip("models.distill", reason="models.distill (work stream B) is not there yet")
+
+from bench import store as st  # noqa: E402
+from bench.cli import main  # noqa: E402
+from bench.report import PLOTS, verify_run  # noqa: E402
+from suites.spec import load_spec  # noqa: E402
+
+
+@pytest.mark.slow
+def test_smoke_suite_end_to_end(tmp_path, capsys):
+    out = tmp_path / "results"
+    code = main(["run", "--suite", "smoke", "--out", str(out), "--no-progress"])
+    err = capsys.readouterr().err
+    assert code == 0, err
+    run_dir = st.resolve_run_dir(out / "smoke")
+    for name in ("spec.toml", "env.json", "rows.jsonl", "samples.jsonl", "table.md", "leaderboard.md", *PLOTS):
+        assert (run_dir / name).is_file(), name
+    assert verify_run(run_dir) == []
+
+    spec = load_spec("smoke")
+    rows = st.RunStore(run_dir).rows()
+    assert {r["system"] for r in rows} == {"ar-greedy", "ar-beam2", "padir-s1-u0.15-k2", "padir-s2-u0.15-k2",
+                                          "padir-s1-u0.15-distill-k2", "padir-s2-u0.15-distill-k2"}
+    for row in rows:
+        assert set(st.ROW_FIELDS) <= set(row)
+        assert row["n_sentences"] == spec.max_test_sentences and row["latency_p50_ms"] > 0
+        assert row["bleurt"] is None and row["platform"] == "cpu"
+        if row["family"] == "nar":
+            assert 1 <= row["passes_mean"] <= row["steps"]
+    env = json.loads((run_dir / "env.json").read_text())
+    assert env["platform"] == "cpu" and env["versions"]["jax"]
+

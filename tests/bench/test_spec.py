@@ -1,0 +1,153 @@
+"""Suite spec schema: built-in suites load, round-trip and hash stably; bad specs fail naming the key."""
+from __future__ import annotations
+
+import tomllib
+
+import pytest
+
+from bench.cli import main
+from bench.errors import UserError
+from suites.spec import builtin_specs, load_spec, parse_spec
+
+GOOD = """
+name = "mini"
+seeds = [0]
+
+[[tasks]]
+train = "synthetic_d0"
+test = ["test", "test+refs", "synthetic_d50:test"]
+
+[model]
+preset = "tiny"
+
+[train.ar]
+steps = 10
+batch_tokens = 512
+learning_rate = 1e-3
+warmup_steps = 2
+
+[train.padir]
+steps = 10
+batch_tokens = 512
+learning_rate = 1e-3
+warmup_steps = 2
+
+[padir]
+steps = [1, 2]
+"""
+
+
+def write(tmp_path, text: str, name: str = "x.toml"):
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def test_builtin_suites_load_and_round_trip():
+    names = builtin_specs()
+    assert {"smoke", "quick", "default", "ablation", "paper"} <= set(names)
+    for name in names:
+        spec = load_spec(name)
+        again = parse_spec(tomllib.loads(spec.to_toml()), "round-trip")
+        assert again.replace(source=spec.source) == spec
+        assert again.spec_hash() == spec.spec_hash()
+
+
+def test_minimal_spec_round_trips_with_defaults(tmp_path):
+    spec = load_spec(write(tmp_path, GOOD))
+    assert spec.description == "" and spec.batch_size == 1 and spec.padir.distill == (False, True)
+    again = parse_spec(tomllib.loads(spec.to_toml()), "round-trip")
+    assert again.replace(source=spec.source) == spec
+
+
+def test_default_suite_matches_the_readme_job():
+    spec = load_spec("default")
+    assert [t.train for t in spec.tasks] == ["bible_de_en"]
+    assert spec.model.preset == "small"
+    assert spec.ar.decoders == ("greedy", "beam:5")
+    assert spec.padir.steps == (1, 2, 4, 10) and set(spec.padir.distill) == {False, True}
+
+
+def test_hash_is_stable_and_sensitive(tmp_path):
+    a = load_spec(write(tmp_path, GOOD))
+    b = load_spec(write(tmp_path, GOOD.replace('name = "mini"', 'name="mini"  # same'), "y.toml"))
+    assert a.spec_hash() == b.spec_hash()  # formatting and file location do not matter
+    assert a.replace(batch_size=4).spec_hash() != a.spec_hash()
+    c = load_spec(write(tmp_path, GOOD.replace("learning_rate = 1e-3", "learning_rate = 0.001"), "z.toml"))
+    assert c.spec_hash() == a.spec_hash()  # resolved values, not spelling
+
+
+def test_test_set_syntax(tmp_path):
+    spec = load_spec(write(tmp_path, GOOD))
+    names = [ts.name for ts in spec.test_sets()]
+    assert names == ["synthetic_d0:test", "synthetic_d0:test+refs", "synthetic_d50:test"]
+    assert [ts.multi_ref for ts in spec.test_sets()] == [False, True, False]
+
+
+@pytest.mark.parametrize("old,new,message", [
+    ("steps = [1, 2]", "steps = [1, 0]", "x.toml: padir.steps: expected positive integers, got 0"),
+    ("steps = [1, 2]", "steps = [1, 2]\nspeed = 3", "x.toml: padir.speed: unknown key"),
+    ('preset = "tiny"', 'preset = "tiny"\nlayers = 3', "x.toml: model.layers: unknown key"),
+    ("seeds = [0]", "seeds = [0]\nbatch_size = 0", "x.toml: batch_size: expected an integer >= 1, got 0"),
+    ("seeds = [0]", "seeds = [0]\nbatch_size = true", "x.toml: batch_size: expected an integer >= 1, got True"),
+    ("steps = [1, 2]", "steps = [1, 1]", "x.toml: padir.steps: expected distinct"),
+    ("steps = [1, 2]", 'steps = [1, 2]\nremask = ["sometimes"]', "x.toml: padir.remask: expected one of none"),
+    ("steps = [1, 2]", "steps = [1, 2]\nunmask_rate = [1.5]", "x.toml: padir.unmask_rate: expected numbers in [0, 1], got 1.5"),
+    ("learning_rate = 1e-3\nwarmup_steps = 2\n\n[train.padir]", "learning_rate = -1.0\nwarmup_steps = 2\n\n[train.padir]",
+     "x.toml: train.ar.learning_rate: expected a number > 0.0, got -1.0"),
+    ('test = ["test", "test+refs", "synthetic_d50:test"]', 'test = ["te st"]', "x.toml: tasks[0].test: expected"),
+    ('test = ["test", "test+refs", "synthetic_d50:test"]', 'test = ["test", "synthetic_d0:test"]',
+     "x.toml: tasks[0].test: test set 'synthetic_d0:test' already belongs"),
+    ('[model]\npreset = "tiny"', '[model]\npreset = "tiny"\n[model.overrides]\nd_model = 0',
+     "x.toml: model.overrides.d_model: expected an integer >= 1, got 0"),
+    ('[model]\npreset = "tiny"', '[model]\npreset = "tiny"\n[model.overrides]\nkind = "ar"',
+     "x.toml: model.overrides.kind: unknown model field"),
+    ("[train.padir]\nsteps = 10", "[train.padir]\nsteps = 10\nmax_minutes = 3", "x.toml: train.padir.max_minutes: unknown key"),
+    ("steps = [1, 2]", 'steps = [1, 2]\n[ar]\ndecoders = ["beam:5"]', 'x.toml: ar.decoders: must include "greedy"'),
+    ("steps = [1, 2]", 'steps = [1, 2]\n[ar]\ndecoders = ["greedy", "beam:0"]', "x.toml: ar.decoders: expected"),
+    ("steps = [1, 2]", 'steps = [1, 2]\n[timing]\nphase = "wall"', "x.toml: timing.phase: expected one of end_to_end, device"),
+])
+def test_bad_values_name_the_key(tmp_path, old, new, message):
+    assert old in GOOD
+    path = write(tmp_path, GOOD.replace(old, new, 1))
+    with pytest.raises(UserError) as err:
+        load_spec(path)
+    text = str(err.value)
+    assert text.startswith(str(tmp_path)) and message in text, text
+    assert "\n" not in text
+
+
+def test_missing_sections(tmp_path):
+    with pytest.raises(UserError, match="x.toml: tasks: missing required key"):
+        load_spec(write(tmp_path, 'name = "a"\n[model]\npreset = "tiny"\n'))
+    with pytest.raises(UserError, match=r"x.toml: train.padir: missing required table"):
+        load_spec(write(tmp_path, GOOD.replace("[train.padir]", "[unused]")))
+
+
+def test_unknown_suite_and_missing_file(tmp_path):
+    with pytest.raises(UserError, match="unknown suite 'nope'; built-in suites: .*smoke"):
+        load_spec("nope")
+    with pytest.raises(UserError, match="does not exist"):
+        load_spec(tmp_path / "absent.toml")
+
+
+def test_malformed_toml(tmp_path):
+    with pytest.raises(UserError, match="x.toml: malformed TOML"):
+        load_spec(write(tmp_path, 'name = "a\n'))
+
+
+@pytest.mark.parametrize("suite,expected", [
+    ("nope", "unknown suite 'nope'"),
+    ("BAD", "padir.steps: expected positive integers, got 0"),
+    ("MALFORMED", "malformed TOML"),
+])
+def test_cli_exits_2_with_one_line(tmp_path, capsys, suite, expected):
+    if suite == "BAD":
+        suite = str(write(tmp_path, GOOD.replace("steps = [1, 2]", "steps = [0]")))
+    elif suite == "MALFORMED":
+        suite = str(write(tmp_path, "[[tasks]\n"))
+    code = main(["run", "--suite", suite, "--out", str(tmp_path / "results"), "--no-progress"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2
+    assert len(err) == 1 and err[0].startswith("narbench: error: ") and expected in err[0], err
+    assert not (tmp_path / "results").exists()  # nothing written for a bad spec

@@ -1,0 +1,150 @@
+"""seqio tasks: registration is cheap, datasets are tokenized with EOS, text/metrics/distillation."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import seqio
+
+from bench.errors import UserError
+from suites import tasks
+
+NAMES = ["bible_de_en", "bible_en_de", "bible_ro_en", "bible_en_ro", "bible_zh_en", "bible_en_zh",
+         "wmt14_de_en", "wmt14_en_de", "wmt16_ro_en", "wmt16_en_ro", "wmt17_zh_en", "wmt17_en_zh",
+         "synthetic_d0", "synthetic_d50", "synthetic_d100"]
+
+
+def test_all_tasks_registered():
+    assert tasks.known_tasks() == NAMES
+    assert set(NAMES) <= set(seqio.TaskRegistry.names())
+
+
+def test_registration_downloads_and_trains_nothing(tmp_path):
+    """A fresh process on an empty data root: import, task_info and get Task objects only."""
+    code = ("import json, seqio, suites.tasks as t\n"
+            "infos = [t.task_info(n) for n in t.known_tasks()]\n"
+            "[seqio.get_mixture_or_task(n).output_features for n in t.known_tasks()]\n"
+            "print(json.dumps({i.name: i.splits['test'] for i in infos}))\n")
+    env = dict(os.environ, NARBENCH_DATA=str(tmp_path / "root"), TFDS_DATA_DIR=str(tmp_path / "tfds"))
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         timeout=300, check=True)
+    splits = json.loads(out.stdout.strip().splitlines()[-1])
+    assert splits["bible_de_en"] is None and splits["wmt14_de_en"] is None
+    assert splits["synthetic_d0"] == 500
+    files = [p for p in (tmp_path / "root").rglob("*") if p.is_file()]
+    assert files == []
+
+
+def _examples(name, split, n):
+    task = seqio.get_mixture_or_task(name)
+    ds = task.get_dataset(sequence_length=None, split=split, shuffle=False)
+    return task, list(ds.take(n).as_numpy_iterator())
+
+
+@pytest.mark.parametrize("name", ["synthetic_d50", "bible_de_en"])
+def test_get_dataset_shapes_and_eos(name, bible_de_vocab):
+    task, examples = _examples(name, "test", 4)
+    vocab = task.output_features["targets"].vocabulary
+    sources, refs = tasks.load_text(name, "test")
+    assert len(examples) == 4
+    for i, ex in enumerate(examples):
+        assert {"inputs", "targets", "inputs_pretokenized", "targets_pretokenized"} <= set(ex)
+        for key in ("inputs", "targets"):
+            ids = ex[key]
+            assert ids.ndim == 1 and ids.dtype == np.int32
+            assert ids[-1] == 1 and (ids[:-1] > 1).all()           # EOS once, at the end; no pad
+            assert vocab.decode(ids[:-1].tolist()) == ex[f"{key}_pretokenized"].decode()
+        assert ex["inputs_pretokenized"].decode() == sources[i]
+        assert ex["targets_pretokenized"].decode() == refs[0][i]
+
+
+def test_bible_references(bible_prepared):
+    src, refs = tasks.load_text("bible_de_en", "test")
+    assert len(refs) == 3 and all(len(r) == len(src) for r in refs)    # WEB, KJV, BBE
+    src_r, refs_r = tasks.load_text("bible_en_de", "test")
+    assert src_r == refs[0] and len(refs_r) == 2                      # Elberfelder, Schlachter
+    assert refs_r[0] == src
+    _, refs_zh = tasks.load_text("bible_en_zh", "dev")
+    assert len(refs_zh) == 1
+
+
+def test_synthetic_references_are_all_valid_targets():
+    src, refs = tasks.load_text("synthetic_d100", "test")
+    assert len(refs) == 3 and len(src) == 500
+    for i in range(20):
+        assert len({r[i] for r in refs}) == 3
+
+
+def test_task_info():
+    info = tasks.task_info("synthetic_d0")
+    assert (info.family, info.source_lang, info.target_lang) == ("synthetic", "src", "tgt")
+    assert info.splits == {"train": 50_000, "dev": 500, "test": 500}
+    assert isinstance(info.vocabulary, seqio.SentencePieceVocabulary)
+    assert info.vocab_path.exists() and info.vocabulary.vocab_size <= 256
+    assert tasks.get_vocabulary("synthetic_d100") is info.vocabulary     # one vocabulary per language
+
+
+def test_metrics_use_the_zh_tokenizer():
+    ref = ["神爱世人，甚至把他的独生子赐给他们。"]
+    hyp = ["神爱世人，甚至把他的独生子赐给我们。"]
+    zh = {f.__name__: f for f in seqio.get_mixture_or_task("bible_en_zh").metric_fns}
+    en = {f.__name__: f for f in seqio.get_mixture_or_task("bible_de_en").metric_fns}
+    assert zh["bleu"](ref, ref)["bleu"] == pytest.approx(100)
+    assert 0 < zh["bleu"](ref, hyp)["bleu"] < 100          # character-level: a partial match
+    assert en["bleu"](ref, hyp)["bleu"] == 0               # 13a: one wrong "word"
+    assert en["chrf"](["a b c"], ["a b c"])["chrf"] == pytest.approx(100)
+
+
+def test_unknown_task_lists_known_ones():
+    with pytest.raises(UserError) as excinfo:
+        tasks.task_info("bible_fr_en")
+    message = str(excinfo.value)
+    assert "\n" not in message and "bible_de_en" in message and "synthetic_d100" in message
+    with pytest.raises(UserError, match="unknown split"):
+        tasks.load_text("synthetic_d0", "validation")
+
+
+def test_no_tfds_data_is_a_one_line_error(tmp_path, monkeypatch):
+    monkeypatch.setenv("TFDS_DATA_DIR", str(tmp_path))
+    assert tasks.task_info("wmt14_de_en").splits == {"train": None, "dev": None, "test": None}
+    with pytest.raises(UserError) as excinfo:
+        tasks.load_text("wmt16_en_ro", "test")
+    message = str(excinfo.value)
+    assert "\n" not in message and "wmt16_translate/ro-en" in message and "TFDS_DATA_DIR" in message
+    with pytest.raises(UserError):
+        seqio.get_mixture_or_task("wmt17_zh_en").get_dataset(split="test", shuffle=False)
+
+
+@pytest.fixture
+def forget_distilled():
+    """Unregister the distilled tasks a test adds, so later tests see the standard list."""
+    yield
+    for name in [n for n in tasks.known_tasks() if n.endswith("_distilled")]:
+        seqio.TaskRegistry.remove(name)
+        tasks._SPECS.pop(name)
+
+
+def test_distilled_task(tmp_path, forget_distilled):
+    tsv = tmp_path / "distilled.tsv"
+    tsv.write_text("vabe vazu\tteacher one\nbago sego\tteacher two\n", encoding="utf-8")
+    name = tasks.register_distilled_task("synthetic_d50", tsv)
+    assert name == "synthetic_d50_distilled" and name in seqio.TaskRegistry.names()
+    src, refs = tasks.load_text(name, "train")
+    assert src == ["vabe vazu", "bago sego"] and refs == [["teacher one", "teacher two"]]
+    assert tasks.load_text(name, "test") == tasks.load_text("synthetic_d50", "test")
+    assert tasks.get_vocabulary(name) is tasks.get_vocabulary("synthetic_d50")
+    info = tasks.task_info(name)
+    assert info.splits["train"] == 2 and info.family == "synthetic"
+    _, examples = _examples(name, "train", 5)
+    assert [e["targets_pretokenized"].decode() for e in examples] == ["teacher one", "teacher two"]
+    with pytest.raises(UserError, match="not found"):
+        tasks.register_distilled_task("synthetic_d50", tmp_path / "missing.tsv")
+    bad = tmp_path / "bad.tsv"
+    bad.write_text("no tab here\n", encoding="utf-8")
+    tasks.register_distilled_task("synthetic_d0", bad)
+    with pytest.raises(UserError, match="bad.tsv:1"):
+        tasks.load_text("synthetic_d0_distilled", "train")

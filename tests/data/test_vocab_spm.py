@@ -1,0 +1,68 @@
+"""SentencePiece vocabularies: id layout, exact round trip on corpus text, caching by hash."""
+from __future__ import annotations
+
+import pytest
+
+from bench.errors import UserError
+from suites import bible, vocab
+
+
+@pytest.fixture(scope="session")
+def zh_subset(bible_prepared, tmp_path_factory):
+    """Every 10th zh-en training pair (a small corpus so the vocabulary trains in seconds)."""
+    lines = bible.split_path("zh", "train").read_text(encoding="utf-8").splitlines()[::10]
+    path = tmp_path_factory.mktemp("spm") / "zh-subset.tsv"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="session")
+def zh_vocab_path(zh_subset):
+    settings = vocab.VocabSettings.for_languages(["zh", "en"], 3000)
+    return vocab.train_vocabulary("test_zh", [zh_subset], settings, fields=(1, 2), progress=False)
+
+
+def _check_ids(v):
+    sp = v.tokenizer
+    assert (sp.pad_id(), sp.eos_id(), sp.unk_id(), sp.bos_id()) == (0, 1, 2, -1)
+    assert sp.id_to_piece(3) == "<mask>" and v.eos_id == 1
+
+
+def test_zh_round_trip_is_exact(zh_vocab_path):
+    v = vocab.load_vocabulary(zh_vocab_path)
+    _check_ids(v)
+    assert v.vocab_size <= 3000
+    pairs = bible.load_split("zh", "test")[:300]       # unseen text: rare characters use bytes
+    for zh, en in pairs:
+        assert v.decode(v.encode(zh)) == zh
+        assert v.decode(v.encode(en)) == en
+    assert v.decode(v.encode("龘")) == "龘"            # a character not in the corpus
+
+
+def test_task_vocabulary_round_trip(bible_de_vocab):
+    _check_ids(bible_de_vocab)
+    assert bible_de_vocab.vocab_size == 8000
+    for de, en in bible.load_split("de", "test")[:300]:
+        for text in (de, en):
+            ids = bible_de_vocab.encode(text)
+            assert 2 not in ids                         # no unk on in-domain text
+            assert bible_de_vocab.decode(ids) == text
+    assert bible_de_vocab.tokenizer.encode("<mask>")[-1] == 3
+
+
+def test_cached_by_data_and_settings(zh_subset, zh_vocab_path, tmp_path):
+    settings = vocab.VocabSettings.for_languages(["zh", "en"], 3000)
+    mtime = zh_vocab_path.stat().st_mtime_ns
+    again = vocab.train_vocabulary("test_zh", [zh_subset], settings, fields=(1, 2), progress=False)
+    assert again == zh_vocab_path and again.stat().st_mtime_ns == mtime     # reused, not retrained
+    other = tmp_path / "other.tsv"
+    other.write_text(zh_subset.read_text(encoding="utf-8") + "0:0:0\t新\tnew\n", encoding="utf-8")
+    assert vocab.model_path("test_zh", [other], settings, (1, 2)) != zh_vocab_path
+    bigger = vocab.VocabSettings.for_languages(["zh", "en"], 4000)
+    assert vocab.model_path("test_zh", [zh_subset], bigger, (1, 2)) != zh_vocab_path
+
+
+def test_too_small_for_chinese_is_a_user_error(zh_subset):
+    settings = vocab.VocabSettings.for_languages(["zh", "en"], 500)
+    with pytest.raises(UserError, match="vocabulary size 500 is below"):
+        vocab.train_vocabulary("test_zh_small", [zh_subset], settings, fields=(1, 2), progress=False)

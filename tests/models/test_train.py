@@ -1,0 +1,141 @@
+"""Training: tiny AR and PaDIR learn toy tasks to exact match; resume equals an uninterrupted run;
+a diverging run stops with a clear error and keeps its last good checkpoint."""
+from __future__ import annotations
+
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from bench.errors import UserError
+from models import checkpoint, decoding, refine, t5
+from models.batching import TokenPairs
+from models.config import preset
+from models.train import TrainConfig, train
+
+VOCAB, MAX_LEN = 24, 12
+
+
+def toy_pairs(n: int, mode: str, seed: int) -> tuple[list, list]:
+    """Sources of 3-8 symbols from ids 4..19 (no two equal neighbours, so PaDIR's repeat-dropping
+    cannot hurt), EOS-terminated; targets are the copy or the reversal."""
+    rng = np.random.default_rng(seed)
+    sources, targets = [], []
+    for _ in range(n):
+        s = 4 + np.cumsum(rng.integers(1, 16, size=rng.integers(3, 9))) % 16
+        sources.append(list(s) + [1])
+        targets.append((list(s[::-1]) if mode == "reverse" else list(s)) + [1])
+    return sources, targets
+
+
+def padded(seqs: list) -> np.ndarray:
+    out = np.zeros((len(seqs), MAX_LEN), np.int32)
+    for i, s in enumerate(seqs):
+        out[i, :len(s)] = s
+    return out
+
+
+def toy_config(steps: int, **changes) -> TrainConfig:
+    base = dict(steps=steps, batch_tokens=512, learning_rate=3e-2, warmup_steps=20, max_length=MAX_LEN,
+                buckets=(MAX_LEN,), checkpoint_every=1000, label_smoothing=0.0)
+    return TrainConfig(**{**base, **changes})
+
+
+def tiny(kind: str):
+    return preset("tiny", kind=kind, vocab_size=VOCAB, dropout_rate=0.0)
+
+
+def exact_match(ckpt_dir, mode: str) -> float:
+    """Share of 64 unseen toy sources decoded exactly (AR: uncached greedy; PaDIR: refine:4)."""
+    config, params, _ = checkpoint.load(ckpt_dir)
+    model = t5.make_model(config)
+    sources, targets = toy_pairs(64, mode, seed=123)
+    x, y = jnp.asarray(padded(sources)), padded(targets)
+    variables = {"params": params}
+    if config.kind == "ar":
+        step_logits = lambda seqs, i: model.apply(variables, x, seqs)[:, i]          # [b, V]
+        out, _, _ = jax.jit(lambda: decoding.greedy_search_uncached(step_logits, 64, MAX_LEN))()
+    else:
+        encoded = model.apply(variables, x, method="encode")
+        lengths = refine.top_k_lengths(model.apply(variables, encoded, x, method="predict_length"), 1, MAX_LEN)
+        refine_fn = lambda tok, mask: model.apply(variables, encoded, x, tok, mask, method="refine")
+        out = jax.jit(lambda: refine.refine_length_hypotheses(
+            refine_fn, lengths, MAX_LEN, 4, jax.random.PRNGKey(0), remask="none", vocab_size=VOCAB).tokens)()
+    out = np.asarray(out)[:, :MAX_LEN]
+    return float(np.mean([(out[i] == y[i]).all() for i in range(len(y))]))
+
+
+@pytest.mark.slow
+def test_ar_learns_reversal(tmp_path):
+    data = TokenPairs.from_lists(*toy_pairs(4000, "reverse", seed=0))
+    out = train("toy_reverse", tiny("ar"), toy_config(300), tmp_path / "ar", progress=False, data=data)
+    assert exact_match(out, "reverse") >= 0.95
+    meta = checkpoint.read_meta(out)
+    assert meta["complete"] and meta["steps_done"] == 300 and meta["kind"] == "ar"
+    for key in ("compile_seconds", "train_seconds", "wall_seconds", "target_tokens_per_second",
+                "padding_share", "final_loss", "num_params"):
+        assert meta[key] > 0, key
+    assert meta["final_loss"] < 0.1
+
+
+@pytest.mark.slow
+def test_padir_learns_copy(tmp_path):
+    data = TokenPairs.from_lists(*toy_pairs(4000, "copy", seed=0))
+    out = train("toy_copy", tiny("padir"), toy_config(400), tmp_path / "padir", progress=False, data=data)
+    assert exact_match(out, "copy") >= 0.95
+    meta = checkpoint.read_meta(out)
+    assert meta["last_metrics"]["length_accuracy"] > 0.9
+    assert meta["train_config"]["stages"] == 2 and meta["train_config"]["unmask_rate"] == 0.15
+
+
+class _Interrupt(Exception):
+    pass
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["ar", "padir"])
+def test_resume_equals_uninterrupted_run(tmp_path, kind):
+    data = TokenPairs.from_lists(*toy_pairs(300, "copy", seed=1))
+    config = preset("tiny", kind=kind, vocab_size=VOCAB)          # dropout on: keys must line up too
+    cfg = toy_config(12, checkpoint_every=4, learning_rate=1e-2, warmup_steps=3)
+    whole = train("toy", config, cfg, tmp_path / "whole", progress=False, data=data)
+
+    def stop_at_6(step, metrics):
+        if step == 6:
+            raise _Interrupt
+    with pytest.raises(_Interrupt):
+        train("toy", config, cfg, tmp_path / "split", progress=False, data=data, on_step=stop_at_6)
+    meta = checkpoint.read_meta(tmp_path / "split")
+    assert not meta["complete"] and meta["steps_done"] == 4 and checkpoint.latest_step(tmp_path / "split") == 4
+    seen = []
+    train("toy", config, cfg, tmp_path / "split", progress=False, data=data,
+          on_step=lambda step, m: seen.append(step))
+    assert seen == list(range(4, 12))                               # resumed after the last checkpoint
+    _, a, _ = checkpoint.load(whole)
+    _, b, meta = checkpoint.load(tmp_path / "split")
+    assert meta["complete"] and meta["steps_done"] == 12
+    jax.tree_util.tree_map(lambda u, v: np.testing.assert_allclose(u, v, rtol=1e-6, atol=1e-7), a, b)
+    # A finished run is skipped: no step runs again.
+    train("toy", config, cfg, tmp_path / "split", progress=False, data=data,
+          on_step=lambda step, m: pytest.fail("a finished training ran again"))
+
+
+@pytest.mark.slow
+def test_divergence_stops_and_keeps_last_good_checkpoint(tmp_path):
+    data = TokenPairs.from_lists(*toy_pairs(300, "copy", seed=2))
+    cfg = toy_config(30, checkpoint_every=1, learning_rate=1e30, warmup_steps=4)   # explodes in warm-up
+    out = tmp_path / "nan"
+    with pytest.raises(UserError, match=r"diverged at step (\d+)") as err:
+        train("toy", tiny("ar"), cfg, out, progress=False, data=data)
+    failed = int(re.search(r"diverged at step (\d+)", str(err.value)).group(1))
+    last = checkpoint.latest_step(out)
+    assert last is not None and 1 <= last < failed
+    assert f"step {last}" in str(err.value)
+    meta = checkpoint.read_meta(out)
+    assert not meta["complete"] and meta["steps_done"] == last
+    params, _ = checkpoint.restore_params(out)
+    assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree_util.tree_leaves(params))
+    with pytest.raises(UserError, match="unfinished"):
+        checkpoint.load(out)
