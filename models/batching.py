@@ -205,10 +205,10 @@ def _text_fingerprint(task: str, split: str) -> str:
 
     sources, references = tasks.load_text(task, split)
     h = hashlib.sha256()
-    for source, refs in zip(sources, references):
+    for source, target in zip(sources, references[0]):   # references[0]: the task's own targets
         h.update(source.encode())
         h.update(b"\t")
-        h.update(refs[0].encode())
+        h.update(target.encode())
         h.update(b"\n")
     return h.hexdigest()[:16]
 
