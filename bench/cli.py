@@ -6,7 +6,11 @@ sub-commands; each sub-command sets ``func`` (called with the parsed args, retur
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+
+# TensorFlow (behind seqio) logs CUDA probing at import; keep the CLI's output for the user.
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 from bench.errors import UserError
 
