@@ -323,7 +323,8 @@ def make_decoder(model_config: ModelConfig, params: Any, vocab: Any, spec: str, 
                         seed=int(options.get("seed", 0)), **common)
 
 
-def _vocabulary(meta: dict):
+def checkpoint_vocabulary(meta: dict):
+    """The vocabulary a checkpoint was trained with (its recorded path, else its task's)."""
     path = meta.get("vocab_path")
     if path:
         from suites.vocab import load_vocabulary
@@ -346,4 +347,4 @@ def load_decoder(checkpoint_dir, spec: str, **options: Any):
     from models.checkpoint import load
 
     model_config, params, meta = load(checkpoint_dir)
-    return make_decoder(model_config, params, _vocabulary(meta), spec, meta, **options)
+    return make_decoder(model_config, params, checkpoint_vocabulary(meta), spec, meta, **options)

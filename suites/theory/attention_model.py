@@ -96,36 +96,22 @@ def job_from_checkpoint(checkpoint: str, task: str | None = None, split: str = "
     task = task or str(meta.get("task", "")).removesuffix("_distilled")
     if not task:
         raise UserError("the checkpoint names no task; pass --task NAME")
-    try:
-        from suites.tasks import load_text
-    except ImportError as err:
-        raise UserError(f"task data is unavailable ({err}); use --run with a `narbench run` folder") from None
+    from suites.tasks import load_text
+
     sources, _ = load_text(task, split)
     return AttentionJob(checkpoint=str(checkpoint), sources=tuple(sources),
                         origin=f"checkpoint {checkpoint}, task {task}, split {split}")
 
 
-def _vocabulary(meta: dict):
-    path = meta.get("vocab_path")
-    if path:
-        from suites.vocab import load_vocabulary
-
-        if not Path(path).is_file():
-            raise UserError(f"the checkpoint's vocabulary {path} is missing; rebuild it with the task's data step")
-        return load_vocabulary(path)
-    from suites.tasks import get_vocabulary
-
-    return get_vocabulary(meta["task"])
-
-
 def analyse(job: AttentionJob, batch_size: int = 16):
     """Load the checkpoint and run ``analyse_model`` on the job's sources."""
     from models.checkpoint import load
+    from models.decoders import checkpoint_vocabulary
 
     config, params, meta = load(job.checkpoint)
     if config.kind != "padir":
         raise UserError(f"{job.checkpoint} is an AR checkpoint; the attention analysis needs a PaDIR model")
-    stats, info = analyse_model(config, params, _vocabulary(meta), job.sources[: job.max_sentences],
+    stats, info = analyse_model(config, params, checkpoint_vocabulary(meta), job.sources[: job.max_sentences],
                                 steps=job.steps, length_hyps=job.length_hyps, remask=job.remask, init=job.init,
                                 seed=job.seed, batch_size=batch_size)
     info.update(origin=job.origin, checkpoint=job.checkpoint, task=meta.get("task"))
