@@ -26,6 +26,7 @@ def register(sub) -> None:
     p.add_argument("--batch-tokens", type=int, help="padded target tokens per batch")
     p.add_argument("--learning-rate", type=float, help="peak learning rate")
     p.add_argument("--warmup-steps", type=int)
+    p.add_argument("--optimizer", choices=("adafactor", "adam"), help="adafactor (paper, default) or adam")
     p.add_argument("--unmask-rate", type=float, help="PaDIR: share of target tokens kept correct (0.15)")
     p.add_argument("--stages", type=int, help="PaDIR: training stages (2)")
     p.add_argument("--seed", type=int)
@@ -105,7 +106,8 @@ def _train_command(args: argparse.Namespace) -> int:
                       out=args.out, progress=not args.quiet, steps=args.steps,
                       batch_tokens=args.batch_tokens, learning_rate=args.learning_rate,
                       warmup_steps=args.warmup_steps, unmask_rate=args.unmask_rate,
-                      stages=args.stages, seed=args.seed, checkpoint_every=args.checkpoint_every)
+                      stages=args.stages, seed=args.seed, checkpoint_every=args.checkpoint_every,
+                      optimizer=args.optimizer)
     print(out)
     return 0
 

@@ -217,7 +217,10 @@ class PaDIRDecoder(_BaseDecoder):
         self.length_hyps, self.remask, self.init = int(length_hyps), remask, init
         self.rng = jax.random.key(int(seed))
         self._encode = jax.jit(self._encode_and_lengths)
-        self._refine = jax.jit(self._refine_all, static_argnums=(6,))
+        # The step count T is a traced argument: every refine:T decoder with the same shapes shares
+        # one compiled executable (in memory per decoder, on disk via the persistent cache).
+        self._refine = jax.jit(self._refine_all, static_argnums=(7,))
+        self._num_steps = jax.device_put(np.int32(self.parsed.k))
 
     def _encode_and_lengths(self, params, inputs):
         """Encoder + length prediction: encoded [b, s, d], top-k lengths [b, k] in [1, max]."""
@@ -230,11 +233,11 @@ class PaDIRDecoder(_BaseDecoder):
         """One parallel decoder pass: tokens/mask [b*k, n] -> logits [b*k, n, V]."""
         return self.model.apply({"params": params}, encoded, inputs, tokens, mask, method=t5.PaDIR.refine)
 
-    def _refine_all(self, params, encoded, inputs, lengths, active, rng, capacity: int):
+    def _refine_all(self, params, encoded, inputs, lengths, active, rng, num_steps, capacity: int):
         k = lengths.shape[1]
         encoded, inputs = jnp.repeat(encoded, k, axis=0), jnp.repeat(inputs, k, axis=0)  # [b*k, ...]
         fn = lambda tokens, mask: self._pass(params, encoded, inputs, tokens, mask)
-        out = refine.refine_length_hypotheses(fn, jnp.minimum(lengths, capacity), capacity, self.parsed.k, rng,
+        out = refine.refine_length_hypotheses(fn, jnp.minimum(lengths, capacity), capacity, num_steps, rng,
                                               self.remask, self.init, self.config.vocab_size, active=active)
         return out.tokens, out.passes, out.score
 
@@ -248,7 +251,7 @@ class PaDIRDecoder(_BaseDecoder):
         active = jnp.asarray(prepared.active)
         longest = int(np.max(np.asarray(lengths)[prepared.active]))                   # host sync (tiny)
         capacity = prepared.target_bucket or self._choose_bucket(inputs.shape[1], longest)
-        return self._refine(self.params, encoded, inputs, lengths, active, self.rng, capacity)
+        return self._refine(self.params, encoded, inputs, lengths, active, self.rng, self._num_steps, capacity)
 
     def _warmup_variants(self, inputs: np.ndarray, batch_size: int) -> list[Prepared]:
         return [Prepared(inputs, batch_size, t) for t in self.target_buckets(inputs.shape[1])]

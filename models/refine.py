@@ -70,15 +70,16 @@ def drop_repeats(tokens: Array, mask: Array) -> Array:
     return jnp.zeros_like(tokens).at[rows, dest].set(tokens, mode="drop")
 
 
-def iterative_refinement(refine_fn: RefineFn, tokens: Array, mask: Array, num_steps: int, rng: Array,
+def iterative_refinement(refine_fn: RefineFn, tokens: Array, mask: Array, num_steps: int | Array, rng: Array,
                          remask: str = "stutter", init: str = "random", vocab_size: int = 0,
                          early_stop: bool = True, active: Optional[Array] = None) -> RefineOutput:
     """At most ``num_steps`` refinement passes from ``tokens`` (the initial hypothesis); with
-    ``early_stop=False`` exactly ``num_steps`` (benchmarks measure the cost of T passes so)."""
+    ``early_stop=False`` exactly ``num_steps`` (benchmarks measure the cost of T passes so).
+    ``num_steps`` may be a traced int32 scalar, so one compiled loop serves every step count."""
     assert tokens.ndim == 2 and tokens.shape == mask.shape, (tokens.shape, mask.shape)
     if remask not in REMASK_MODES or init not in INIT_MODES:
         raise ValueError(f"remask must be one of {REMASK_MODES} and init one of {INIT_MODES}")
-    if num_steps < 1:
+    if isinstance(num_steps, int) and num_steps < 1:   # may also be a traced int32 scalar
         raise ValueError("num_steps must be >= 1")
     b, n = tokens.shape
     valid = mask > 0
@@ -130,7 +131,7 @@ def top_k_lengths(length_logits: Array, k: int, max_length: int) -> Array:
     return jnp.clip(lengths, 1, max_length).astype(jnp.int32)
 
 
-def refine_length_hypotheses(refine_fn: RefineFn, lengths: Array, capacity: int, num_steps: int, rng: Array,
+def refine_length_hypotheses(refine_fn: RefineFn, lengths: Array, capacity: int, num_steps: int | Array, rng: Array,
                              remask: str = "stutter", init: str = "random", vocab_size: int = 0,
                              early_stop: bool = True, active: Optional[Array] = None) -> RefineOutput:
     """Refine k hypotheses per row in parallel (``refine_fn`` sees ``b * k`` rows, row ``i * k + j`` has

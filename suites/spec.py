@@ -82,6 +82,7 @@ class TrainBudget:
     max_length: int | None = None             # longer training examples are truncated
     buckets: tuple[int, ...] | None = None    # sequence-length buckets of the batcher
     checkpoint_every: int | None = None
+    optimizer: str | None = None              # "adafactor" (paper) or "adam"
 
     def train_kwargs(self) -> dict[str, Any]:
         """The fields that are set (None means: keep TrainConfig's default)."""
@@ -309,6 +310,7 @@ def _budget(r: _Reader) -> TrainBudget:
         max_length=r.get("max_length", _int(2), None),
         buckets=r.get("buckets", _list(_int(1), "positive integers"), None),
         checkpoint_every=r.get("checkpoint_every", _int(1), None),
+        optimizer=r.get("optimizer", _str(choices=("adafactor", "adam")), None),
     )
     r.done()
     return b

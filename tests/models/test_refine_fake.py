@@ -57,6 +57,21 @@ def test_never_more_than_T_passes(steps):
     np.testing.assert_array_equal(out.tokens, expected)
 
 
+@pytest.mark.parametrize("remask", ["none", "stutter", "mask-predict"])
+def test_traced_step_count_matches_a_python_int(remask):
+    """One jitted loop with T as an argument (how decoders share a compile) gives what a baked-in T gives."""
+    start = jnp.array([[4, 4, 6, 7], [8, 9, 10, 11]])
+    mask = jnp.array([[1, 1, 1, 1], [1, 1, 1, 0]])
+    key = jax.random.key(3)
+    traced = jax.jit(lambda t: refine.iterative_refinement(shift_by_one, start, mask, t, key, remask, vocab_size=V))
+    for steps in (1, 2, 5):
+        want = refine.iterative_refinement(shift_by_one, start, mask, steps, key, remask, vocab_size=V)
+        got = traced(jnp.int32(steps))
+        np.testing.assert_array_equal(got.tokens, want.tokens)
+        np.testing.assert_array_equal(got.passes, want.passes)
+    assert traced._cache_size() == 1
+
+
 def test_finished_rows_keep_tokens_while_others_continue():
     # Row 0 reaches its fixed point at once; row 1 never settles.
     def fn(tokens, mask):
