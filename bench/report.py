@@ -156,12 +156,23 @@ def _theory_links(run_dir: Path) -> list[str]:
     return links
 
 
+def _phase_words(phase: str | None) -> str:
+    """How a row's timing phase reads in prose."""
+    return {"device": "device-only (the jitted part and the wait)"}.get(phase or "end_to_end",
+                                                                       "end-to-end (tokenize to detokenize)")
+
+
 def render_leaderboard(rows: list[dict], info: dict, env: dict, run_dir: Path) -> str:
     sets = _test_sets(rows)
     lines = [f"# Leaderboard: {info.get('suite', '?')} (run {info.get('run_id', '?')})", "",
-             "Systems sorted by test BLEU. Latency is end-to-end at batch size "
+             "Systems sorted by test BLEU. Latency is "
+             f"{_phase_words(rows[0].get('phase'))} at batch size "
              f"{rows[0].get('batch_size')} on **{rows[0].get('platform', '?')}**; speedups are against AR greedy, "
              "paired per sentence.", ""]
+    apart = sorted({r["system"] for r in rows if r.get("baseline_timed_together") is False})
+    if apart:
+        lines.extend([f"Resumed run: {', '.join(apart)} were timed in a later session than AR greedy, so "
+                      "their speedups pair latencies measured apart (not interleaved).", ""])
     has_bleurt = any(r.get("bleurt") is not None for r in rows)
     for ts in sets:
         ts_rows = sorted((r for r in rows if r["test_set"] == ts), key=lambda r: -(r.get("bleu") or -1e9))

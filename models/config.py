@@ -69,7 +69,7 @@ class ModelConfig:
         return cls(**data)
 
 
-# Sizes. `small` matches CALIBRATION.md model (a) (d_model 256, 3+3, 4 heads, FFN 1024): a gated
+# Sizes. `small` matches the calibration reference model (d_model 256, 3+3, 4 heads, FFN 1024): a gated
 # FFN has 3 d x d_ff matrices instead of 2, so d_ff = 672 (~2/3 of 1024) costs about the same.
 # `paper` is the paper's size: 6+6, 8 heads, d_model 512, FFN 2048 (~73M params as an AR T5.1.1
 # with 32k shared vocab; the paper quotes 67M for its variant).

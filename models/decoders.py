@@ -313,6 +313,10 @@ def make_decoder(model_config: ModelConfig, params: Any, vocab: Any, spec: str, 
                   buckets=options.get("buckets") or DEFAULT_BUCKETS,
                   max_decode_length=int(options.get("max_decode_length") or model_config.max_target_length))
     if model_config.kind == "ar":
+        padir_only = sorted(k for k in ("length_hyps", "remask", "init") if options.get(k) is not None)
+        if padir_only:
+            flags = ", ".join("--" + k.replace("_", "-") for k in padir_only)
+            raise UserError(f"{flags} only apply to PaDIR checkpoints (refine:T); drop them for this AR model")
         lp = float(options.get("length_penalty", 0.6))
         info.update(cached=cached, length_penalty=lp if parsed.algorithm == "beam" else None, length_hyps=None,
                     remask=None, init=None)

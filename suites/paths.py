@@ -33,5 +33,5 @@ def enable_compilation_cache() -> Path:
     path = subdir("jax_cache")
     jax.config.update("jax_compilation_cache_dir", str(path))
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)   # every compile, however quick
     return path

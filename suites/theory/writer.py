@@ -11,10 +11,7 @@ import datetime as _dt
 import hashlib
 import json
 import os
-import platform
 import shutil
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any, Mapping
@@ -22,40 +19,12 @@ from typing import Any, Mapping
 SCHEMA_VERSION = 1
 
 
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def git_commit() -> str | None:
-    """HEAD of the repository holding this file (read-only), or None outside a checkout."""
-    try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).resolve().parent,
-                             capture_output=True, text=True, timeout=5)
-        return out.stdout.strip() or None if out.returncode == 0 else None
-    except (OSError, subprocess.SubprocessError):
-        return None
-
-
 def environment(seeds: Mapping[str, Any]) -> dict:
-    """Versions, device, CPU, date and seeds for every row and env.json."""
-    import jax
-    import jaxlib
-    import numpy
+    """The same ``env.json`` object as ``narbench run`` writes (bench.env.capture): device, CPU model,
+    threads, library versions, git commit with its dirty flag, UTC date and seeds."""
+    from bench.env import capture
 
-    return {
-        "python": sys.version.split()[0], "jax": jax.__version__, "jaxlib": jaxlib.__version__,
-        "numpy": numpy.__version__, "platform": jax.default_backend(),
-        "device_kind": jax.devices()[0].device_kind, "cpu_model": cpu_model(),
-        "cpu_count": os.cpu_count(), "os": platform.platform(), "git_commit": git_commit(),
-        "date_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "seeds": dict(seeds),
-    }
+    return capture(seeds=dict(seeds))
 
 
 def atomic_write_text(path: Path, text: str) -> None:
@@ -101,9 +70,11 @@ def write_run(results_root: Path, name: str, config: Mapping[str, Any], rows: li
                 f.write(json.dumps(full, default=_json_default) + "\n")
         for fname, fig in figures.items():
             fig.savefig(tmp / fname, dpi=120, bbox_inches="tight")
+        git = env["git"]
+        commit = (git["commit"] or "unknown") + (" (dirty)" if git.get("dirty") else "")
         header = (f"# narbench theory {name}: run {final.name}\n\n"
-                  f"{env['date_utc']} · {env['platform']} ({env['cpu_model']}, {env['cpu_count']} threads) · "
-                  f"jax {env['jax']} · python {env['python']} · commit {env['git_commit'] or 'unknown'} · "
+                  f"{env['date_utc']} · {env['platform']} ({env['cpu_model']}, {env['threads']} threads) · "
+                  f"jax {env['versions']['jax']} · python {env['python']} · commit {commit} · "
                   f"seeds {json.dumps(env['seeds'])}\n\n")
         plots = "".join(f"![{f}]({f})\n\n" for f in figures)
         (tmp / "table.md").write_text(header + plots + page)

@@ -90,6 +90,8 @@ def test_spec_and_option_errors(ar_config, ar_params, padir_config, padir_params
         decoders.make_decoder(padir_config, padir_params, tiny_vocab, "refine:2", remask="sometimes")
     with pytest.raises(UserError, match="unknown decoder options"):
         decoders.make_decoder(ar_config, ar_params, tiny_vocab, "greedy", temperature=0.5)
+    with pytest.raises(UserError, match="only apply to PaDIR"):
+        decoders.make_decoder(ar_config, ar_params, tiny_vocab, "greedy", length_hyps=5)
 
 
 def test_load_decoder_errors(tmp_path):

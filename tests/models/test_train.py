@@ -139,3 +139,18 @@ def test_divergence_stops_and_keeps_last_good_checkpoint(tmp_path):
     assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree_util.tree_leaves(params))
     with pytest.raises(UserError, match="unfinished"):
         checkpoint.load(out)
+
+
+def test_optimizer_choice():
+    """Both optimizers give a finite update that changes the parameters; an unknown one is a one-line error."""
+    from models.train import make_optimizer
+
+    params = {"w": jnp.ones((4, 3)), "b": jnp.zeros((3,))}
+    grads = {"w": jnp.full((4, 3), 0.5), "b": jnp.ones((3,))}
+    for name in ("adafactor", "adam"):
+        tx = make_optimizer(toy_config(10, optimizer=name))
+        updates, _ = tx.update(grads, tx.init(params), params)
+        flat = jnp.concatenate([u.ravel() for u in jax.tree_util.tree_leaves(updates)])
+        assert bool(jnp.all(jnp.isfinite(flat))) and float(jnp.abs(flat).max()) > 0, name
+    with pytest.raises(UserError, match="optimizer"):
+        toy_config(10, optimizer="sgd")

@@ -28,7 +28,8 @@ def test_write_run_layout_and_latest(tmp_path):
     for r in lines:
         assert r["schema_version"] == writer.SCHEMA_VERSION and r["experiment"] == "theory/demo"
         assert r["run_id"] == second.name and r["env"]["seeds"] == {"seed": 7}
-        assert {"python", "jax", "cpu_model", "date_utc"} <= set(r["env"])
+        assert {"python", "versions", "cpu_model", "date_utc", "git"} <= set(r["env"])
+        assert r["env"]["versions"]["jax"] and "dirty" in r["env"]["git"]
     assert "![plot.png](plot.png)" in (second / "table.md").read_text()
     assert not [p for p in (tmp_path / "theory" / "demo").iterdir() if p.name.endswith(".tmp")]
 
