@@ -9,6 +9,7 @@ holds them, so a pass costs what the predicted lengths need, with few compiled s
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
@@ -217,9 +218,10 @@ class PaDIRDecoder(_BaseDecoder):
         self.length_hyps, self.remask, self.init = int(length_hyps), remask, init
         self.rng = jax.random.key(int(seed))
         self._encode = jax.jit(self._encode_and_lengths)
-        # The step count T is a traced argument: every refine:T decoder with the same shapes shares
-        # one compiled executable (in memory per decoder, on disk via the persistent cache).
-        self._refine = jax.jit(self._refine_all, static_argnums=(7,))
+        # The step count T is a traced argument and the jitted loop is shared by every PaDIR decoder
+        # of the same model config and options, so refine:1/2/4/10 compile each shape once in memory
+        # (re-reading one's own executable from JAX's persistent cache segfaulted in jaxlib 0.10.2).
+        self._refine = _shared_refine(self.config, self.length_hyps, remask, init, self.max_decode_length)
         self._num_steps = jax.device_put(np.int32(self.parsed.k))
 
     def _encode_and_lengths(self, params, inputs):
@@ -232,14 +234,6 @@ class PaDIRDecoder(_BaseDecoder):
     def _pass(self, params, encoded, inputs, tokens, mask):
         """One parallel decoder pass: tokens/mask [b*k, n] -> logits [b*k, n, V]."""
         return self.model.apply({"params": params}, encoded, inputs, tokens, mask, method=t5.PaDIR.refine)
-
-    def _refine_all(self, params, encoded, inputs, lengths, active, rng, num_steps, capacity: int):
-        k = lengths.shape[1]
-        encoded, inputs = jnp.repeat(encoded, k, axis=0), jnp.repeat(inputs, k, axis=0)  # [b*k, ...]
-        fn = lambda tokens, mask: self._pass(params, encoded, inputs, tokens, mask)
-        out = refine.refine_length_hypotheses(fn, jnp.minimum(lengths, capacity), capacity, num_steps, rng,
-                                              self.remask, self.init, self.config.vocab_size, active=active)
-        return out.tokens, out.passes, out.score
 
     def _choose_bucket(self, source_bucket: int, longest: int) -> int:
         allowed = self.target_buckets(source_bucket)
@@ -270,6 +264,24 @@ class PaDIRDecoder(_BaseDecoder):
         tokens = jax.ShapeDtypeStruct((rows, capacity), jnp.int32)
         return jax.jit(self._pass).lower(self.params, encoded, jax.ShapeDtypeStruct((rows, s), jnp.int32),
                                          tokens, tokens)
+
+
+@functools.lru_cache(maxsize=None)
+def _shared_refine(config: ModelConfig, length_hyps: int, remask: str, init: str, max_decode_length: int):
+    """The jitted refinement of k length hypotheses for one model config and decoding options; the
+    step count is an argument, the target capacity a static one."""
+    model = t5.make_model(config)
+
+    def refine_all(params, encoded, inputs, lengths, active, rng, num_steps, capacity: int):
+        k = lengths.shape[1]
+        encoded, inputs = jnp.repeat(encoded, k, axis=0), jnp.repeat(inputs, k, axis=0)  # [b*k, ...]
+        fn = lambda tokens, mask: model.apply({"params": params}, encoded, inputs, tokens, mask,
+                                              method=t5.PaDIR.refine)                  # [b*k, n, V]
+        out = refine.refine_length_hypotheses(fn, jnp.minimum(lengths, capacity), capacity, num_steps, rng,
+                                              remask, init, config.vocab_size, active=active)
+        return out.tokens, out.passes, out.score
+
+    return jax.jit(refine_all, static_argnums=(7,))
 
 
 def _default_name(config: ModelConfig, parsed: _Parsed, cached: bool, meta: dict) -> str:

@@ -31,6 +31,8 @@ def enable_compilation_cache() -> Path:
     import jax
 
     path = subdir("jax_cache")
+    if os.environ.get("NARBENCH_JAX_CACHE", "1") == "0":   # opt out: every process compiles afresh
+        return path
     jax.config.update("jax_compilation_cache_dir", str(path))
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)   # every compile, however quick
