@@ -98,6 +98,16 @@ def padir_name(steps: int, unmask_rate: float, distill: bool, length_hyps: int, 
     return name
 
 
+def _shape_options(spec: SuiteSpec) -> dict:
+    """Decoder options every system of the suite shares: decode length cap and shape buckets."""
+    opts = {}
+    if spec.ar.max_decode_length:
+        opts["max_decode_length"] = spec.ar.max_decode_length
+    if spec.decode_buckets:
+        opts["buckets"] = spec.decode_buckets
+    return opts
+
+
 def expand(spec: SuiteSpec) -> Plan:
     """All training cells, systems and evaluation cells of a spec, in run order."""
     cells: dict[TrainCell, None] = {}
@@ -115,10 +125,7 @@ def expand(spec: SuiteSpec) -> Plan:
                 opts = {"seed": seed, "name": ar_name(dec) + sfx}
                 if beam > 1:
                     opts["length_penalty"] = spec.ar.length_penalty
-                if spec.ar.max_decode_length:
-                    opts["max_decode_length"] = spec.ar.max_decode_length
-                if spec.decode_buckets:
-                    opts["buckets"] = spec.decode_buckets
+                opts.update(_shape_options(spec))
                 info = {"steps": None, "unmask_rate": None, "distill": False, "length_hyps": None,
                         "hypotheses": beam, "remask": None, "init": None, "positional_attention": None,
                         "stages": None, "seed": seed, "decoder": dec}
@@ -132,10 +139,7 @@ def expand(spec: SuiteSpec) -> Plan:
                 for steps, k, remask, init in itertools.product(p.steps, p.length_hyps, p.remask, p.init):
                     name = padir_name(steps, u, distill, k, remask, init, pos, stages) + sfx
                     opts = {"length_hyps": k, "remask": remask, "init": init, "seed": seed, "name": name}
-                    if spec.ar.max_decode_length:
-                        opts["max_decode_length"] = spec.ar.max_decode_length
-                    if spec.decode_buckets:
-                        opts["buckets"] = spec.decode_buckets
+                    opts.update(_shape_options(spec))
                     info = {"steps": steps, "unmask_rate": u, "distill": distill, "length_hyps": k,
                             "hypotheses": k, "remask": remask, "init": init, "positional_attention": pos,
                             "stages": stages, "seed": seed, "decoder": f"refine:{steps}"}

@@ -128,6 +128,14 @@ class _BaseDecoder:
         hyps = [_detokenize(self.vocab, row) for row in np.asarray(tokens)[:n]]
         return DecodeOutput(hyps, np.asarray(passes)[:n].astype(np.int64))
 
+    def lower(self, prepared: Prepared, part: str):
+        """The lowered computation of one ``part`` ("encode" or one decoder "pass") for cost analysis."""
+        if part == "encode":
+            return self._lower_encode(jnp.asarray(prepared.inputs))
+        if part != "pass":
+            raise UserError(f"unknown part {part!r}; use encode or pass")
+        return self._lower_pass(prepared)
+
 
 class ARDecoder(_BaseDecoder):
     """Greedy (cached or uncached) or beam search; ``passes`` = decoder steps run per sentence."""
@@ -183,13 +191,11 @@ class ARDecoder(_BaseDecoder):
         return self._run(self.params, jnp.asarray(prepared.inputs), jnp.asarray(prepared.active),
                          self.max_len(prepared.inputs.shape[1]))
 
-    def lower(self, prepared: Prepared, part: str):
-        inputs = jnp.asarray(prepared.inputs)
-        b, s = inputs.shape
-        if part == "encode":
-            return jax.jit(self._encode).lower(self.params, inputs)
-        if part != "pass":
-            raise UserError(f"unknown part {part!r}; use encode or pass")
+    def _lower_encode(self, inputs):
+        return jax.jit(self._encode).lower(self.params, inputs)
+
+    def _lower_pass(self, prepared: Prepared):
+        b, s = prepared.inputs.shape
         rows = b * (self.parsed.k if self.parsed.algorithm == "beam" else 1)
         max_len = self.max_len(s)
         encoded = jax.ShapeDtypeStruct((rows, s, self.config.d_model), self.config.jnp_dtype)
@@ -250,13 +256,11 @@ class PaDIRDecoder(_BaseDecoder):
     def _warmup_variants(self, inputs: np.ndarray, batch_size: int) -> list[Prepared]:
         return [Prepared(inputs, batch_size, t) for t in self.target_buckets(inputs.shape[1])]
 
-    def lower(self, prepared: Prepared, part: str):
-        inputs = jnp.asarray(prepared.inputs)
-        b, s = inputs.shape
-        if part == "encode":
-            return jax.jit(self._encode_and_lengths).lower(self.params, inputs)
-        if part != "pass":
-            raise UserError(f"unknown part {part!r}; use encode or pass")
+    def _lower_encode(self, inputs):
+        return jax.jit(self._encode_and_lengths).lower(self.params, inputs)
+
+    def _lower_pass(self, prepared: Prepared):
+        b, s = prepared.inputs.shape
         n_src = int(np.max((prepared.inputs > 0).sum(axis=1)))
         capacity = prepared.target_bucket or self._choose_bucket(s, n_src)
         rows = b * self.length_hyps

@@ -11,39 +11,10 @@ from bench import store as st
 from bench.cli import main
 from bench.costs import MachinePeaks
 from bench.report import verify_run
-from grid_fakes import FakeFactory, fake_deps
+from grid_fakes import FakeFactory, fake_deps, fake_spec
 
-SPEC = """
-name = "clitest"
-max_test_sentences = 15
-bootstrap_resamples = 50
-
-[[tasks]]
-train = "fake_task"
-test = ["test"]
-
-[model]
-preset = "tiny"
-
-[train.ar]
-steps = 5
-batch_tokens = 256
-learning_rate = 1e-3
-warmup_steps = 1
-
-[train.padir]
-steps = 5
-batch_tokens = 256
-learning_rate = 1e-3
-warmup_steps = 1
-
-[ar]
-decoders = ["greedy", "beam:2"]
-
-[padir]
-steps = [1, 2]
-distill = [false, true]
-"""
+SPEC = fake_spec("clitest", test=["test"], ar_decoders=["greedy", "beam:2"], padir_steps=[1, 2],
+                 max_test_sentences=15)
 
 
 @pytest.fixture

@@ -10,41 +10,10 @@ from bench.costs import MachinePeaks
 from bench.grid import Runner, expand, padir_name
 from bench.report import verify_run
 from suites.spec import load_spec
-from grid_fakes import FakeFactory, fake_deps
+from grid_fakes import FakeFactory, fake_deps, fake_spec
 
-SPEC = """
-name = "gridtest"
-seeds = [0]
-max_test_sentences = 20
-bootstrap_resamples = 50
-
-[[tasks]]
-train = "fake_task"
-test = ["test", "test+refs", "dev"]
-
-[model]
-preset = "tiny"
-
-[train.ar]
-steps = 5
-batch_tokens = 256
-learning_rate = 1e-3
-warmup_steps = 1
-
-[train.padir]
-steps = 5
-batch_tokens = 256
-learning_rate = 1e-3
-warmup_steps = 1
-
-[ar]
-decoders = ["greedy", "beam:3"]
-
-[padir]
-steps = [1, 4]
-distill = [false, true]
-length_hyps = [3]
-"""
+SPEC = fake_spec("gridtest", test=["test", "test+refs", "dev"], ar_decoders=["greedy", "beam:3"],
+                 padir_steps=[1, 4], max_test_sentences=20, length_hyps=[3])
 
 
 @pytest.fixture(autouse=True)
