@@ -170,13 +170,13 @@ class ARDecoder(_BaseDecoder):
         if self.parsed.algorithm == "beam":
             k = self.parsed.k
             encoded, inputs = jnp.repeat(encoded, k, axis=0), jnp.repeat(inputs, k, axis=0)  # [b*k, ...]
-            cache = t5.init_cache(self.config, params, encoded, max_len)
+            cache = t5.init_cache(self.config, b * k, inputs.shape[1], max_len)
             fn = lambda tok, c: self._step(params, c, encoded, inputs, tok)
             tokens, scores, steps = decoding.beam_search(fn, cache, b, k, max_len, self.length_penalty, EOS_ID,
                                                         active)
             return tokens[:, 0], steps, scores[:, 0]
         if self.cached:
-            cache = t5.init_cache(self.config, params, encoded, max_len)
+            cache = t5.init_cache(self.config, b, inputs.shape[1], max_len)
             fn = lambda tok, c: self._step(params, c, encoded, inputs, tok)
             return self._reorder(decoding.greedy_search(fn, cache, b, max_len, EOS_ID, active))
         fn = lambda seqs, i: self._uncached_pass(params, encoded, inputs, seqs, i)
@@ -203,7 +203,7 @@ class ARDecoder(_BaseDecoder):
         if self.parsed.algorithm == "greedy" and not self.cached:
             seqs = jax.ShapeDtypeStruct((rows, max_len), jnp.int32)
             return jax.jit(self._uncached_pass).lower(self.params, encoded, inputs, seqs, jnp.int32(0))
-        cache = jax.eval_shape(lambda p, e: t5.init_cache(self.config, p, e, max_len), self.params, encoded)
+        cache = jax.eval_shape(lambda: t5.init_cache(self.config, rows, s, max_len))
         tokens = jax.ShapeDtypeStruct((rows, 1), jnp.int32)
         return jax.jit(self._step).lower(self.params, cache, encoded, inputs, tokens)
 

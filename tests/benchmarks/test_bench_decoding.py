@@ -61,7 +61,7 @@ def test_ar_greedy_cached(benchmark, ar, source):
     @jax.jit
     def run(params, inputs):
         encoded = model.apply({"params": params}, inputs, method=t5.Transformer.encode)
-        cache = t5.init_cache(cfg, params, encoded, TGT)
+        cache = t5.init_cache(cfg, 1, SRC, TGT)
 
         def step(tokens, cache):
             logits, state = model.apply({"params": params, "cache": cache}, encoded, inputs, tokens, decode=True,

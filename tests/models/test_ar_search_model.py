@@ -36,7 +36,7 @@ def searches(ar_config, ar_params):
     def setup(params, inputs, rows):
         encoded = model.apply({"params": params}, inputs, method=t5.Transformer.encode)
         encoded, inputs = jnp.repeat(encoded, rows, 0), jnp.repeat(inputs, rows, 0)
-        cache = t5.init_cache(ar_config, params, encoded, MAX_LEN)
+        cache = t5.init_cache(ar_config, b * rows, s, MAX_LEN)
 
         def step(tokens, cache):
             position = cache["decoder"]["index"]

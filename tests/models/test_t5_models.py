@@ -61,7 +61,7 @@ def test_cached_decode_matches_teacher_forcing(ar_config, ar_params):
     dec_in = t5.shift_right(TARGETS)
     full = model.apply({"params": ar_params}, INPUTS, dec_in)                          # [b, n, V]
     encoded = model.apply({"params": ar_params}, INPUTS, method=t5.Transformer.encode)
-    cache = t5.init_cache(ar_config, ar_params, encoded, TARGETS.shape[1])
+    cache = t5.init_cache(ar_config, 2, INPUTS.shape[1], TARGETS.shape[1])
     steps = []
     for i in range(TARGETS.shape[1]):
         logits, state = model.apply({"params": ar_params, "cache": cache}, encoded, INPUTS, dec_in[:, i:i + 1],
@@ -72,23 +72,6 @@ def test_cached_decode_matches_teacher_forcing(ar_config, ar_params):
     one = model.apply({"params": ar_params}, encoded, INPUTS, dec_in, logit_index=jnp.int32(2),
                       method=t5.Transformer.decode)
     np.testing.assert_allclose(one[:, 0], full[:, 2], atol=1e-5)
-
-
-def test_cached_step_reads_cross_attention_keys_from_the_cache(ar_config, ar_params):
-    """init_cache projects the encoder output once; a cached step never touches the cross-attention
-    key/value kernels (it runs with them removed and gives the same logits)."""
-    model = t5.Transformer(ar_config)
-    encoded = model.apply({"params": ar_params}, INPUTS, method=t5.Transformer.encode)
-    cache = t5.init_cache(ar_config, ar_params, encoded, 4)
-    slot = cache["decoder"]["layers_0"]["encoder_decoder_attention"]
-    assert slot["cached_key"].shape == (2, INPUTS.shape[1], ar_config.num_heads, ar_config.head_dim)
-    stripped = jax.tree_util.tree_map(lambda x: x, ar_params)
-    for i in range(ar_config.num_decoder_layers):
-        for name in ("key", "value"):
-            del stripped["decoder"][f"layers_{i}"]["encoder_decoder_attention"][name]
-    step = lambda p: model.apply({"params": p, "cache": cache}, encoded, INPUTS, jnp.zeros((2, 1), jnp.int32),
-                                 decode=True, mutable=["cache"], method=t5.Transformer.decode)[0]
-    np.testing.assert_array_equal(step(stripped), step(ar_params))
 
 
 def test_ar_decoder_is_causal(ar_config, ar_params):
