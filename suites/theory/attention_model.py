@@ -22,6 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from bench.errors import UserError
+from bench.store import resolve_run_dir
 from suites.theory import attention
 
 EOS_ID = 1
@@ -56,9 +57,7 @@ def _read_jsonl(path: Path) -> list[dict]:
 
 def job_from_run(run_dir: str, system: str | None = None, test_set: str | None = None) -> AttentionJob:
     """The NAR system's checkpoint, decoder options and test sources recorded by `narbench run`."""
-    path = Path(run_dir)
-    if path.is_dir() and not (path / "rows.jsonl").exists() and (path / "latest").is_file():
-        path = path / (path / "latest").read_text().strip()
+    path = resolve_run_dir(run_dir)
     if not (path / "rows.jsonl").is_file():
         raise UserError(f"{run_dir} has no rows.jsonl; pass a `narbench run` folder results/<suite>/<run_id>")
     nar = [r for r in _read_jsonl(path / "rows.jsonl") if r.get("family") == "nar" and r.get("checkpoint")]

@@ -92,7 +92,7 @@ def test_cli_attention_from_a_run_folder(tmp_path):
         for i, s in enumerate(sentences[:12])))
     (run.parent / "latest").write_text("r1\n")
     out = tmp_path / "out"
-    assert main(["theory", "attention", "--run", str(run.parent), "--batch-size", "8",
+    assert main(["theory", "attention", "--run", str(run.parent / "latest"), "--batch-size", "8",
                  "--results-dir", str(out)]) == 0
     page = writer.latest_run(out, "attention")
     text = (page / "table.md").read_text()
