@@ -68,7 +68,7 @@ def register(sub) -> None:
     src.add_argument("--run", help="a `narbench run` folder (or its suite folder): its PaDIR system's checkpoint "
                      "and test sources")
     src.add_argument("--checkpoint", help="a trained PaDIR checkpoint folder")
-    p.add_argument("--system", help="with --run: which NAR system (default: the one with the most steps)")
+    p.add_argument("--system", help="with --run: which NAR system (default: the one with the most steps, then the best BLEU)")
     p.add_argument("--test-set", help="with --run: which test set (default: the first)")
     p.add_argument("--task", help="with --checkpoint: task whose split to decode (default: the checkpoint's)")
     p.add_argument("--split", default="test", help="with --checkpoint: split to decode (default test)")

@@ -68,7 +68,8 @@ def job_from_run(run_dir: str, system: str | None = None, test_set: str | None =
     if not nar:
         raise UserError(f"{path} has no PaDIR (family nar) row{' for ' + system if system else ''}"
                         f"{' on ' + test_set if test_set else ''}; run a suite with a PaDIR system or pass --checkpoint")
-    row = max(nar, key=lambda r: r.get("steps") or 0)
+    # The most refinement steps; among those, the best BLEU (e.g. the distilled model), then the first row.
+    row = max(nar, key=lambda r: (r.get("steps") or 0, r.get("bleu") or 0.0))
     samples = path / "samples.jsonl"
     if not samples.is_file():
         raise UserError(f"{path} has no samples.jsonl (its test sources); re-run `narbench run` or use --checkpoint")

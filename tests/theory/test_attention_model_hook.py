@@ -101,3 +101,24 @@ def test_cli_attention_from_a_run_folder(tmp_path):
     assert [r["stutter"] for r in rows] == [True, False]
     assert rows[0]["pairs"] + rows[1]["pairs"] == rows[0]["total_pairs"] > 0
     assert rows[0]["pairs"] == rows[0]["stutter_pairs"]
+
+
+def test_job_from_run_picks_most_steps_then_best_bleu(tmp_path):
+    """Without --system, the analysed model is the NAR row with the most steps; a tie goes to the higher BLEU."""
+    import json
+
+    rows = [
+        {"family": "ar", "system": "ar-greedy", "test_set": "test", "checkpoint": "ar", "steps": None, "bleu": 30.0},
+        {"family": "nar", "system": "padir-s4", "test_set": "test", "checkpoint": "c4", "steps": 4, "bleu": 9.0},
+        {"family": "nar", "system": "padir-s10", "test_set": "test", "checkpoint": "c10", "steps": 10, "bleu": 1.5},
+        {"family": "nar", "system": "padir-s10-distill", "test_set": "test", "checkpoint": "c10d", "steps": 10,
+         "bleu": 2.9},
+    ]
+    (tmp_path / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "samples.jsonl").write_text("".join(
+        json.dumps({"system": r["system"], "test_set": "test", "index": i, "source": f"{r['system']} {i}"}) + "\n"
+        for r in rows for i in (1, 0)))
+    job = attention_model.job_from_run(str(tmp_path))
+    assert job.checkpoint == "c10d" and job.steps == 10
+    assert job.sources == ("padir-s10-distill 0", "padir-s10-distill 1")
+    assert attention_model.job_from_run(str(tmp_path), system="padir-s4").checkpoint == "c4"
