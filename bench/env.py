@@ -61,7 +61,10 @@ def versions(names=LIBRARIES) -> dict[str, str | None]:
 
 
 def git_state(repo_dir: Path = REPO_DIR) -> dict[str, Any]:
-    """Commit hash and dirty flag (read-only git calls); None values outside a git checkout."""
+    """Commit hash and dirty flag (read-only git calls); None values outside a git checkout.
+
+    The flag says whether the code differs from the commit: untracked files and the committed result
+    pages under results/ (outputs that runs rewrite, e.g. a `latest` pointer) do not count."""
     def _git(*args: str) -> str | None:
         try:
             done = subprocess.run(["git", "-C", str(repo_dir), *args], capture_output=True, text=True, timeout=20)
@@ -72,7 +75,7 @@ def git_state(repo_dir: Path = REPO_DIR) -> dict[str, Any]:
     commit = _git("rev-parse", "HEAD")
     if commit is None:
         return {"commit": None, "dirty": None}
-    status = _git("status", "--porcelain", "--untracked-files=no")
+    status = _git("status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)results")
     return {"commit": commit.strip(), "dirty": bool(status.strip()) if status is not None else None}
 
 

@@ -65,6 +65,8 @@ def job_from_run(run_dir: str, system: str | None = None, test_set: str | None =
         nar = [r for r in nar if r.get("system") == system]
     if test_set:
         nar = [r for r in nar if r.get("test_set") == test_set]
+    elif nar:
+        nar = [r for r in nar if r.get("test_set") == nar[0].get("test_set")]   # the run's first test set
     if not nar:
         raise UserError(f"{path} has no PaDIR (family nar) row{' for ' + system if system else ''}"
                         f"{' on ' + test_set if test_set else ''}; run a suite with a PaDIR system or pass --checkpoint")

@@ -32,6 +32,25 @@ def test_git_state_matches_git():
         assert state["commit"] == head.stdout.strip() and isinstance(state["dirty"], bool)
 
 
+def test_git_state_dirty_means_code_changed_not_result_pages(tmp_path):
+    def git(*args):
+        subprocess.run(["git", "-C", str(tmp_path), "-c", "user.name=t", "-c", "user.email=t@t", *args],
+                       check=True, capture_output=True)
+
+    (tmp_path / "results" / "default").mkdir(parents=True)
+    (tmp_path / "results" / "default" / "latest").write_text("run1\n")
+    (tmp_path / "code.py").write_text("x = 1\n")
+    git("init", "-q")
+    git("add", "-A")
+    git("commit", "-qm", "init")
+    assert env.git_state(tmp_path)["dirty"] is False
+    (tmp_path / "results" / "default" / "latest").write_text("run2\n")     # a run moved the pointer
+    (tmp_path / "notes.txt").write_text("untracked\n")
+    assert env.git_state(tmp_path)["dirty"] is False
+    (tmp_path / "code.py").write_text("x = 2\n")
+    assert env.git_state(tmp_path)["dirty"] is True
+
+
 def test_git_state_outside_a_repo(tmp_path):
     assert env.git_state(tmp_path) == {"commit": None, "dirty": None}
 

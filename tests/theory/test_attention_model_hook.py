@@ -113,12 +113,15 @@ def test_job_from_run_picks_most_steps_then_best_bleu(tmp_path):
         {"family": "nar", "system": "padir-s10", "test_set": "test", "checkpoint": "c10", "steps": 10, "bleu": 1.5},
         {"family": "nar", "system": "padir-s10-distill", "test_set": "test", "checkpoint": "c10d", "steps": 10,
          "bleu": 2.9},
+        {"family": "nar", "system": "padir-s10-distill", "test_set": "test+refs", "checkpoint": "c10d", "steps": 10,
+         "bleu": 3.5},
     ]
     (tmp_path / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     (tmp_path / "samples.jsonl").write_text("".join(
-        json.dumps({"system": r["system"], "test_set": "test", "index": i, "source": f"{r['system']} {i}"}) + "\n"
+        json.dumps({"system": r["system"], "test_set": r["test_set"], "index": i, "source": f"{r['system']} {i}"}) + "\n"
         for r in rows for i in (1, 0)))
     job = attention_model.job_from_run(str(tmp_path))
     assert job.checkpoint == "c10d" and job.steps == 10
     assert job.sources == ("padir-s10-distill 0", "padir-s10-distill 1")
+    assert job.origin.endswith("test set test")      # the run's first test set, not the higher-BLEU test+refs
     assert attention_model.job_from_run(str(tmp_path), system="padir-s4").checkpoint == "c4"
