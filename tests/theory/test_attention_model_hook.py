@@ -1,6 +1,8 @@
 """The attention hook on a tiny random-initialised PaDIR model (shapes, ranges, bookkeeping)."""
 from __future__ import annotations
 
+import json
+
 import jax
 import numpy as np
 import pytest
@@ -59,8 +61,6 @@ def test_values_are_probabilities_and_distances(analysed):
 def test_cli_attention_from_a_run_folder(tmp_path):
     """End to end: a saved tiny PaDIR checkpoint + a `narbench run`-style folder -> Tables 4-5 page."""
     import io
-    import json
-
     import sentencepiece as spm
 
     from bench.cli import main
@@ -105,8 +105,6 @@ def test_cli_attention_from_a_run_folder(tmp_path):
 
 def test_job_from_run_picks_most_steps_then_best_bleu(tmp_path):
     """Without --system, the analysed model is the NAR row with the most steps; a tie goes to the higher BLEU."""
-    import json
-
     rows = [
         {"family": "ar", "system": "ar-greedy", "test_set": "test", "checkpoint": "ar", "steps": None, "bleu": 30.0},
         {"family": "nar", "system": "padir-s4", "test_set": "test", "checkpoint": "c4", "steps": 4, "bleu": 9.0},
