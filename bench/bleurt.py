@@ -21,7 +21,7 @@ from typing import Sequence
 
 import numpy as np
 
-from bench.errors import UserError
+from narbench_core.errors import UserError
 
 ENV_VAR = "NARBENCH_BLEURT"
 CONFIG_FILE = "bleurt_config.json"

@@ -12,7 +12,7 @@ import sys
 # TensorFlow (behind seqio) logs CUDA probing at import; keep the CLI's output for the user.
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
-from bench.errors import UserError
+from narbench_core.errors import UserError
 
 # Modules that add sub-commands, in the order they appear in --help.
 COMMAND_MODULES = (

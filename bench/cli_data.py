@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from bench.errors import UserError
+from narbench_core.errors import UserError
 
 TASKS_SAMPLE = 5000   # `narbench tasks` averages lengths over at most this many training pairs
 

@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 from typing import Iterable, Optional, TextIO
 
-from bench.errors import UserError
+from narbench_core.errors import UserError
 
 TRAIN_HELP = """Train an AR T5 or a PaDIR model on a task's training split. Checkpoints default to
 <data root>/checkpoints/<task>-<kind>-<hash of task, configs, vocabulary and data>; an unfinished
@@ -99,7 +99,7 @@ def translate_lines(checkpoint: Path, decoder_spec: str, lines: Iterable[str], b
 
 # -- commands -------------------------------------------------------------------------------------
 def _train_command(args: argparse.Namespace) -> int:
-    from suites.paths import enable_compilation_cache
+    from narbench_core.paths import enable_compilation_cache
 
     enable_compilation_cache()
     out = train_model(args.task, args.model, args.preset, distill=args.distill, teacher=args.teacher,
@@ -113,7 +113,7 @@ def _train_command(args: argparse.Namespace) -> int:
 
 
 def _translate_command(args: argparse.Namespace, stdin: TextIO = None, stdout: TextIO = None) -> int:
-    from suites.paths import enable_compilation_cache
+    from narbench_core.paths import enable_compilation_cache
 
     enable_compilation_cache()
     stdin, stdout = stdin or sys.stdin, stdout or sys.stdout

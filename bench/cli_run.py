@@ -7,7 +7,8 @@ import sys
 import time
 from pathlib import Path
 
-from bench.errors import UserError
+from narbench_core.errors import UserError
+from narbench_core.io import write_jsonl
 
 SUITE_HELP = "built-in suite name (smoke, quick, default, ablation, paper) or a path to a .toml spec"
 
@@ -70,7 +71,7 @@ def _timing_args(p: argparse.ArgumentParser) -> None:
 
 def _setup(platform: str | None) -> str:
     from bench.timing import resolve_platform
-    from suites.paths import enable_compilation_cache
+    from narbench_core.paths import enable_compilation_cache
 
     enable_compilation_cache()
     return resolve_platform(platform)
@@ -244,7 +245,7 @@ def cmd_results(args) -> int:
 def cmd_latency(args) -> int:
     import pandas as pd
 
-    from bench import env as benv, grid, store
+    from bench import env as benv, grid
 
     spec = _spec(args)
     platform = _setup(args.platform)
@@ -252,7 +253,7 @@ def cmd_latency(args) -> int:
     rows = grid.Runner(spec, grid.real_deps(), None, env, platform, score=False,
                        progress=not args.no_progress).run()
     if args.json_out:
-        store.write_jsonl_atomic(Path(args.json_out), rows)
+        write_jsonl(Path(args.json_out), rows)
     from bench.report import P99_MIN_N
 
     for row in rows:  # never print a p99 from too few samples

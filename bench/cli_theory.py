@@ -10,7 +10,7 @@ import argparse
 import dataclasses
 from pathlib import Path
 
-from bench.errors import UserError
+from narbench_core.errors import UserError
 
 
 def _floats(text: str) -> tuple[float, ...]:
@@ -87,7 +87,7 @@ def _common(p) -> None:
 
 
 def _setup() -> None:
-    from suites.paths import enable_compilation_cache
+    from narbench_core.paths import enable_compilation_cache
 
     enable_compilation_cache()
 

@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
-import tempfile
 import time
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
@@ -30,7 +28,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bench.errors import UserError
+from narbench_core.errors import UserError
+from narbench_core.io import write_json
 from bench.timing import batches
 
 PROJECTION_LABEL = "projection"
@@ -97,7 +96,7 @@ def measure_peaks(matmul_n: int = 2048, stream_mib: int = 256, repeats: int = 5,
 
 
 def _peaks_path():
-    from suites.paths import subdir
+    from narbench_core.paths import subdir
 
     return subdir("machine") / "peaks.json"
 
@@ -116,10 +115,7 @@ def machine_peaks(refresh: bool = False, **measure_kwargs) -> MachinePeaks:
         return MachinePeaks(**cache[key])
     peaks = measure_peaks(**measure_kwargs)
     cache[peaks.key] = asdict(peaks)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".peaks-", suffix=".json")
-    with os.fdopen(fd, "w") as f:
-        json.dump(cache, f, indent=2, sort_keys=True)
-    os.replace(tmp, path)
+    write_json(path, cache)
     return peaks
 
 

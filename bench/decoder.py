@@ -13,7 +13,7 @@ End-to-end latency (the paper's measure) covers all three; device-only covers ``
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Mapping, Protocol, Sequence, runtime_checkable
+from typing import Any, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
@@ -27,8 +27,6 @@ class DecodeOutput:
 @runtime_checkable
 class Decoder(Protocol):
     name: str                  # row id, e.g. "ar-greedy", "ar-beam5", "padir-s4-u0.15-distill"
-    family: str                # "ar" or "nar"
-    info: Mapping[str, Any]    # steps, unmask_rate, distill, length_hyps, remask, positional_attention ...
 
     def prepare(self, sources: Sequence[str]) -> Any:
         """Host part before the device: tokenize and pad to a shape bucket."""

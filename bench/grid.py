@@ -19,7 +19,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from bench.errors import UserError
+from narbench_core.errors import UserError
 from bench.store import SCHEMA_VERSION, RunStore
 from suites.spec import SuiteSpec, TestSet
 

@@ -20,7 +20,7 @@ from typing import Sequence
 import numpy as np
 from sacrebleu.metrics import BLEU, CHRF
 
-from bench.errors import UserError
+from narbench_core.errors import UserError
 
 # Metric registry: name -> higher is better. Reports use it to sort and to mark the best value.
 METRICS: dict[str, bool] = {

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import store as st
+from narbench_core.io import write_text
 from bench.stats import min_samples
 
 P99_MIN_N = min_samples(0.99)
@@ -405,7 +406,7 @@ def write_report(run_dir: str | Path) -> list[Path]:
     import matplotlib
 
     matplotlib.use("Agg")
-    from bench.errors import UserError
+    from narbench_core.errors import UserError
 
     run = st.RunStore(st.resolve_run_dir(run_dir))
     rows, samples = run.rows(), run.samples()
@@ -419,8 +420,8 @@ def write_report(run_dir: str | Path) -> list[Path]:
         plot_bleu_vs_steps(scored, run.path / "bleu_vs_steps.png")
     plot_latency_cdf(rows, samples, run.path / "latency_cdf.png")
     out.extend(run.path / p for p in PLOTS if (run.path / p).is_file())
-    st.write_text_atomic(run.path / "table.md", render_table(rows, info, env))
-    st.write_text_atomic(run.path / "leaderboard.md", render_leaderboard(rows, info, env, run.path))
+    write_text(run.path / "table.md", render_table(rows, info, env))
+    write_text(run.path / "leaderboard.md", render_leaderboard(rows, info, env, run.path))
     return [run.path / "table.md", run.path / "leaderboard.md", *out]
 
 

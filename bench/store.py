@@ -11,20 +11,20 @@ Layout (DESIGN.md, "Results format")::
 
 ``run_id`` is the UTC date-time plus the first 8 hex digits of the spec hash. Re-running the same
 spec reuses the newest *unfinished* run folder of that hash (so it resumes); ``narbench run`` never
-modifies a finished run (only ``narbench eval`` adds new test sets to one). Every file is written whole to a temp name in the same folder and ``os.replace``d; appends
-rewrite the file the same way.
+modifies a finished run (only ``narbench eval`` adds new test sets to one). Every file is written
+whole by ``narbench_core.io`` (temp name in the same folder, fsync, rename); appends rewrite the file
+the same way.
 """
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
-from bench.errors import UserError
+from narbench_core.errors import UserError
+from narbench_core.io import read_jsonl, write_json, write_jsonl, write_text
 
 SCHEMA_VERSION = 1
 
@@ -40,66 +40,6 @@ SAMPLE_FIELDS = ("system", "test_set", "index", "source", "reference", "hypothes
 
 ROWS, SAMPLES, ENV, SPEC, RUN, LATEST = (
     "rows.jsonl", "samples.jsonl", "env.json", "spec.toml", "run.json", "latest")
-
-
-# ------------------------------------------------------------------------------------ atomic files
-
-def write_text_atomic(path: Path, text: str) -> None:
-    """Write ``text`` to a temp file next to ``path``, fsync, then ``os.replace`` it into place."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
-def write_json_atomic(path: Path, data: Any) -> None:
-    write_text_atomic(path, json.dumps(data, indent=2, sort_keys=True, default=_json_default) + "\n")
-
-
-def write_jsonl_atomic(path: Path, records: Iterable[dict]) -> None:
-    write_text_atomic(path, "".join(json.dumps(r, ensure_ascii=False, default=_json_default) + "\n"
-                                    for r in records))
-
-
-def read_jsonl(path: Path) -> list[dict]:
-    """All records of a JSONL file ([] if absent); a corrupt line is a ``UserError`` naming it."""
-    path = Path(path)
-    if not path.is_file():
-        return []
-    out = []
-    for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        if line.strip():
-            try:
-                out.append(json.loads(line))
-            except json.JSONDecodeError as err:
-                raise UserError(f"{path}:{i}: not valid JSON ({err.msg}); delete the run folder and "
-                                "re-run") from None
-    return out
-
-
-def _json_default(value: Any) -> Any:
-    import numpy as np
-
-    if isinstance(value, np.integer):
-        return int(value)
-    if isinstance(value, np.floating):
-        return float(value)
-    if isinstance(value, np.ndarray):
-        return value.tolist()
-    if isinstance(value, (tuple, set)):
-        return list(value)
-    if isinstance(value, Path):
-        return str(value)
-    raise TypeError(f"cannot write {type(value).__name__} to JSON")
 
 
 def utc_now() -> datetime:
@@ -152,15 +92,15 @@ class RunStore:
             raise UserError(f"run {self.path} is finished and is never modified; start a new run")
         keys = {(r["system"], r["test_set"]) for r in rows}
         old_samples = [s for s in self.samples() if (s["system"], s["test_set"]) not in keys]
-        write_jsonl_atomic(self.path / SAMPLES, old_samples + list(samples))
+        write_jsonl(self.path / SAMPLES, old_samples + list(samples))
         old_rows = [r for r in self.rows() if (r["system"], r["test_set"]) not in keys]
-        write_jsonl_atomic(self.path / ROWS, old_rows + list(rows))
+        write_jsonl(self.path / ROWS, old_rows + list(rows))
 
     def update_info(self, **changes: Any) -> None:
-        write_json_atomic(self.path / RUN, {**self.info, **changes, "updated": utc_now().isoformat()})
+        write_json(self.path / RUN, {**self.info, **changes, "updated": utc_now().isoformat()})
 
     def write_env(self, env: dict) -> None:
-        write_json_atomic(self.path / ENV, env)
+        write_json(self.path / ENV, env)
 
     def env(self) -> dict:
         file = self.path / ENV
@@ -195,7 +135,7 @@ def open_run(out_root: Path, suite: str, spec_hash: str, spec_toml: str, command
         path = suite_dir / f"{run_id}.{n}"
     path.mkdir(parents=True)
     store = RunStore(path)
-    write_text_atomic(path / SPEC, spec_toml)
+    write_text(path / SPEC, spec_toml)
     store.update_info(schema_version=SCHEMA_VERSION, suite=suite, run_id=path.name, spec_hash=spec_hash,
                       status="running", command=command, started=utc_now().isoformat())
     return store, False
@@ -204,7 +144,7 @@ def open_run(out_root: Path, suite: str, spec_hash: str, spec_toml: str, command
 def finish_run(store: RunStore) -> None:
     """Mark the run finished and point ``<suite>/latest`` at it (atomically)."""
     store.update_info(status="finished", finished=utc_now().isoformat())
-    write_text_atomic(store.path.parent / LATEST, store.run_id + "\n")
+    write_text(store.path.parent / LATEST, store.run_id + "\n")
 
 
 def resolve_run_dir(arg: str | Path) -> Path:

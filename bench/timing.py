@@ -28,7 +28,7 @@ import jax
 import numpy as np
 
 from bench.decoder import DecodeOutput, Decoder
-from bench.errors import UserError
+from narbench_core.errors import UserError
 
 PHASES = ("end_to_end", "device")
 Clock = Callable[[], int]  # returns nanoseconds
@@ -88,7 +88,6 @@ class SystemTiming:
     """Per-sentence results of one system, aligned with the measured sources."""
 
     name: str
-    family: str
     latencies_ms: np.ndarray          # [n_sentences] float64: median over repeats of its batch's time
     raw_ms: np.ndarray                # [repeats, n_sentences] float64
     hypotheses: list[str]             # [n_sentences], from the first repeat
@@ -187,7 +186,7 @@ def measure(decoders: Sequence[Decoder], sources: Sequence[str], batch_size: int
     for s, decoder in enumerate(decoders):
         per_sentence = np.median(raw[s], axis=0)  # [n_sentences]
         systems[decoder.name] = SystemTiming(
-            name=decoder.name, family=decoder.family, latencies_ms=per_sentence, raw_ms=raw[s].copy(),
+            name=decoder.name, latencies_ms=per_sentence, raw_ms=raw[s].copy(),
             hypotheses=[str(h) for h in hyps[s]], passes=passes[s].copy())
     return Measurement(platform=platform or default_platform(), phase=phase, batch_size=batch_size,
                        repeats=repeats, rotate=rotate, systems=systems, schedule=schedule)

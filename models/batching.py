@@ -11,15 +11,15 @@ from __future__ import annotations
 
 import hashlib
 import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 
-PAD_ID, EOS_ID = 0, 1
-DEFAULT_BUCKETS = (16, 24, 32, 40, 48, 64, 96, 128)
+from narbench_core.defaults import TRAIN_BUCKETS
+from narbench_core.io import atomic_path
+from narbench_core.tokens import EOS_ID
 
 
 @dataclass(frozen=True)
@@ -73,17 +73,9 @@ class TokenPairs:
 
     def save(self, path: Path) -> None:
         """Atomic ``.npz`` write (temp file + rename)."""
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp.npz", dir=path.parent)
-        os.close(fd)
-        try:
+        with atomic_path(path, suffix=".tmp.npz") as tmp:
             np.savez(tmp, inputs=self.inputs, input_offsets=self.input_offsets,
                      targets=self.targets, target_offsets=self.target_offsets)
-            os.replace(tmp, path)
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
 
     @classmethod
     def load(cls, path: Path) -> "TokenPairs":
@@ -109,7 +101,7 @@ class BucketedBatches:
     """
 
     def __init__(self, data: TokenPairs, batch_tokens: int, max_length: int = 128,
-                 buckets: Sequence[int] = DEFAULT_BUCKETS, seed: int = 0, num_shards: int = 1):
+                 buckets: Sequence[int] = TRAIN_BUCKETS, seed: int = 0, num_shards: int = 1):
         if len(data) == 0:
             raise ValueError("no training examples")
         buckets = tuple(sorted(b for b in buckets if b < max_length)) + (max_length,)
@@ -227,7 +219,7 @@ def load_task_tokens(task: str, split: str = "train", progress: bool = False) ->
     tokenized once and cached under ``tokens/`` keyed by task, split, vocabulary and text hash."""
     import seqio
     from suites import tasks
-    from suites.paths import subdir
+    from narbench_core.paths import subdir
 
     ident = task_identity(task, split)
     path = subdir("tokens") / f"{task}-{split}-{ident['vocab_hash'][:10]}-{ident['data'][:10]}.npz"

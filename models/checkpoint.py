@@ -8,20 +8,20 @@ Layout of one checkpoint folder::
 
 Atomicity: orbax writes each step into a temporary folder and renames it when finalised, so a step
 folder that a crash left half-written is never listed; ``narbench.json`` is replaced atomically
-(temp file + ``os.replace``) and says ``complete`` only after the final step is saved.
+(``narbench_core.io``) and says ``complete`` only after the final step is saved.
 """
 from __future__ import annotations
 
 import json
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import jax
 import numpy as np
 
-from bench.errors import UserError
+from narbench_core.errors import UserError
+from narbench_core.io import write_json
 
 META_FILE = "narbench.json"
 STATE_DIR = "state"
@@ -37,22 +37,6 @@ def _manager(ckpt_dir: Path, read_only: bool = False):
                                  item_names=("params", "opt_state"))
 
 
-def write_json_atomic(path: Path, data: dict) -> None:
-    """Write ``data`` as JSON to ``path`` via a temp file in the same folder and ``os.replace``."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=2, sort_keys=True, default=str)
-            f.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
 def read_meta(ckpt_dir: Path) -> dict | None:
     """The folder's ``narbench.json`` as a dict, or None when it has none."""
     path = Path(ckpt_dir) / META_FILE
@@ -63,7 +47,7 @@ def read_meta(ckpt_dir: Path) -> dict | None:
 
 
 def write_meta(ckpt_dir: Path, meta: dict) -> None:
-    write_json_atomic(Path(ckpt_dir) / META_FILE, meta)
+    write_json(Path(ckpt_dir) / META_FILE, meta)
 
 
 def latest_step(ckpt_dir: Path) -> int | None:

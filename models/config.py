@@ -12,7 +12,7 @@ from typing import Any
 
 import jax.numpy as jnp
 
-from bench.errors import UserError
+from narbench_core.errors import UserError
 
 KINDS = ("ar", "padir")
 DTYPES = ("float32", "bfloat16")

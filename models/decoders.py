@@ -17,14 +17,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bench.errors import UserError
+from narbench_core import defaults
+from narbench_core.errors import UserError
+from narbench_core.tokens import EOS_ID, FIRST_REGULAR_ID
 from models import decoding, refine, t5
 from models.config import ModelConfig
 
-EOS_ID, FIRST_REGULAR_ID = 1, 4
-DEFAULT_BUCKETS = (16, 32, 64, 128)
-OPTIONS = ("length_hyps", "remask", "init", "length_penalty", "max_decode_length", "seed", "name",
-           "cached", "buckets")
 
 
 @dataclass(frozen=True)
@@ -73,16 +71,16 @@ def _detokenize(vocab: Any, ids: np.ndarray) -> str:
 
 
 class _BaseDecoder:
-    family = "ar"
+    ALGORITHMS: tuple[str, ...] = ()     # the decoder specs this class runs (greedy, beam, refine)
+    MODEL: str = ""                      # what the checkpoint must be, for error messages
 
-    def __init__(self, config: ModelConfig, params: Any, vocab: Any, parsed: _Parsed, info: dict, name: str,
-                 buckets: Sequence[int], max_decode_length: int):
+    def __init__(self, config: ModelConfig, params: Any, vocab: Any, parsed: _Parsed, name: str,
+                 buckets: Sequence[int] = defaults.DECODE_BUCKETS, max_decode_length: Optional[int] = None):
         self.config, self.vocab, self.parsed, self.name = config, vocab, parsed, name
         self.model = t5.make_model(config)
         self.params = jax.device_put(params)
         self.buckets = tuple(sorted({int(b) for b in buckets}))
-        self.max_decode_length = int(min(max_decode_length, config.max_target_length))
-        self.info = dict(info)
+        self.max_decode_length = int(min(max_decode_length or config.max_target_length, config.max_target_length))
         self._warm_batches: set[int] = set()
 
     # -- shapes ---------------------------------------------------------------------------------
@@ -139,11 +137,14 @@ class _BaseDecoder:
 
 class ARDecoder(_BaseDecoder):
     """Greedy (cached or uncached) or beam search; ``passes`` = decoder steps run per sentence."""
-    family = "ar"
+    ALGORITHMS = ("greedy", "beam")
+    MODEL = "an AR checkpoint (greedy or beam:K)"
 
-    def __init__(self, *args, cached: bool = True, length_penalty: float = 0.6, **kw):
+    def __init__(self, *args, cached: bool = True, length_penalty: float = defaults.LENGTH_PENALTY, **kw):
         super().__init__(*args, **kw)
         self.cached, self.length_penalty = bool(cached), float(length_penalty)
+        if self.parsed.algorithm == "beam" and not self.cached:
+            raise UserError("beam search always uses the KV cache; drop cached=False")
         self._run = jax.jit(self._device_run, static_argnums=(3,))
 
     def max_len(self, source_bucket: int) -> int:
@@ -210,15 +211,16 @@ class ARDecoder(_BaseDecoder):
 
 class PaDIRDecoder(_BaseDecoder):
     """refine:T with k length hypotheses; ``passes`` = refinement passes run per sentence."""
-    family = "nar"
+    ALGORITHMS = ("refine",)
+    MODEL = "a PaDIR checkpoint (refine:T, e.g. refine:4)"
 
-    def __init__(self, *args, length_hyps: int = 5, remask: str = "stutter", init: str = "random", seed: int = 0,
-                 **kw):
+    def __init__(self, *args, length_hyps: int = defaults.LENGTH_HYPS, remask: str = defaults.REMASK,
+                 init: str = defaults.INIT, seed: int = 0, **kw):
         super().__init__(*args, **kw)
-        if remask not in refine.REMASK_MODES:
-            raise UserError(f"unknown remask {remask!r}; use one of {', '.join(refine.REMASK_MODES)}")
-        if init not in refine.INIT_MODES:
-            raise UserError(f"unknown init {init!r}; use one of {', '.join(refine.INIT_MODES)}")
+        if remask not in defaults.REMASK_MODES:
+            raise UserError(f"unknown remask {remask!r}; use one of {', '.join(defaults.REMASK_MODES)}")
+        if init not in defaults.INIT_MODES:
+            raise UserError(f"unknown init {init!r}; use one of {', '.join(defaults.INIT_MODES)}")
         if int(length_hyps) < 1:
             raise UserError(f"length_hyps must be >= 1, got {length_hyps}")
         self.length_hyps, self.remask, self.init = int(length_hyps), remask, init
@@ -288,62 +290,38 @@ def _shared_refine(config: ModelConfig, length_hyps: int, remask: str, init: str
     return jax.jit(refine_all, static_argnums=(7,))
 
 
-def _default_name(config: ModelConfig, parsed: _Parsed, cached: bool, meta: dict) -> str:
-    if config.kind == "ar":
-        if parsed.algorithm == "beam":
-            return f"ar-beam{parsed.k}"
-        return "ar-greedy" if cached else "ar-greedy-uncached"
-    train = meta.get("train_config") or {}
-    name = f"padir-s{parsed.k}"
-    if train.get("unmask_rate") is not None:
-        name += f"-u{train['unmask_rate']:g}"
-    if str(meta.get("task", "")).endswith("_distilled"):
-        name += "-distill"
-    return name
+DECODERS = {"ar": ARDecoder, "padir": PaDIRDecoder}   # model kind -> the decoder class that runs it
 
 
-def make_decoder(model_config: ModelConfig, params: Any, vocab: Any, spec: str, meta: Optional[dict] = None,
-                 **options: Any):
-    """A decoder for ``spec`` (greedy | beam:K | refine:T) from an in-memory model and vocabulary."""
-    meta = dict(meta or {})
-    unknown = sorted(set(options) - set(OPTIONS))
-    if unknown:
-        raise UserError(f"unknown decoder options {unknown}; known: {', '.join(OPTIONS)}")
+def make_decoder(model_config: ModelConfig, params: Any, vocab: Any, spec: str, **options: Any):
+    """A decoder for ``spec`` (greedy | beam:K | refine:T) from an in-memory model and vocabulary.
+
+    The model's kind picks the decoder class; the class checks that it runs ``spec`` and takes
+    ``options`` (its keyword arguments). ``name`` defaults to the spec itself: system names are the
+    harness's (its families make them), not the decoder's.
+    """
     parsed = parse_spec(spec)
-    if model_config.kind == "ar" and parsed.algorithm == "refine":
-        raise UserError(f"decoder {spec!r} needs a PaDIR checkpoint; use greedy or beam:K for this AR model")
-    if model_config.kind == "padir" and parsed.algorithm != "refine":
-        raise UserError(f"decoder {spec!r} needs an AR checkpoint; use refine:T (e.g. refine:4) for PaDIR")
-    cached = bool(options.get("cached", True))
-    train = meta.get("train_config") or {}
-    info = {"kind": model_config.kind, "decoder": str(spec), "task": meta.get("task"),
-            "steps": parsed.k if parsed.algorithm == "refine" else None,
-            "beam_size": parsed.k if parsed.algorithm == "beam" else None,
-            "unmask_rate": train.get("unmask_rate") if model_config.kind == "padir" else None,
-            "stages": train.get("stages") if model_config.kind == "padir" else None,
-            "distill": str(meta.get("task", "")).endswith("_distilled"),
-            "positional_attention": model_config.positional_attention if model_config.kind == "padir" else None,
-            "checkpoint_step": meta.get("restored_step", meta.get("steps_done")),
-            "seed": int(options.get("seed", 0))}
-    common = dict(name=options.get("name") or _default_name(model_config, parsed, cached, meta),
-                  buckets=options.get("buckets") or DEFAULT_BUCKETS,
-                  max_decode_length=int(options.get("max_decode_length") or model_config.max_target_length))
-    if model_config.kind == "ar":
-        padir_only = sorted(k for k in ("length_hyps", "remask", "init") if options.get(k) is not None)
-        if padir_only:
-            flags = ", ".join("--" + k.replace("_", "-") for k in padir_only)
-            raise UserError(f"{flags} only apply to PaDIR checkpoints (refine:T); drop them for this AR model")
-        lp = float(options.get("length_penalty", 0.6))
-        info.update(cached=cached, length_penalty=lp if parsed.algorithm == "beam" else None, length_hyps=None,
-                    remask=None, init=None)
-        if parsed.algorithm == "beam" and not cached:
-            raise UserError("beam search always uses the KV cache; drop cached=False")
-        return ARDecoder(model_config, params, vocab, parsed, info, cached=cached, length_penalty=lp, **common)
-    hyps = int(options.get("length_hyps", 5))
-    remask, init = options.get("remask", "stutter"), options.get("init", "random")
-    info.update(length_hyps=hyps, remask=remask, init=init)
-    return PaDIRDecoder(model_config, params, vocab, parsed, info, length_hyps=hyps, remask=remask, init=init,
-                        seed=int(options.get("seed", 0)), **common)
+    cls = DECODERS[model_config.kind]
+    if parsed.algorithm not in cls.ALGORITHMS:
+        raise UserError(f"decoder {spec!r} does not run on this checkpoint; it needs {cls.MODEL}")
+    known = _option_names(cls)
+    unknown = sorted(set(options) - known)
+    if unknown:
+        raise UserError(f"decoder options {unknown} do not apply to {cls.MODEL}; known: {', '.join(sorted(known))}")
+    options = {k: v for k, v in options.items() if v is not None}
+    return cls(model_config, params, vocab, parsed, name=options.pop("name", str(spec)), **options)
+
+
+def _option_names(cls) -> set[str]:
+    """Keyword options a decoder class takes: its own and its bases' (after the positional ones)."""
+    import inspect
+
+    names = set()
+    for klass in cls.__mro__:
+        if "__init__" in vars(klass):
+            names |= {p.name for p in inspect.signature(klass.__init__).parameters.values()
+                      if p.kind is p.KEYWORD_ONLY or (p.default is not p.empty)}
+    return names | {"name"}
 
 
 def checkpoint_vocabulary(meta: dict):
@@ -370,4 +348,4 @@ def load_decoder(checkpoint_dir, spec: str, **options: Any):
     from models.checkpoint import load
 
     model_config, params, meta = load(checkpoint_dir)
-    return make_decoder(model_config, params, checkpoint_vocabulary(meta), spec, meta, **options)
+    return make_decoder(model_config, params, checkpoint_vocabulary(meta), spec, **options)

@@ -12,12 +12,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 from pathlib import Path
 
 import numpy as np
 
-from bench.errors import UserError
+from narbench_core.errors import UserError
+from narbench_core.io import write_lines
 from models import checkpoint
 
 TSV_NAME = "train.tsv"
@@ -28,22 +28,10 @@ def _clean(text: str) -> str:
     return " ".join(text.replace("\t", " ").split())
 
 
-def _write_atomic(path: Path, lines: list[str]) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.writelines(line + "\n" for line in lines)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
 def distill_dir_for(teacher_dir: str | os.PathLike, task: str, beam_size: int = 5,
                     length_penalty: float = 0.6, max_examples: int | None = None) -> Path:
     """``distill/<task>-<hash>``: the hash names the teacher and the decoding settings."""
-    from suites.paths import subdir
+    from narbench_core.paths import subdir
 
     meta = checkpoint.read_meta(Path(teacher_dir))
     if meta is None:
@@ -89,7 +77,7 @@ def distill_task(teacher_dir: str | os.PathLike, task: str, beam_size: int = 5, 
         if len(hyps) != len(sources):
             raise RuntimeError(f"distillation chunks in {out} cover {len(hyps)} of {len(sources)} "
                                "sources; delete the folder and re-run")
-        _write_atomic(final, [f"{_clean(s)}\t{hyps[i]}" for i, s in enumerate(sources)])
+        write_lines(final, (f"{_clean(s)}\t{hyps[i]}" for i, s in enumerate(sources)))
         for part in parts:
             part.unlink()
     tasks.register_distilled_task(task, final)
@@ -123,4 +111,4 @@ def _decode_in_chunks(teacher_dir, sources: list[str], out: Path, beam_size: int
                 lines.extend(f"{i}\t{_clean(sources[i])}\t{_clean(h)}"
                              for i, h in zip(ids[start:start + batch_size], result.hypotheses))
                 bar.update(len(batch))
-            _write_atomic(out / f"part-{k:05d}.tsv", lines)
+            write_lines(out / f"part-{k:05d}.tsv", lines)

@@ -9,7 +9,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-PAD_ID = 0
+from narbench_core.tokens import PAD_ID
+
 FIRST_RANDOM_ID = 4
 
 

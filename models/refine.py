@@ -18,10 +18,10 @@ from typing import Callable, NamedTuple, Optional
 import jax
 import jax.numpy as jnp
 
+from narbench_core.defaults import INIT_MODES, REMASK_MODES
+from narbench_core.tokens import FIRST_REGULAR_ID, MASK_ID, PAD_ID
+
 Array = jax.Array
-PAD_ID, EOS_ID, MASK_ID, FIRST_REGULAR_ID = 0, 1, 3, 4
-REMASK_MODES = ("none", "stutter", "mask-predict")
-INIT_MODES = ("random", "mask")
 RefineFn = Callable[[Array, Array], Array]
 
 

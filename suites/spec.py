@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from bench.errors import UserError
+from narbench_core.errors import UserError
 
 SPECS_DIR = Path(__file__).resolve().parent / "specs"
 SCHEMA_VERSION = 1

@@ -17,8 +17,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import os
-import tempfile
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -26,8 +24,9 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
-from bench.errors import UserError
-from suites import paths
+from narbench_core import paths
+from narbench_core.errors import UserError
+from narbench_core.io import write_lines
 
 SPLIT_IDS = {"train": 0, "dev": 1, "test": 2}
 _CONSONANTS = "bdfgklmnprstvz"
@@ -174,12 +173,7 @@ class SyntheticTranslation:
         """The first ``n`` examples as ``source<TAB>target`` lines in a cached file (for vocabularies)."""
         path = self.split_file(split, n)
         if not path.exists():
-            path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                for s, t in self.examples(split, n):
-                    f.write(f"{s}\t{t}\n")
-            os.replace(tmp, path)
+            write_lines(path, (f"{s}\t{t}" for s, t in self.examples(split, n)))
         return path
 
 

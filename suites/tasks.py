@@ -18,7 +18,7 @@ from typing import Callable
 
 import seqio
 
-from bench.errors import UserError
+from narbench_core.errors import UserError
 from suites import bible, synthetic, vocab, wmt
 
 SPLITS = ("train", "dev", "test")

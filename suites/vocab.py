@@ -14,7 +14,6 @@ import json
 import os
 import re
 import sys
-import tempfile
 import threading
 import time
 from dataclasses import dataclass
@@ -23,11 +22,10 @@ from typing import Callable, Iterator, Sequence
 
 import seqio
 
-from bench.errors import UserError
-from suites import paths
-
-PAD_ID, EOS_ID, UNK_ID, MASK_ID = 0, 1, 2, 3
-MASK_PIECE = "<mask>"
+from narbench_core import paths
+from narbench_core.errors import UserError
+from narbench_core.io import write_bytes
+from narbench_core.tokens import EOS_ID, MASK_ID, MASK_PIECE, PAD_ID, UNK_ID
 
 
 @dataclass(frozen=True)
@@ -148,10 +146,7 @@ def train_vocabulary(name: str, files: Sequence[Path], settings: VocabSettings,
             normalization_rule_name="identity",   # keep the text as cleaned (e.g. full-width 。)
             num_threads=os.cpu_count() or 1, minloglevel=2,
         )
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
-    with os.fdopen(fd, "wb") as f:
-        f.write(model.getvalue())
-    os.replace(tmp, path)
+    write_bytes(path, model.getvalue())
     if progress:
         print(f"narbench: vocabulary trained in {time.perf_counter() - start:.1f} s", file=sys.stderr)
     return path

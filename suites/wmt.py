@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import hashlib
 import os
-import tempfile
 from pathlib import Path
 from typing import Iterator
 
-from bench.errors import UserError
-from suites import paths
+from narbench_core import paths
+from narbench_core.errors import UserError
+from narbench_core.io import atomic_open
 
 # pair (foreign language) -> TFDS name
 DATASETS = {
@@ -115,13 +115,10 @@ def write_train_sample(pair: str, n: int = 1_000_000, data_dir_: str | None = No
     path = paths.subdir("corpora") / "wmt" / DATASETS[pair].replace("/", "_") / f"train-{n}-{digest}.tsv"
     if path.exists():
         return path
-    path.parent.mkdir(parents=True, exist_ok=True)
     import tensorflow as tf
 
-    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
     # eager even when first needed inside a tf.data map (a lazily built vocabulary)
-    with os.fdopen(fd, "w", encoding="utf-8") as f, tf.init_scope():
+    with atomic_open(path, "w") as f, tf.init_scope():
         for fo, en in iter_pairs(pair, "train", limit=n, data_dir_=data_dir_):
             f.write(" ".join(fo.split()) + "\t" + " ".join(en.split()) + "\n")
-    os.replace(tmp, path)
     return path

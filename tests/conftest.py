@@ -13,6 +13,6 @@ import pytest  # noqa: E402
 
 @pytest.fixture(scope="session", autouse=True)
 def _compilation_cache():
-    from suites.paths import enable_compilation_cache
+    from narbench_core.paths import enable_compilation_cache
 
     return enable_compilation_cache()

@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bench.errors import UserError
+from narbench_core.errors import UserError
 from bench.store import resolve_run_dir
 from suites.theory import attention
 

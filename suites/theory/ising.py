@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bench.errors import UserError
+from narbench_core.errors import UserError
 
 MAX_N = 12  # 2^N states and [masks, 2^N, 2^N] consistency tables must stay small
 

@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bench.errors import UserError
+from narbench_core.errors import UserError
 
 MAX_N = 14
 PARALLEL = 0  # the k value that stands for the independent parallel sampler in rows

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from bench import bleurt
-from bench.errors import UserError
+from narbench_core.errors import UserError
 
 tf = pytest.importorskip("tensorflow")
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from bench import costs
-from bench.errors import UserError
+from narbench_core.errors import UserError
 from fakes import JittedDecoder
 
 

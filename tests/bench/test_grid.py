@@ -6,6 +6,7 @@ import json
 import pytest
 
 from bench import store as st
+from narbench_core.io import write_jsonl
 from bench.costs import MachinePeaks
 from bench.grid import Runner, expand, padir_name
 from bench.report import verify_run
@@ -137,7 +138,7 @@ def test_partial_split_resume_pairs_with_stored_baseline(tmp_path, spec):
     # Drop two PaDIR cells of one test set, as if the run had died after the others.
     dropped = {("padir-s4-u0.15-k3", "fake_task:test"), ("padir-s1-u0.15-distill-k3", "fake_task:test")}
     rows = [r for r in run.rows() if (r["system"], r["test_set"]) not in dropped]
-    st.write_jsonl_atomic(run.path / st.ROWS, rows)
+    write_jsonl(run.path / st.ROWS, rows)
     factory = FakeFactory()
     Runner(spec, fake_deps(tmp_path / "ckpt", factory), run, progress=False).run()
     assert sorted(n for n, _ in factory.loads) == sorted(n for n, _ in dropped)
@@ -159,18 +160,18 @@ def test_verify_run_catches_tampering(tmp_path, spec):
     Runner(spec, fake_deps(tmp_path / "ckpt"), run, progress=False).run()
     rows = run.rows()
     rows[0]["bleu"] += 0.5
-    st.write_jsonl_atomic(run.path / st.ROWS, rows)
+    write_jsonl(run.path / st.ROWS, rows)
     samples = run.samples()
     target = next(s for s in samples if s["system"] == rows[1]["system"] and s["test_set"] == rows[1]["test_set"])
     target["latency_ms"] *= 100
-    st.write_jsonl_atomic(run.path / st.SAMPLES, samples)
+    write_jsonl(run.path / st.SAMPLES, samples)
     problems = verify_run(run.path)
     assert any("bleu =" in p and rows[0]["system"] in p for p in problems)
     assert any("latency_" in p and rows[1]["system"] in p for p in problems)
 
 
 def test_multi_ref_without_extra_references_is_a_user_error(tmp_path, spec):
-    from bench.errors import UserError
+    from narbench_core.errors import UserError
 
     deps = fake_deps(tmp_path / "ckpt")
     deps.load_text = lambda task, split: (["a b"], [["A B"]])

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from bench import quality
-from bench.errors import UserError
+from narbench_core.errors import UserError
 
 WORDS = "the lord said unto moses go down and speak to the people of israel in the land of egypt".split()
 ZH = "起初神创造天地地是空虚混沌渊面黑暗神的灵运行在水面上神说要有光就有了光"

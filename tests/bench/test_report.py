@@ -77,7 +77,7 @@ def test_pareto_front():
 
 
 def test_report_of_an_empty_run_is_a_user_error(tmp_path):
-    from bench.errors import UserError
+    from narbench_core.errors import UserError
 
     run, _ = st.open_run(tmp_path, "s", "f" * 64, "", "cmd")
     with pytest.raises(UserError, match="no finished cells"):

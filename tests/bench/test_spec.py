@@ -6,7 +6,7 @@ import tomllib
 import pytest
 
 from bench.cli import main
-from bench.errors import UserError
+from narbench_core.errors import UserError
 from suites.spec import builtin_specs, load_spec, parse_spec
 
 GOOD = """

@@ -12,7 +12,7 @@ from datetime import datetime, timezone
 import pytest
 
 from bench import store as st
-from bench.errors import UserError
+from narbench_core.errors import UserError
 
 HASH = "0123456789abcdef" * 4
 

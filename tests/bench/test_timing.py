@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from bench import timing
-from bench.errors import UserError
+from narbench_core.errors import UserError
 from fakes import Costs, FakeClock, ScriptedDecoder
 
 SOURCES = ["a b c", "d e", "f", "g h i j", "k l"]

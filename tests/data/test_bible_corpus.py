@@ -7,7 +7,7 @@ import zipfile
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from bench.errors import UserError
+from narbench_core.errors import UserError
 from suites import bible
 
 JOHN_3_16 = (43, 3, 16)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import seqio
 
-from bench.errors import UserError
+from narbench_core.errors import UserError
 from suites import tasks
 
 NAMES = ["bible_de_en", "bible_en_de", "bible_ro_en", "bible_en_ro", "bible_zh_en", "bible_en_zh",

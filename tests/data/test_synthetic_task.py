@@ -7,7 +7,7 @@ from collections import Counter
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from bench.errors import UserError
+from narbench_core.errors import UserError
 from suites.synthetic import TASKS, SyntheticConfig, SyntheticTranslation
 
 dials = st.floats(min_value=0.0, max_value=1.0, allow_nan=False)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.errors import UserError
+from narbench_core.errors import UserError
 from suites import bible, vocab
 
 

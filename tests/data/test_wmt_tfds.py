@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import seqio
 
-from bench.errors import UserError
+from narbench_core.errors import UserError
 from suites import tasks, wmt
 
 

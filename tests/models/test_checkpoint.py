@@ -9,7 +9,7 @@ import numpy as np
 import optax
 import pytest
 
-from bench.errors import UserError
+from narbench_core.errors import UserError
 from models import checkpoint
 from models.config import preset
 from models.t5 import init_params

@@ -7,7 +7,7 @@ import shutil
 
 import pytest
 
-from bench.errors import UserError
+from narbench_core.errors import UserError
 from models import checkpoint, distill
 from models.config import preset
 from models.train import TrainConfig, checkpoint_dir_for, train

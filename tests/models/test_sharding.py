@@ -12,7 +12,7 @@ import pytest
 SCRIPT = textwrap.dedent("""
     import json, sys
     import jax, numpy as np
-    from suites.paths import enable_compilation_cache
+    from narbench_core.paths import enable_compilation_cache
     enable_compilation_cache()
     from models import sharding
     from models.config import preset

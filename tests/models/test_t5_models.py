@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bench.errors import UserError
+from narbench_core.errors import UserError
 from models import t5
 from models.config import ModelConfig, preset
 

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bench.errors import UserError
+from narbench_core.errors import UserError
 from models import checkpoint, decoding, refine, t5
 from models.batching import TokenPairs
 from models.config import preset

@@ -107,7 +107,7 @@ def test_larger_k_lower_error_on_a_small_seeded_run():
 
 
 def test_bad_config_is_a_user_error():
-    from bench.errors import UserError
+    from narbench_core.errors import UserError
 
     with pytest.raises(UserError):
         ising.IsingConfig(n=20).validate()

@@ -27,11 +27,12 @@ def enable_compilation_cache() -> Path:
     """Turn on JAX's persistent compilation cache under the data root; returns its folder.
 
     A second run of the same command then loads compiled executables instead of compiling.
+    ``NARBENCH_JAX_CACHE=0`` opts out: every process compiles afresh.
     """
     import jax
 
     path = subdir("jax_cache")
-    if os.environ.get("NARBENCH_JAX_CACHE", "1") == "0":   # opt out: every process compiles afresh
+    if os.environ.get("NARBENCH_JAX_CACHE", "1") == "0":
         return path
     jax.config.update("jax_compilation_cache_dir", str(path))
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)

@@ -1,0 +1,10 @@
+"""The dependency-free core that ``bench/``, ``models/``, ``suites/`` and ``theory/`` all import.
+
+It imports nothing from the harness and nothing outside the standard library:
+
+- ``errors``   the user-error type (one line naming the fix, exit code 2);
+- ``io``       the one atomic writer (text, JSON, JSON lines, bytes, or any library's own writer);
+- ``tokens``   the reserved token ids every vocabulary, model and decoder shares;
+- ``defaults`` the shared defaults (decoding, distillation, shape buckets);
+- ``paths``    where data, vocabularies, checkpoints and caches live (outside the repo).
+"""

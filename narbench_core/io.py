@@ -1,0 +1,121 @@
+"""The one atomic writer: a reader sees the old file or the whole new one, never a part.
+
+Every write goes to a hidden temp file in the target's folder, is flushed and fsynced, gets the
+permissions a plain ``open(path, "w")`` would give (``0o666`` less the umask: ``mkstemp`` alone gives
+``0o600``, which teammates on a shared cluster cannot read), and is then ``os.replace``d into place.
+A failure removes the temp file and leaves the target untouched.
+
+- ``atomic_open(path, mode)``: a file object to stream into (``"w"`` text or ``"wb"`` bytes);
+- ``atomic_path(path)``: a temp path for a library that writes by file name (``np.savez``);
+- ``write_text``, ``write_lines``, ``write_bytes``, ``write_json``, ``write_jsonl``: whole files in one call;
+- ``read_jsonl``: the records of a JSON-lines file, a corrupt line named in a ``UserError``.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Iterable, Iterator
+
+from narbench_core.errors import UserError
+
+
+def _file_mode() -> int:
+    """``0o666`` less the process umask (read without changing it for long)."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
+def _commit(tmp: str, path: Path) -> None:
+    os.chmod(tmp, _file_mode())
+    os.replace(tmp, path)
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | os.PathLike, suffix: str = ".tmp") -> Iterator[str]:
+    """A temp file name next to ``path`` for a writer that takes a name; renamed into place on success.
+
+    ``suffix`` lets libraries that add their own extension (``np.savez`` adds ``.npz``) find the file.
+    The caller's writer must flush it; this fsyncs before the rename.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=suffix, dir=path.parent)
+    os.close(fd)
+    try:
+        yield tmp
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        _commit(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+@contextlib.contextmanager
+def atomic_open(path: str | os.PathLike, mode: str = "w") -> Iterator[Any]:
+    """Open a temp file next to ``path`` for writing (``"w"``: UTF-8 text, ``"wb"``: bytes)."""
+    if mode not in ("w", "wb"):
+        raise ValueError(f"atomic_open writes whole files: mode 'w' or 'wb', not {mode!r}")
+    with atomic_path(path) as tmp:
+        with open(tmp, mode, **({"encoding": "utf-8"} if mode == "w" else {})) as f:
+            yield f
+            f.flush()
+
+
+def write_text(path: str | os.PathLike, text: str) -> None:
+    with atomic_open(path, "w") as f:
+        f.write(text)
+
+
+def write_lines(path: str | os.PathLike, lines: Iterable[str]) -> None:
+    """One line per item (each ends with a newline), streamed."""
+    with atomic_open(path, "w") as f:
+        for line in lines:
+            f.write(line + "\n")
+
+
+def write_bytes(path: str | os.PathLike, data: bytes) -> None:
+    with atomic_open(path, "wb") as f:
+        f.write(data)
+
+
+def json_default(value: Any) -> Any:
+    """JSON for numpy scalars and arrays (by duck typing: the core imports no numpy), tuples,
+    sets and paths."""
+    if hasattr(value, "tolist") and hasattr(value, "dtype"):   # numpy scalar or array
+        return value.tolist()
+    if isinstance(value, (tuple, set, frozenset)):
+        return list(value)
+    if isinstance(value, os.PathLike):
+        return os.fspath(value)
+    raise TypeError(f"cannot write {type(value).__name__} to JSON")
+
+
+def write_json(path: str | os.PathLike, data: Any) -> None:
+    write_text(path, json.dumps(data, indent=2, sort_keys=True, default=json_default) + "\n")
+
+
+def write_jsonl(path: str | os.PathLike, records: Iterable[dict]) -> None:
+    with atomic_open(path, "w") as f:
+        for r in records:
+            f.write(json.dumps(r, ensure_ascii=False, default=json_default) + "\n")
+
+
+def read_jsonl(path: str | os.PathLike) -> list[dict]:
+    """All records of a JSON-lines file ([] if absent); a corrupt line is a ``UserError`` naming it."""
+    path = Path(path)
+    if not path.is_file():
+        return []
+    out = []
+    for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if line.strip():
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError as err:
+                raise UserError(f"{path}:{i}: not valid JSON ({err.msg}); delete the file's run folder "
+                                "and re-run") from None
+    return out

@@ -1,0 +1,113 @@
+"""The dependency-free core: the one atomic writer, and the import rules it makes possible."""
+from __future__ import annotations
+
+import ast
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from narbench_core import io
+from narbench_core.errors import UserError
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def umask():
+    """Set a umask for one test and restore the old one."""
+    old = os.umask(0o022)
+    os.umask(old)
+
+    def set_(mask):
+        os.umask(mask)
+    yield set_
+    os.umask(old)
+
+
+def test_write_keeps_old_file_on_failure(tmp_path, monkeypatch):
+    path = tmp_path / "f.txt"
+    io.write_text(path, "old\n")
+
+    def boom(*a):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(os, "replace", boom)
+    with pytest.raises(OSError):
+        io.write_text(path, "new\n")
+    assert path.read_text() == "old\n"
+    assert os.listdir(tmp_path) == ["f.txt"]  # no temp file left behind
+
+
+def test_failing_stream_leaves_no_file(tmp_path):
+    with pytest.raises(RuntimeError):
+        with io.atomic_open(tmp_path / "part.tsv") as f:
+            f.write("half a line")
+            raise RuntimeError("killed")
+    assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize("mask, mode", [(0o022, 0o644), (0o002, 0o664), (0o077, 0o600)])
+def test_files_honour_the_umask(tmp_path, umask, mask, mode):
+    umask(mask)
+    io.write_text(tmp_path / "a.txt", "x")
+    io.write_bytes(tmp_path / "b.bin", b"x")
+    with io.atomic_path(tmp_path / "c.npz", suffix=".tmp.npz") as tmp:
+        np.savez(tmp, x=np.arange(3))
+    for name in ("a.txt", "b.bin", "c.npz"):
+        assert (tmp_path / name).stat().st_mode & 0o777 == mode, name
+    assert np.load(tmp_path / "c.npz")["x"].tolist() == [0, 1, 2]
+
+
+def test_json_and_jsonl_round_trip_numpy_and_paths(tmp_path):
+    rec = {"a": np.float32(1.5), "b": np.arange(2), "c": (1, 2), "d": Path("x/y"), "e": np.int64(3)}
+    io.write_jsonl(tmp_path / "r.jsonl", [rec, {"z": "ü"}])
+    assert io.read_jsonl(tmp_path / "r.jsonl") == [{"a": 1.5, "b": [0, 1], "c": [1, 2], "d": "x/y", "e": 3},
+                                                  {"z": "ü"}]
+    io.write_json(tmp_path / "r.json", rec)
+    assert json.loads((tmp_path / "r.json").read_text())["b"] == [0, 1]
+    io.write_lines(tmp_path / "l.txt", iter(["a", "b"]))
+    assert (tmp_path / "l.txt").read_text() == "a\nb\n"
+    assert io.read_jsonl(tmp_path / "absent.jsonl") == []
+    with pytest.raises(TypeError):
+        io.write_json(tmp_path / "bad.json", {"x": object()})
+
+
+def test_corrupt_jsonl_is_a_user_error(tmp_path):
+    (tmp_path / "rows.jsonl").write_text('{"a": 1}\n{"a": \n')
+    with pytest.raises(UserError, match="rows.jsonl:2: not valid JSON"):
+        io.read_jsonl(tmp_path / "rows.jsonl")
+
+
+def test_core_imports_only_the_standard_library():
+    code = ("import sys, narbench_core, narbench_core.io, narbench_core.errors, narbench_core.tokens, "
+            "narbench_core.defaults, narbench_core.paths; "
+            "print(sorted({m.split('.')[0] for m in sys.modules} & {'bench', 'models', 'suites', 'theory', "
+            "'numpy', 'jax'}))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
+    assert out.stdout.strip() == "[]"
+
+
+def _imported_packages(folder: str) -> set[str]:
+    """Top-level packages of this repo that any module under ``folder`` imports (even lazily)."""
+    ours = {"narbench_core", "bench", "models", "suites", "theory"}
+    found = set()
+    for path in (ROOT / folder).rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                found |= {a.name.split(".")[0] for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                found.add(node.module.split(".")[0])
+    return found & ours
+
+
+def test_models_and_suites_share_only_the_core_and_never_import_bench():
+    models, suites = _imported_packages("models"), _imported_packages("suites")
+    assert "bench" not in models and "bench" not in suites
+    assert "theory" not in models and "theory" not in suites
+    assert "models" not in suites, "suites/ describes data and grids and trains nothing"
+    assert (models - {"models"}) & (suites - {"suites"}) == {"narbench_core"}
