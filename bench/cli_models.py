@@ -6,21 +6,25 @@ import sys
 from pathlib import Path
 from typing import Iterable, Optional, TextIO
 
+from bench import families
+from narbench_core import defaults
 from narbench_core.errors import UserError
 
 TRAIN_HELP = """Train an AR T5 or a PaDIR model on a task's training split. Checkpoints default to
 <data root>/checkpoints/<task>-<kind>-<hash of task, configs, vocabulary and data>; an unfinished
 run resumes from its last checkpoint when the same command runs again; a finished one is skipped.
---distill trains on <task>_distilled: the AR teacher (--teacher DIR, else the AR checkpoint that the
-same command with --model ar would produce, trained first if it does not exist yet) beam-decodes the
-training sources (cached under <data root>/distill/)."""
+--distill trains on the task distilled by an AR teacher (--teacher DIR, else the AR checkpoint that the
+same command with --model ar would produce, trained first if it does not exist yet), which decodes the
+training sources with the distillation settings a suite uses: its [distill] section with --suite,
+else the defaults, each overridable by a flag (cached under <data root>/distill/)."""
 
 
 def register(sub) -> None:
     """Add ``train`` and ``translate`` to ``sub`` (argparse subparsers)."""
     p = sub.add_parser("train", help="train an AR or PaDIR model on a task", description=TRAIN_HELP)
     p.add_argument("--task", required=True, help="task name (see `narbench tasks`)")
-    p.add_argument("--model", required=True, choices=("ar", "padir"))
+    p.add_argument("--model", required=True, choices=[f.name for f in families.all_families() if f.trains],
+                   help="system family whose model to train")
     p.add_argument("--preset", default="small", help="model size: tiny | small | paper (default small)")
     p.add_argument("--steps", type=int, help="optimizer steps (default: TrainConfig's)")
     p.add_argument("--batch-tokens", type=int, help="padded target tokens per batch")
@@ -33,6 +37,9 @@ def register(sub) -> None:
     p.add_argument("--checkpoint-every", type=int)
     p.add_argument("--distill", action="store_true", help="train on <task>_distilled (see above)")
     p.add_argument("--teacher", type=Path, help="AR checkpoint folder used as the distillation teacher")
+    p.add_argument("--suite", help="take the distillation settings from this suite's [distill] section")
+    p.add_argument("--distill-beam-size", type=int, help="teacher beam size (default: the suite's, else 5)")
+    p.add_argument("--distill-max-examples", type=int, help="training sources the teacher decodes (default: all)")
     p.add_argument("--out", type=Path, help="checkpoint folder (default: hash-keyed under the data root)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.set_defaults(func=_train_command)
@@ -42,42 +49,50 @@ def register(sub) -> None:
                        "stdout, same count and order.")
     t.add_argument("--checkpoint", required=True, type=Path, help="folder written by `narbench train`")
     t.add_argument("--decoder", required=True, help="greedy | beam:K (AR) | refine:T (PaDIR)")
-    t.add_argument("--length-hyps", type=int, help="PaDIR: length hypotheses decoded in parallel (5)")
-    t.add_argument("--remask", choices=("none", "stutter", "mask-predict"), help="PaDIR re-masking (stutter)")
+    t.add_argument("--length-hyps", type=int,
+                   help=f"PaDIR: length hypotheses decoded in parallel (default {defaults.LENGTH_HYPS})")
+    t.add_argument("--remask", choices=defaults.REMASK_MODES, help=f"PaDIR re-masking (default {defaults.REMASK})")
     t.add_argument("--batch-size", type=int, default=32)
     t.add_argument("--source-file", type=Path, help="default: stdin")
     t.set_defaults(func=_translate_command)
 
 
 # -- importable logic -----------------------------------------------------------------------------
-def train_configs(task: str, kind: str, preset_name: str = "small", **overrides):
-    """``(model_config, train_config)`` for a task: the preset sized to the task's vocabulary and
-    TrainConfig defaults with the non-None ``overrides`` applied."""
-    from models.config import preset
-    from models.train import TrainConfig
+def train_configs(task: str, family: str, preset_name: str = "small", axes: Optional[dict] = None, **overrides):
+    """``(model_config, train_config)`` for a task, built by the family: the preset sized to the task's
+    vocabulary, TrainConfig defaults with the non-None ``overrides`` and the family's training ``axes``."""
     from suites.tasks import get_vocabulary
 
-    model_config = preset(preset_name, kind=kind, vocab_size=get_vocabulary(task).vocab_size)
-    train_config = TrainConfig(**{k: v for k, v in overrides.items() if v is not None})
-    return model_config, train_config
+    axes = {k: v for k, v in (axes or {}).items() if v is not None}
+    return families.get(family).configs(preset_name, get_vocabulary(task).vocab_size, {},
+                                        {k: v for k, v in overrides.items() if v is not None}, axes)
 
 
-def train_model(task: str, kind: str, preset_name: str = "small", *, distill: bool = False,
-                teacher: Optional[Path] = None, out: Optional[Path] = None, progress: bool = True,
-                **overrides) -> Path:
-    """Train (or resume, or find finished) one model; with ``distill`` on the teacher's outputs."""
+def distill_settings(suite: Optional[str] = None, **flags):
+    """The suite's ``[distill]`` section (default settings without one), with the non-None flags."""
+    import dataclasses
+
+    from suites.spec import DistillSpec
+
+    base = families.load_suite(suite).distill if suite else DistillSpec()
+    return dataclasses.replace(base, **{k: v for k, v in flags.items() if v is not None})
+
+
+def train_model(task: str, family: str, preset_name: str = "small", *, distill=None, teacher: Optional[Path] = None,
+                out: Optional[Path] = None, progress: bool = True, axes: Optional[dict] = None, **overrides) -> Path:
+    """Train (or resume, or find finished) one model; with ``distill`` (a ``DistillSpec``) on the
+    outputs of the AR teacher."""
     from models.distill import distill_task
     from models.train import train
 
-    if teacher is not None and not distill:
+    if teacher is not None and distill is None:
         raise UserError("--teacher only applies with --distill")
     train_task = task
-    if distill:
+    if distill is not None:
         if teacher is None:
-            ar_overrides = {k: v for k, v in overrides.items() if k not in ("unmask_rate", "stages")}
-            teacher = train_model(task, "ar", preset_name, progress=progress, **ar_overrides)
-        train_task = distill_task(teacher, task, progress=progress)
-    model_config, train_config = train_configs(train_task, kind, preset_name, **overrides)
+            teacher = train_model(task, families.BASELINE, preset_name, progress=progress, **overrides)
+        train_task = distill_task(teacher, task, **distill.kwargs(), progress=progress)
+    model_config, train_config = train_configs(train_task, family, preset_name, axes, **overrides)
     return train(train_task, model_config, train_config, out_dir=out, progress=progress)
 
 
@@ -102,11 +117,16 @@ def _train_command(args: argparse.Namespace) -> int:
     from narbench_core.paths import enable_compilation_cache
 
     enable_compilation_cache()
-    out = train_model(args.task, args.model, args.preset, distill=args.distill, teacher=args.teacher,
-                      out=args.out, progress=not args.quiet, steps=args.steps,
-                      batch_tokens=args.batch_tokens, learning_rate=args.learning_rate,
-                      warmup_steps=args.warmup_steps, unmask_rate=args.unmask_rate,
-                      stages=args.stages, seed=args.seed, checkpoint_every=args.checkpoint_every,
+    distill = None
+    if args.distill:
+        distill = distill_settings(args.suite, beam_size=args.distill_beam_size, max_examples=args.distill_max_examples)
+    elif args.suite or args.distill_beam_size or args.distill_max_examples:
+        raise UserError("--suite, --distill-beam-size and --distill-max-examples only apply with --distill")
+    out = train_model(args.task, args.model, args.preset, distill=distill, teacher=args.teacher,
+                      out=args.out, progress=not args.quiet, axes={"unmask_rate": args.unmask_rate,
+                                                                   "stages": args.stages},
+                      steps=args.steps, batch_tokens=args.batch_tokens, learning_rate=args.learning_rate,
+                      warmup_steps=args.warmup_steps, seed=args.seed, checkpoint_every=args.checkpoint_every,
                       optimizer=args.optimizer)
     print(out)
     return 0

@@ -78,9 +78,9 @@ def _setup(platform: str | None) -> str:
 
 
 def _spec(args):
-    from suites.spec import load_spec
+    from bench.families import load_suite
 
-    spec = load_spec(args.suite)
+    spec = load_suite(args.suite)
     if args.batch_size is not None:
         if args.batch_size < 1:
             raise UserError(f"--batch-size must be >= 1, got {args.batch_size}")
@@ -134,9 +134,10 @@ def cmd_run(args) -> int:
 
 def _finish(run_dir: Path) -> int:
     from bench import report
+    from bench.rows import verify_run
 
     files = report.write_report(run_dir)
-    problems = report.verify_run(run_dir)
+    problems = verify_run(run_dir)
     for f in files:
         print(f)
     if problems:
@@ -162,7 +163,8 @@ def cmd_eval(args) -> int:
 
     from bench import env as benv, grid, store
     from bench.bleurt import load_scorer
-    from suites.spec import parse_spec
+    from bench.families import parse_suite
+    from narbench_core.paths import resolve
 
     run = store.RunStore(store.resolve_run_dir(args.run), allow_finished=True)
     sources = _read_lines(args.source_file)
@@ -177,16 +179,16 @@ def cmd_eval(args) -> int:
     rows = run.rows()
     if not rows:
         raise UserError(f"{run.path} has no finished systems; run `narbench run` first")
-    if any(r["test_set"] == name for r in rows) and not args.force:
+    if any(r.test_set == name for r in rows) and not args.force:
         raise UserError(f"{run.path} already has a test set {name!r}; pass --name NEW or --force to replace it")
     platform = _setup(args.platform)
-    spec = parse_spec(tomllib.loads(run.spec_text()), str(run.path / store.SPEC))
-    tasks = sorted({r["task"] for r in rows})
+    spec = parse_suite(tomllib.loads(run.spec_text()), str(run.path / store.SPEC))
+    tasks = sorted({r.task for r in rows})
     task = args.task or (tasks[0] if len(tasks) == 1 else None)
     if task not in tasks:
         raise UserError(f"pass --task with one of the run's tasks: {', '.join(tasks)}")
-    ckpts = {r["system"]: r["checkpoint"] for r in rows if r["task"] == task}
-    systems = [(s, Path(ckpts[s.name])) for s in grid.expand(spec).systems
+    ckpts = {r.system: r.checkpoint for r in rows if r.task == task}
+    systems = [(s, resolve(ckpts[s.name])) for s in grid.expand(spec).systems
                if s.cell.task == task and s.name in ckpts]
     data = grid.TestData(task, name, list(range(len(sources))), sources, refs)
     target = grid.Target(name, len(refs), frozenset(s.name for s, _ in systems))
@@ -202,50 +204,35 @@ def cmd_report(args) -> int:
     return _finish(resolve_run_dir(args.run_dir))
 
 
-MD_COLUMNS = ("system", "test_set", "family", "steps", "bleu", "chrf", "bleurt", "latency_p50_ms",
-              "latency_p99_ms", "speedup_p50_vs_ar", "passes_mean", "stutter_per_1k_words", "n_sentences")
-
-
-def markdown(df, columns=MD_COLUMNS) -> str:
-    cols = [c for c in columns if c in df.columns]
-
-    counts = {"steps", "n_sentences", "length_hyps", "hypotheses", "batch_size", "stages"}
-
-    def cell(col, v):
-        if v is None or (isinstance(v, float) and v != v):
-            return ""
-        if isinstance(v, float):
-            return str(int(v)) if col in counts and v.is_integer() else f"{v:.2f}"
-        return str(v)
-
-    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    lines += ["| " + " | ".join(cell(c, v) for c, v in zip(cols, rec)) + " |"
-              for rec in df[cols].itertuples(index=False)]
-    return "\n".join(lines) + "\n"
-
-
 def cmd_results(args) -> int:
-    from bench.store import load_rows
+    from bench import report, store
 
-    df = load_rows(args.run)
+    run = store.RunStore(store.resolve_run_dir(args.run))
+    rows = run.rows()
     if args.test_set:
-        known = sorted(df["test_set"].unique()) if len(df) else []
+        known = sorted({r.test_set for r in rows})
         if args.test_set not in known:
             raise UserError(f"no test set {args.test_set!r} in this run; known: {', '.join(known)}")
-        df = df[df["test_set"] == args.test_set]
+        rows = [r for r in rows if r.test_set == args.test_set]
+    if args.format == "md":
+        sys.stdout.write("\n".join(report.markdown_table(rows, report.RESULTS)) + "\n")
+        return 0
+    import pandas as pd
+
+    df = pd.DataFrame([dict(r) for r in rows])
     if args.format == "csv":
         sys.stdout.write(df.to_csv(index=False))
-    elif args.format == "json":
-        sys.stdout.write(df.to_json(orient="records", lines=True, force_ascii=False))
     else:
-        sys.stdout.write(markdown(df))
+        sys.stdout.write(df.to_json(orient="records", lines=True, force_ascii=False))
     return 0
 
 
-def cmd_latency(args) -> int:
-    import pandas as pd
+LATENCY_COLUMNS = ("system", "test_set", "n_sentences", "latency_p50_ms", "latency_p90_ms", "latency_p99_ms",
+                   "latency_mean_ms", "speedup_p50_vs_ar", "passes_mean", "compile_s")
 
-    from bench import env as benv, grid
+
+def cmd_latency(args) -> int:
+    from bench import env as benv, grid, report
 
     spec = _spec(args)
     platform = _setup(args.platform)
@@ -253,13 +240,6 @@ def cmd_latency(args) -> int:
     rows = grid.Runner(spec, grid.real_deps(), None, env, platform, score=False,
                        progress=not args.no_progress).run()
     if args.json_out:
-        write_jsonl(Path(args.json_out), rows)
-    from bench.report import P99_MIN_N
-
-    for row in rows:  # never print a p99 from too few samples
-        if row["n_sentences"] < P99_MIN_N:
-            row["latency_p99_ms"] = f"n too small ({row['n_sentences']} < {P99_MIN_N})"
-    cols = ("system", "test_set", "n_sentences", "latency_p50_ms", "latency_p90_ms", "latency_p99_ms",
-            "latency_mean_ms", "speedup_p50_vs_ar", "passes_mean", "compile_s")
-    sys.stdout.write(markdown(pd.DataFrame(rows), cols))
+        write_jsonl(Path(args.json_out), [dict(r) for r in rows])
+    sys.stdout.write("\n".join(report.markdown_table(rows, LATENCY_COLUMNS)) + "\n")
     return 0

@@ -1,8 +1,8 @@
 """``narbench theory ising|samplers|attention``: the paper's theory experiments, one command each.
 
 Each writes ``<results>/theory/<name>/<run_id>/`` (table.md, plots, rows.jsonl, env.json,
-config.json) and points ``<results>/theory/<name>/latest`` at it. The logic lives in
-``suites.theory``; this module only parses flags, calls it and prints where the page is.
+config.json) and points ``<results>/theory/<name>/latest`` at it. The logic lives in the ``theory``
+package; this module only parses flags, calls it and prints where the page is.
 """
 from __future__ import annotations
 
@@ -93,7 +93,7 @@ def _setup() -> None:
 
 
 def cmd_ising(args) -> int:
-    from suites.theory import ising, plots, writer
+    from theory import ising, plots, writer
 
     _setup()
     cfg = ising.IsingConfig(n=args.n, couplings=args.couplings, field=args.field, ks=args.ks,
@@ -109,7 +109,7 @@ def cmd_ising(args) -> int:
 
 
 def cmd_samplers(args) -> int:
-    from suites.theory import plots, samplers, writer
+    from theory import plots, samplers, writer
 
     _setup()
     cfg = samplers.SamplerConfig(n=args.n, clique=args.clique, field=args.field, couplings=args.couplings,
@@ -124,7 +124,7 @@ def cmd_samplers(args) -> int:
 
 
 def cmd_attention(args) -> int:
-    from suites.theory import attention, attention_model, writer
+    from theory import attention, attention_model, writer
 
     _setup()
     if args.max_sentences < 1 or args.batch_size < 1:

@@ -1,64 +1,33 @@
 """The grid runner: expand a suite spec into training and evaluation cells, then run them.
 
-Training cells are unique (task, model kind, PaDIR training axes, seed) combinations, each trained
-once (the trainer itself caches checkpoints by config hash); a distilled PaDIR cell has the AR cell of
-the same task and seed as its teacher, which is always trained first. Evaluation cells are
-(system, test set); the systems of one test set are warmed up and then timed interleaved in one
-``bench.timing.measure`` call, scored, and saved together. Rows are keyed by ``(system, test_set)``:
-a re-run skips the cells whose rows exist.
+Every system comes from a family (``bench.families``): for each task and seed the baseline family
+expands first (its greedy system is every speedup's baseline, its cell the distillation teacher),
+then every other family with a section in the spec. Training cells are unique; a distilled cell's
+teacher is trained first. Evaluation cells are (system, test set); the systems of one test set are
+warmed up and then timed interleaved in one ``bench.timing.measure`` call, scored, and saved
+together. Rows are keyed by ``(system, test_set)``: a re-run skips the cells whose rows exist.
 
 All model-specific work goes through :class:`Deps` (trainer, distiller, decoder factory, task text),
 so tests inject fakes and ``bench`` never imports a concrete model class.
 """
 from __future__ import annotations
 
-import itertools
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable
 
 import numpy as np
 
+from bench import families
+from bench.families import Context, System, TrainCell
+from bench.rows import SCHEMA_VERSION, Row, columns, figures
+from bench.store import RunStore
 from narbench_core.errors import UserError
-from bench.store import SCHEMA_VERSION, RunStore
 from suites.spec import SuiteSpec, TestSet
-
-PAPER_DEFAULTS = {"length_hyps": 5, "remask": "stutter", "init": "random", "positional_attention": True,
-                  "stages": 2}
 
 
 # ------------------------------------------------------------------------------------------ cells
-
-@dataclass(frozen=True)
-class TrainCell:
-    task: str                                  # the task named in the spec (before distillation)
-    kind: str                                  # "ar" | "padir"
-    seed: int
-    unmask_rate: float | None = None           # PaDIR training axes (None for AR)
-    stages: int | None = None
-    positional_attention: bool | None = None
-    distill: bool = False
-    teacher: "TrainCell | None" = None         # AR cell whose beam outputs replace the references
-
-    @property
-    def label(self) -> str:
-        if self.kind == "ar":
-            return f"ar {self.task} seed {self.seed}"
-        return (f"padir {self.task} u{self.unmask_rate:g} stages {self.stages}"
-                f"{'' if self.positional_attention else ' no-pos'}{' distill' if self.distill else ''}"
-                f" seed {self.seed}")
-
-
-@dataclass(frozen=True)
-class System:
-    name: str                                  # row id: ar-greedy, ar-beam5, padir-s4-u0.15-distill
-    family: str                                # "ar" | "nar"
-    decoder: str                               # load_decoder spec: greedy | beam:K | refine:T
-    cell: TrainCell
-    options: tuple[tuple[str, Any], ...]       # load_decoder keyword options
-    info: tuple[tuple[str, Any], ...]          # row fields describing the system
-    baseline: str                              # the AR greedy system of the same task and seed
-
 
 @dataclass(frozen=True)
 class EvalCell:
@@ -77,39 +46,10 @@ class Plan:
     eval_cells: tuple[EvalCell, ...]
 
 
-def ar_name(decoder: str) -> str:
-    return "ar-greedy" if decoder == "greedy" else f"ar-beam{decoder.split(':')[1]}"
-
-
-def padir_name(steps: int, unmask_rate: float, distill: bool, length_hyps: int, remask: str, init: str,
-               positional_attention: bool, stages: int) -> str:
-    """``padir-s4-u0.15[-distill]``, plus a suffix for every axis that differs from the paper."""
-    name = f"padir-s{steps}-u{unmask_rate:g}" + ("-distill" if distill else "")
-    if length_hyps != PAPER_DEFAULTS["length_hyps"]:
-        name += f"-k{length_hyps}"
-    if remask != PAPER_DEFAULTS["remask"]:
-        name += f"-remask-{remask}"
-    if init != PAPER_DEFAULTS["init"]:
-        name += f"-init-{init}"
-    if not positional_attention:
-        name += "-nopos"
-    if stages != PAPER_DEFAULTS["stages"]:
-        name += f"-st{stages}"
-    return name
-
-
-def _shape_options(spec: SuiteSpec) -> dict:
-    """Decoder options every system of the suite shares: decode length cap and shape buckets."""
-    opts = {}
-    if spec.ar.max_decode_length:
-        opts["max_decode_length"] = spec.ar.max_decode_length
-    if spec.decode_buckets:
-        opts["buckets"] = spec.decode_buckets
-    return opts
-
-
 def expand(spec: SuiteSpec) -> Plan:
     """All training cells, systems and evaluation cells of a spec, in run order."""
+    base = families.get(families.BASELINE)            # required: every suite has its section
+    order = [base] + [f for f in families.all_families() if f is not base and spec.section(f.name) is not None]
     cells: dict[TrainCell, None] = {}
     systems: list[System] = []
     evals: list[EvalCell] = []
@@ -117,34 +57,13 @@ def expand(spec: SuiteSpec) -> Plan:
         task_systems: list[System] = []
         for seed in spec.seeds:
             sfx = f"-seed{seed}" if len(spec.seeds) > 1 else ""
-            baseline = "ar-greedy" + sfx
-            ar = TrainCell(task.train, "ar", seed)
-            cells[ar] = None
-            for dec in spec.ar.decoders:
-                beam = 1 if dec == "greedy" else int(dec.split(":")[1])
-                opts = {"seed": seed, "name": ar_name(dec) + sfx}
-                if beam > 1:
-                    opts["length_penalty"] = spec.ar.length_penalty
-                opts.update(_shape_options(spec))
-                info = {"steps": None, "unmask_rate": None, "distill": False, "length_hyps": None,
-                        "hypotheses": beam, "remask": None, "init": None, "positional_attention": None,
-                        "stages": None, "seed": seed, "decoder": dec}
-                task_systems.append(System(ar_name(dec) + sfx, "ar", dec, ar, tuple(sorted(opts.items())),
-                                           tuple(info.items()), baseline))
-            p = spec.padir
-            for u, distill, pos, stages in itertools.product(p.unmask_rate, p.distill, p.positional_attention,
-                                                             p.stages):
-                cell = TrainCell(task.train, "padir", seed, u, stages, pos, distill, ar if distill else None)
-                cells[cell] = None
-                for steps, k, remask, init in itertools.product(p.steps, p.length_hyps, p.remask, p.init):
-                    name = padir_name(steps, u, distill, k, remask, init, pos, stages) + sfx
-                    opts = {"length_hyps": k, "remask": remask, "init": init, "seed": seed, "name": name}
-                    opts.update(_shape_options(spec))
-                    info = {"steps": steps, "unmask_rate": u, "distill": distill, "length_hyps": k,
-                            "hypotheses": k, "remask": remask, "init": init, "positional_attention": pos,
-                            "stages": stages, "seed": seed, "decoder": f"refine:{steps}"}
-                    task_systems.append(System(name, "nar", f"refine:{steps}", cell, tuple(sorted(opts.items())),
-                                               tuple(info.items()), baseline))
+            ctx = Context(task.train, seed, TrainCell(task.train, base.name, seed), spec.decoder_shapes())
+            for family in order:
+                for system in family.expand(spec.section(family.name), ctx):
+                    cells[system.cell] = None
+                    task_systems.append(dataclasses.replace(
+                        system, name=system.name + sfx, baseline=base.baseline_system + sfx,
+                        info=system.info + (("seed", seed),)))
         names = [s.name for s in task_systems]
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
@@ -152,7 +71,7 @@ def expand(spec: SuiteSpec) -> Plan:
                             "remove duplicate axis values")
         systems.extend(task_systems)
         evals.extend(EvalCell(s, ts) for ts in task.test_sets for s in task_systems)
-    ordered = sorted(cells, key=lambda c: c.teacher is not None)  # stable: teachers (AR) first
+    ordered = sorted(cells, key=lambda c: c.teacher is not None)  # stable: teachers first
     return Plan(tuple(ordered), tuple(systems), tuple(evals))
 
 
@@ -164,7 +83,7 @@ class Deps:
 
     train: Callable[..., Path]                       # (task, model_config, train_config, progress=) -> ckpt dir
     distill: Callable[..., str]                      # (teacher_dir, task, beam_size=...) -> distilled task
-    load_decoder: Callable[..., Any]                 # (ckpt_dir, spec, **options) -> Decoder
+    load_decoder: Callable[..., Any]                 # (family, ckpt_dir, spec, **options) -> Decoder
     load_text: Callable[[str, str], tuple]           # (task, split) -> (sources, reference streams)
     target_lang: Callable[[str], str]                # task -> target language code
     configs: Callable[[SuiteSpec, TrainCell], tuple[Any, Any]]  # -> (model_config, train_config)
@@ -172,20 +91,13 @@ class Deps:
 
 
 def real_configs(spec: SuiteSpec, cell: TrainCell) -> tuple[Any, Any]:
-    """``ModelConfig`` (preset + overrides + vocab size) and ``TrainConfig`` (budget + axes) of a cell."""
-    from models.config import preset
-    from models.train import TrainConfig
+    """``ModelConfig`` and ``TrainConfig`` of a cell, built by its family."""
     from suites.tasks import task_info
 
     vocab_size = task_info(cell.task).vocabulary.vocab_size
-    extra = {"positional_attention": cell.positional_attention} if cell.kind == "padir" else {}
-    model = preset(spec.model.preset, kind=cell.kind, vocab_size=vocab_size,
-                   **{**spec.model.override_dict(), **extra})
-    budget = spec.train_ar if cell.kind == "ar" else spec.train_padir
-    kwargs = {**budget.train_kwargs(), "seed": cell.seed}
-    if cell.kind == "padir":
-        kwargs.update(unmask_rate=cell.unmask_rate, stages=cell.stages)
-    return model, TrainConfig(**kwargs)
+    return families.get(cell.family).configs(spec.model.preset, vocab_size, spec.model.override_dict(),
+                                             {**spec.budget(cell.family).train_kwargs(), "seed": cell.seed},
+                                             dict(cell.axes))
 
 
 def real_deps() -> Deps:
@@ -198,9 +110,8 @@ def real_deps() -> Deps:
         from models.distill import distill_task
         return distill_task(teacher_dir, task, **kwargs)
 
-    def load_decoder(checkpoint_dir, spec, **options):
-        from models.decoders import load_decoder as _load
-        return _load(checkpoint_dir, spec, **options)
+    def load_decoder(family, checkpoint_dir, spec, **options):
+        return families.get(family).load_decoder(checkpoint_dir, spec, **options)
 
     def load_text(task, split):
         from suites.tasks import load_text as _load
@@ -211,47 +122,6 @@ def real_deps() -> Deps:
         return task_info(task).target_lang
 
     return Deps(train, distill, load_decoder, load_text, target_lang, real_configs)
-
-
-# --------------------------------------------------------------------------------------- figures
-
-def cell_figures(hypotheses: Sequence[str], references: Sequence[Sequence[str]], latencies_ms: Sequence[float],
-                 passes: Sequence[int], target_lang: str, baseline_latencies_ms: Sequence[float] | None = None,
-                 baseline_hypotheses: Sequence[str] | None = None, bootstrap_resamples: int = 1000,
-                 seed: int = 0, score: bool = True) -> dict[str, Any]:
-    """Every figure of a row that follows from per-sentence data (``verify_run`` recomputes these)."""
-    from bench import quality, stats
-
-    lat = stats.summarize(latencies_ms)
-    p = np.asarray(passes, dtype=np.float64)  # [n_sentences]
-    ci = lambda c: None if c is None else [c[0], c[1]]  # noqa: E731
-    out: dict[str, Any] = {
-        "n_sentences": lat.n,
-        "latency_p50_ms": lat.p50, "latency_p90_ms": lat.p90, "latency_p99_ms": lat.p99,
-        "latency_mean_ms": lat.mean, "latency_min_ms": lat.min, "latency_max_ms": lat.max,
-        "latency_p50_ci_ms": ci(lat.p50_ci), "latency_p90_ci_ms": ci(lat.p90_ci),
-        "latency_p99_ci_ms": ci(lat.p99_ci),
-        "passes_mean": float(p.mean()), "passes_p99": float(np.percentile(p, 99)),
-        "speedup_p50_vs_ar": None, "speedup_p50_ci": None, "speedup_share_faster": None,
-    }
-    if baseline_latencies_ms is not None:
-        sp = stats.paired_speedup(baseline_latencies_ms, latencies_ms)
-        out.update(speedup_p50_vs_ar=sp.median, speedup_p50_ci=ci(sp.ci), speedup_share_faster=sp.share_faster)
-    if not score:
-        return out
-    q = quality.score_corpus(hypotheses, references, target_lang)
-    out.update(bleu=q.bleu, bleu_signature=q.bleu_signature, chrf=q.chrf, chrf_signature=q.chrf_signature,
-               stutter_per_1k_words=q.stutter_per_1k_words, stutter_sentence_share=q.stutter_sentence_share,
-               bleu_delta_vs_ar=None, bleu_delta_ci=None, bleu_delta_p_value=None)
-    if baseline_hypotheses is not None:
-        if list(baseline_hypotheses) == list(hypotheses):
-            out.update(bleu_delta_vs_ar=0.0, bleu_delta_ci=[0.0, 0.0], bleu_delta_p_value=1.0)
-        else:
-            tok = quality.tokenizer_for(target_lang)
-            boot = quality.paired_bootstrap_bleu(hypotheses, baseline_hypotheses, references, tok,
-                                                 n_resamples=bootstrap_resamples, seed=seed)
-            out.update(bleu_delta_vs_ar=boot.delta, bleu_delta_ci=list(boot.ci), bleu_delta_p_value=boot.p_value)
-    return out
 
 
 # ------------------------------------------------------------------------------------------ test sets
@@ -354,25 +224,26 @@ class Runner:
         task = cell.task
         if cell.teacher is not None:
             teacher_dir = self.train_cell(cell.teacher)
-            task = self.deps.distill(teacher_dir, cell.task, beam_size=self.spec.distill.beam_size,
-                                     max_examples=self.spec.distill.max_examples,
-                                     length_penalty=self.spec.ar.length_penalty, progress=self.progress)
+            task = self.deps.distill(teacher_dir, cell.task, **self.spec.distill.kwargs(), progress=self.progress)
         model_config, train_config = self.deps.configs(self.spec, cell)
         path = Path(self.deps.train(task, model_config, train_config, progress=self.progress))
         self.checkpoints[cell] = path
         return path
 
-    def evaluate(self, systems: list[tuple[System, Path]], data: TestData, targets: list[Target]) -> list[dict]:
+    def evaluate(self, systems: list[tuple[System, Path]], data: TestData, targets: list[Target]) -> list[Row]:
         """Warm up and time the systems interleaved on ``data`` once, then score and save every target."""
         from bench import timing
+        from narbench_core.paths import portable
 
         spec = self.spec
-        decoders = [self.deps.load_decoder(ckpt, s.decoder, **dict(s.options)) for s, ckpt in systems]
+        decoders = [self.deps.load_decoder(s.family, ckpt, s.decoder, name=s.name, **dict(s.options))
+                    for s, ckpt in systems]
         compile_s = timing.warmup(decoders, spec.batch_size, platform=self.platform)
         m = timing.measure(decoders, data.sources, batch_size=spec.batch_size, phase=spec.timing.phase,
                            repeats=spec.timing.repeats, rotate=spec.timing.rotate, platform=self.platform)
         costs = self._costs(decoders, data, m) if spec.timing.costs and self.deps.costs else {}
         target_lang = self.deps.target_lang(data.task)
+        unset = {c.name: None for c in columns()}         # the columns no family fills for this system
         rows, samples = [], []
         for target in targets:
             refs = data.references[:target.n_refs]
@@ -383,19 +254,20 @@ class Runner:
                 base = m.systems.get(system.baseline)
                 base_lat, base_hyp = ((base.latencies_ms, base.hypotheses) if base
                                       else stored.get(system.baseline, (None, None)))
-                figures = cell_figures(t.hypotheses, refs, t.latencies_ms, t.passes, target_lang, base_lat, base_hyp,
-                                       spec.bootstrap_resamples, spec.seeds[0], self.score)
-                rows.append({
-                    "schema_version": SCHEMA_VERSION, "suite": spec.name, "task": system.cell.task,
+                rows.append(Row({
+                    **unset, "schema_version": SCHEMA_VERSION, "suite": spec.name, "task": system.cell.task,
                     "test_set": target.name, "system": system.name, "family": system.family,
-                    **dict(system.info), "batch_size": spec.batch_size, **figures,
+                    "paradigm": families.get(system.family).paradigm, "distill": system.cell.teacher is not None,
+                    **dict(system.info), "batch_size": spec.batch_size,
+                    **figures(t.hypotheses, refs, t.latencies_ms, t.passes, target_lang, base_lat, base_hyp,
+                              spec.bootstrap_resamples, spec.seeds[0], self.score),
                     "bleurt": self._bleurt(refs[0], t.hypotheses) if self.score else None,
                     "compile_s": compile_s[system.name], "platform": m.platform, "phase": m.phase,
                     "repeats": m.repeats, "target_lang": target_lang, "n_references": len(refs),
                     "baseline_system": system.baseline, "baseline_timed_together": base is not None,
-                    "checkpoint": str(ckpt), "decoder_options": {k: v for k, v in system.options if k != "name"},
+                    "checkpoint": portable(ckpt), "decoder_options": dict(system.options),
                     **costs.get(system.name, {}), **_env_fields(self.env),
-                })
+                }))
                 for j, i in enumerate(data.indices):
                     sample = {"system": system.name, "test_set": target.name, "index": i,
                               "source": data.sources[j], "reference": refs[0][j], "hypothesis": t.hypotheses[j],

@@ -1,141 +1,105 @@
-"""Writers for a run folder: ``table.md``, ``leaderboard.md``, plots, and ``verify_run``.
+"""Writers for a run folder: ``table.md``, ``leaderboard.md`` and plots.
 
 Nothing here measures: every figure comes from ``rows.jsonl`` (and the per-sentence plots from
-``samples.jsonl``). ``verify_run`` recomputes every row's figures from ``samples.jsonl``.
+``samples.jsonl``). Tables render cells from the one column list (``bench.rows``); families give
+their rows' order, plot labels and styles (``bench.families``).
 """
 from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any
+from typing import Sequence
 
-from bench import store as st
+from bench import families, store as st
+from bench.rows import P99_MIN_N, Row, column
+from narbench_core.errors import UserError
 from narbench_core.io import write_text
-from bench.stats import min_samples
 
-P99_MIN_N = min_samples(0.99)
 NO_BLEURT = "no BLEURT checkpoint"
 PLOTS = ("pareto.png", "latency_cdf.png", "bleu_vs_steps.png")
 
-
-# ------------------------------------------------------------------------------------------ helpers
-
-def _f(value: Any, digits: int = 1) -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "–"
-    return f"{value:.{digits}f}"
-
-
-def _ms(value: Any) -> str:
-    """Milliseconds with enough digits for sub-millisecond figures."""
-    if value is None:
-        return "–"
-    return f"{value:.3f}" if value < 1 else f"{value:.2f}" if value < 10 else f"{value:.1f}"
+# The tables, each a list of columns (``bench.rows.VIEWS`` adds composite cells such as "p50 [CI]").
+SUMMARY = ("system", "family", "hypotheses", "steps_view")
+LATENCY_TABLE = ("system", "hypotheses", "steps_view", "bleu", "bleu_delta_vs_ar", "p50_view", "latency_p99_ms",
+                 "speedup_p50_vs_ar", "passes_view", "stutter_per_1k_words", "stutter_sentence_share", "compile_s")
+LEADERBOARD = ("system", "family", "hypotheses", "steps_view", "bleu", "bleu_delta_vs_ar", "chrf", "bleurt",
+               "latency_p50_ms", "latency_p99_ms", "speedup_p50_vs_ar", "stutter_per_1k_words")
+RESULTS = ("system", "test_set", "family", "steps_view", "bleu", "chrf", "bleurt", "latency_p50_ms",
+           "latency_p99_ms", "speedup_p50_vs_ar", "passes_mean", "stutter_per_1k_words", "n_sentences")
 
 
-def _ms_ci(ci: Any) -> str:
-    return "(CI: n too small)" if not ci else f"[{_ms(ci[0])}, {_ms(ci[1])}]"
+# ------------------------------------------------------------------------------------------ tables
+
+def markdown_table(rows: Sequence[Row], names: Sequence[str], rank: bool = False, mark_best: bool = True) -> list[str]:
+    """A markdown table of ``rows`` with the named columns; the best value of each score is bold."""
+    cols = [column(n) for n in names]
+    best = {}
+    for c in cols:
+        values = [r[c.name] for r in rows if c.render is None and c.higher_is_better is not None
+                  and r[c.name] is not None]
+        if mark_best and len(values) > 1:
+            best[c.name] = max(values) if c.higher_is_better else min(values)
+    lines = ["| " + ("# | " if rank else "") + " | ".join(c.header for c in cols) + " |",
+             "|" + ("---:|" if rank else "") + "".join("---|" if c.align == "left" else "---:|" for c in cols)]
+    for i, r in enumerate(rows, 1):
+        cells = [f"**{c.cell(r)}**" if c.name in best and r[c.name] == best[c.name] else c.cell(r) for c in cols]
+        lines.append("| " + (f"{i} | " if rank else "") + " | ".join(cells) + " |")
+    return lines
 
 
-def _stars(p: float | None) -> str:
-    if p is None:
-        return ""
-    return "**" if p < 0.01 else "*" if p < 0.05 else ""
+def system_order(rows: Sequence[Row]) -> list[str]:
+    """Systems by family (registry order), then each family's own order."""
+    first: dict[str, Row] = {}
+    for r in rows:
+        first.setdefault(r.system, r)
+    return sorted(first, key=lambda n: (families.rank(first[n].family), families.get(first[n].family).sort_key(first[n])))
 
 
-def _hyp(row: dict) -> str:
-    return str(row.get("hypotheses") or row.get("length_hyps") or 1)
+def test_sets(rows: Sequence[Row]) -> list[str]:
+    return list(dict.fromkeys(r.test_set for r in rows))
 
 
-def _steps(row: dict) -> str:
-    return "N" if row.get("family") == "ar" else str(row.get("steps"))
+def _signatures(rows: Sequence[Row], field: str) -> list[str]:
+    return sorted({r[field] for r in rows if r[field]})
 
 
-def _system_order(rows: list[dict]) -> list[str]:
-    """AR systems first (greedy, then beams), then PaDIR by distill, unmask rate, steps, name."""
-    def key(row):
-        if row["family"] == "ar":
-            return (0, row.get("hypotheses") or 1, 0, 0, row["system"])
-        return (1, bool(row.get("distill")), row.get("unmask_rate") or 0, row.get("steps") or 0, row["system"])
-
-    seen: dict[str, tuple] = {}
-    for row in rows:
-        seen.setdefault(row["system"], key(row))
-    return sorted(seen, key=seen.get)
-
-
-def _test_sets(rows: list[dict]) -> list[str]:
-    return list(dict.fromkeys(r["test_set"] for r in rows))
-
-
-def _p99(row: dict) -> str:
-    n = row.get("n_sentences") or 0
-    return _ms(row.get("latency_p99_ms")) if n >= P99_MIN_N else f"n too small ({n} < {P99_MIN_N})"
-
-
-def _speedup(row: dict) -> str:
-    if row.get("speedup_p50_vs_ar") is None:
-        return "–"
-    ci = row.get("speedup_p50_ci")
-    return f"{row['speedup_p50_vs_ar']:.2f}x " + (f"[{ci[0]:.2f}, {ci[1]:.2f}]" if ci else "(CI: n too small)")
-
-
-def _delta(row: dict) -> str:
-    d = row.get("bleu_delta_vs_ar")
-    if d is None:
-        return "–"
-    return f"{d:+.2f}{_stars(row.get('bleu_delta_p_value'))}"
-
-
-# --------------------------------------------------------------------------------------------- table
-
-def render_table(rows: list[dict], info: dict, env: dict) -> str:
+def render_table(rows: list[Row], info: dict, env: dict) -> str:
     """The paper's Tables 1 and 3 (systems x test sets) plus per-test-set latency tables."""
-    order = _system_order(rows)
-    sets = _test_sets(rows)
-    by = {(r["system"], r["test_set"]): r for r in rows}
-    first = {name: next(r for r in rows if r["system"] == name) for name in order}
-    lines = [f"# {info.get('suite', '?')}: run {info.get('run_id', '?')}", "",
-             f"Platform **{rows[0].get('platform', '?')}** ({env.get('cpu_model') or env.get('device_kind', '?')}, "
-             f"{env.get('threads', '?')} threads), batch size {rows[0].get('batch_size')}, "
-             f"{str(rows[0].get('phase', 'end_to_end')).replace('_', '-')} latency. "
+    order = system_order(rows)
+    sets = test_sets(rows)
+    by = {r.key: r for r in rows}
+    first = [next(r for r in rows if r.system == name) for name in order]
+    r0 = rows[0]
+    lines = [f"# {info['suite']}: run {info['run_id']}", "",
+             f"Platform **{r0.platform}** ({env.get('cpu_model') or env.get('device_kind', '?')}, "
+             f"{env.get('threads', '?')} threads), batch size {r0.batch_size}, "
+             f"{str(r0.phase).replace('_', '-')} latency. "
              "Steps 'N' = autoregressive; '# Hyp.' = beam size (AR) or length hypotheses (PaDIR).", ""]
 
-    def grid(title: str, metric: str, digits: int) -> None:
-        lines.extend([f"## {title}", "", "| Model | Family | # Hyp. | Steps | " + " | ".join(sets) + " |",
-                      "|---|---|---:|---:|" + "---:|" * len(sets)])
-        for name in order:
-            r0 = first[name]
-            cells = [_f(by[(name, ts)].get(metric), digits) if (name, ts) in by else "" for ts in sets]
-            lines.append(f"| {name} | {r0['family'].upper()} | {_hyp(r0)} | {_steps(r0)} | " + " | ".join(cells) + " |")
+    def grid(title: str, metric: str) -> None:
+        fmt = column(metric).fmt
+        head = markdown_table(first, SUMMARY, mark_best=False)
+        lines.extend([f"## {title}", "", head[0] + " " + " | ".join(sets) + " |", head[1] + "---:|" * len(sets)])
+        for row, line in zip(first, head[2:]):
+            lines.append(line + " " + " | ".join(fmt(by[(row.system, ts)][metric]) if (row.system, ts) in by else ""
+                                                 for ts in sets) + " |")
         lines.append("")
 
-    grid("Test BLEU (layout of the paper's Table 1)", "bleu", 2)
-    if any(r.get("bleurt") is not None for r in rows):
-        grid("Test BLEURT (layout of the paper's Table 3)", "bleurt", 4)
+    grid("Test BLEU (layout of the paper's Table 1)", "bleu")
+    if any(r.bleurt is not None for r in rows):
+        grid("Test BLEURT (layout of the paper's Table 3)", "bleurt")
     else:
         lines.extend(["## Test BLEURT (paper's Table 3)", "", f"{NO_BLEURT}: pass `--bleurt-checkpoint DIR` "
                       "(or set NARBENCH_BLEURT) to fill this table.", ""])
     for ts in sets:
         ts_rows = [by[(n, ts)] for n in order if (n, ts) in by]
-        n = ts_rows[0].get("n_sentences")
-        lines.extend([f"## {ts}: latency and quality (n = {n} sentences)", "",
-                      "| System | # Hyp. | Steps | BLEU | ΔBLEU vs AR greedy | p50 ms [95% CI] | p99 ms | "
-                      "speedup p50 vs AR greedy [95% CI] | passes mean / p99 | stutter /1k words | "
-                      "stutter sentences | compile s |",
-                      "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"])
-        for r in ts_rows:
-            lines.append(
-                f"| {r['system']} | {_hyp(r)} | {_steps(r)} | {_f(r.get('bleu'), 2)} | {_delta(r)} | "
-                f"{_ms(r['latency_p50_ms'])} {_ms_ci(r.get('latency_p50_ci_ms'))} | {_p99(r)} | {_speedup(r)} | "
-                f"{_f(r.get('passes_mean'))} / {_f(r.get('passes_p99'), 0)} | "
-                f"{_f(r.get('stutter_per_1k_words'), 2)} | {_f(100 * r['stutter_sentence_share'] if r.get('stutter_sentence_share') is not None else None)}% | "
-                f"{_f(r.get('compile_s'))} |")
-        lines.append("")
+        lines.extend([f"## {ts}: latency and quality (n = {ts_rows[0].n_sentences} sentences)", "",
+                      *markdown_table(ts_rows, LATENCY_TABLE), ""])
     lines.extend(["ΔBLEU: paired bootstrap against AR greedy on the same sentences; * p < 0.05, ** p < 0.01. "
                   "Speedup: median of per-sentence ratios (AR greedy ms / system ms), sentences timed "
-                  f"interleaved; CIs from order statistics. p99 needs n >= {P99_MIN_N} (MLPerf LoadGen rule).", ""])
-    sigs = sorted({r["bleu_signature"] for r in rows if r.get("bleu_signature")})
+                  f"interleaved; CIs from order statistics. p99 needs n >= {P99_MIN_N} (MLPerf LoadGen rule). "
+                  "Bold: the best value of a column.", ""])
+    sigs = _signatures(rows, "bleu_signature")
     if sigs:
         lines.extend(["SacreBLEU: " + "; ".join(f"`{s}`" for s in sigs), ""])
     return "\n".join(lines)
@@ -157,44 +121,32 @@ def _theory_links(run_dir: Path) -> list[str]:
     return links
 
 
-def _phase_words(phase: str | None) -> str:
+def _phase_words(phase: str) -> str:
     """How a row's timing phase reads in prose."""
-    return {"device": "device-only (the jitted part and the wait)"}.get(phase or "end_to_end",
-                                                                       "end-to-end (tokenize to detokenize)")
+    return "device-only (the jitted part and the wait)" if phase == "device" else "end-to-end (tokenize to detokenize)"
 
 
-def render_leaderboard(rows: list[dict], info: dict, env: dict, run_dir: Path) -> str:
-    sets = _test_sets(rows)
-    lines = [f"# Leaderboard: {info.get('suite', '?')} (run {info.get('run_id', '?')})", "",
-             "Systems sorted by test BLEU. Latency is "
-             f"{_phase_words(rows[0].get('phase'))} at batch size "
-             f"{rows[0].get('batch_size')} on **{rows[0].get('platform', '?')}**; speedups are against AR greedy, "
-             "paired per sentence.", ""]
-    apart = sorted({r["system"] for r in rows if r.get("baseline_timed_together") is False})
+def render_leaderboard(rows: list[Row], info: dict, env: dict, run_dir: Path) -> str:
+    r0 = rows[0]
+    lines = [f"# Leaderboard: {info['suite']} (run {info['run_id']})", "",
+             f"Systems sorted by test BLEU. Latency is {_phase_words(r0.phase)} at batch size {r0.batch_size} "
+             f"on **{r0.platform}**; speedups are against AR greedy, paired per sentence.", ""]
+    apart = sorted({r.system for r in rows if r.baseline_timed_together is False})
     if apart:
         lines.extend([f"Resumed run: {', '.join(apart)} were timed in a later session than AR greedy, so "
                       "their speedups pair latencies measured apart (not interleaved).", ""])
-    has_bleurt = any(r.get("bleurt") is not None for r in rows)
-    for ts in sets:
-        ts_rows = sorted((r for r in rows if r["test_set"] == ts), key=lambda r: -(r.get("bleu") or -1e9))
-        lines.extend([f"## {ts}", "", "| # | System | Family | # Hyp. | Steps | BLEU | ΔBLEU | chrF | "
-                      + ("BLEURT | " if has_bleurt else "") + "p50 ms | p99 ms | speedup p50 | stutter /1k |",
-                      "|---:|---|---|---:|---:|---:|---:|---:|" + ("---:|" if has_bleurt else "") + "---:|---:|---:|---:|"])
-        for i, r in enumerate(ts_rows, 1):
-            bleurt = f"{_f(r.get('bleurt'), 4)} | " if has_bleurt else ""
-            lines.append(f"| {i} | {r['system']} | {r['family'].upper()} | {_hyp(r)} | {_steps(r)} | "
-                         f"{_f(r.get('bleu'), 2)} | {_delta(r)} | {_f(r.get('chrf'), 1)} | {bleurt}"
-                         f"{_ms(r['latency_p50_ms'])} | {_p99(r)} | {_speedup(r)} | "
-                         f"{_f(r.get('stutter_per_1k_words'), 2)} |")
-        lines.append("")
+    has_bleurt = any(r.bleurt is not None for r in rows)
+    names = [n for n in LEADERBOARD if has_bleurt or n != "bleurt"]
+    for ts in test_sets(rows):
+        ts_rows = sorted((r for r in rows if r.test_set == ts), key=lambda r: -(r.bleu if r.bleu is not None else -1e9))
+        lines.extend([f"## {ts}", "", *markdown_table(ts_rows, names, rank=True), ""])
     if not has_bleurt:
         lines.extend([f"BLEURT: {NO_BLEURT} (pass `--bleurt-checkpoint DIR` or set NARBENCH_BLEURT).", ""])
-    lines.extend(["ΔBLEU: paired bootstrap against AR greedy; * p < 0.05, ** p < 0.01. Full tables with CIs, "
-                  "passes and stutter: [table.md](table.md).", ""])
-    sigs = sorted({r["bleu_signature"] for r in rows if r.get("bleu_signature")})
-    chrf = sorted({r["chrf_signature"] for r in rows if r.get("chrf_signature")})
+    lines.extend(["ΔBLEU: paired bootstrap against AR greedy; * p < 0.05, ** p < 0.01. Bold: the best value of a "
+                  "column. Full tables with CIs, passes and stutter: [table.md](table.md).", ""])
+    sigs = _signatures(rows, "bleu_signature") + _signatures(rows, "chrf_signature")
     lines.extend(["## Reproduce", "", "```", info.get("command") or "narbench run", "```", "",
-                  "SacreBLEU signatures: " + "; ".join(f"`{s}`" for s in sigs + chrf), ""])
+                  "SacreBLEU signatures: " + "; ".join(f"`{s}`" for s in sigs), ""])
     versions = env.get("versions", {})
     git = env.get("git", {})
     lines.extend(["## Environment", "", "```",
@@ -239,12 +191,6 @@ def _latency_axis(ax, values: list[float]) -> None:
         ax.set_xlabel(ax.get_xlabel() + " (log scale)")
 
 
-def _style(row: dict) -> dict:
-    if row["family"] == "ar":
-        return {"color": "#1f4e79", "marker": "s"}
-    return {"color": "#c0392b" if row.get("distill") else "#e67e22", "marker": "o"}
-
-
 def pareto_front(points: list[tuple[float, float]]) -> list[int]:
     """Indices of points not dominated (lower latency and higher BLEU), sorted by latency."""
     order = sorted(range(len(points)), key=lambda i: (points[i][0], -points[i][1]))
@@ -275,25 +221,24 @@ def _place_labels(ax, points: list[tuple[float, float]], labels: list[str]) -> N
                     ha="right" if dx < 0 else "left")
 
 
-def _short(row: dict, many_rates: bool) -> str:
-    """Point label: ``greedy``/``beam5`` for AR; ``T=4`` (+ unmask rate and other non-paper axes) for PaDIR."""
-    if row["family"] == "ar":
-        return row["system"].replace("ar-", "")
-    rest = row["system"].replace(f"padir-s{row['steps']}-u{row['unmask_rate']:g}", "", 1).replace("-distill", "")
-    return f"T={row['steps']}" + (f" u{row['unmask_rate']:g}" if many_rates else "") + rest.replace("-", " ")
+def _style(row: Row) -> dict:
+    return families.get(row.family).style(row)
 
 
-def plot_pareto(rows: list[dict], path: Path) -> None:
+def plot_pareto(rows: list[Row], path: Path) -> None:
     import matplotlib.pyplot as plt
     from matplotlib.lines import Line2D
 
-    sets = _test_sets(rows)
+    sets = test_sets(rows)
     fig, axes = _axes_grid(len(sets), plt)
+    legend: dict[str, dict] = {}
     for ax, ts in zip(axes, sets):
-        rs = [r for r in rows if r["test_set"] == ts and r.get("bleu") is not None]
-        pts = [(r["latency_p50_ms"], r["bleu"]) for r in rs]
+        rs = [r for r in rows if r.test_set == ts and r.bleu is not None]
+        pts = [(r.latency_p50_ms, r.bleu) for r in rs]
         for r, (x, y) in zip(rs, pts):
-            ax.scatter(x, y, s=46, zorder=3, **_style(r))
+            style = _style(r)
+            legend.setdefault(style["label"], style)
+            ax.scatter(x, y, s=46, zorder=3, color=style["color"], marker=style["marker"])
         front = pareto_front(pts)
         if front:
             fx, fy = [pts[i][0] for i in front], [pts[i][1] for i in front]
@@ -305,38 +250,36 @@ def plot_pareto(rows: list[dict], path: Path) -> None:
         ax.set_title(ts, fontsize=10)
         ax.grid(alpha=0.3, which="both")
         ax.margins(x=0.18, y=0.15)
-        many = len({r.get("unmask_rate") for r in rs if r["family"] == "nar"}) > 1
-        _place_labels(ax, pts, [_short(r, many) for r in rs])
-    handles = [Line2D([], [], ls="", marker="s", color="#1f4e79", label="AR"),
-               Line2D([], [], ls="", marker="o", color="#e67e22", label="PaDIR (T = steps)"),
-               Line2D([], [], ls="", marker="o", color="#c0392b", label="PaDIR, distilled"),
-               Line2D([], [], ls="--", color="#555", marker="o", mfc="none", mec="#222", label="Pareto front")]
+        _place_labels(ax, pts, [families.get(r.family).point_label(r) for r in rs])
+    handles = [Line2D([], [], ls="", marker=s["marker"], color=s["color"], label=label) for label, s in legend.items()]
+    handles.append(Line2D([], [], ls="--", color="#555", marker="o", mfc="none", mec="#222", label="Pareto front"))
     axes[0].legend(handles=handles, fontsize=8, loc="best")
-    fig.suptitle("Quality vs latency (batch %s, %s)" % (rows[0].get("batch_size"), rows[0].get("platform")))
+    fig.suptitle(f"Quality vs latency (batch {rows[0].batch_size}, {rows[0].platform})")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
 
 
-def plot_latency_cdf(rows: list[dict], samples: list[dict], path: Path) -> None:
+def plot_latency_cdf(rows: list[Row], samples: list[dict], path: Path) -> None:
+    """One line per system: AR-paradigm systems in greys, the others in colours (distilled solid)."""
     import matplotlib.pyplot as plt
     import numpy as np
 
-    sets = _test_sets(rows)
-    order = _system_order(rows)
+    sets = test_sets(rows)
+    order = system_order(rows)
     fig, axes = _axes_grid(len(sets), plt)
-    first = {name: next(r for r in rows if r["system"] == name) for name in order}
-    steps = sorted({r["steps"] for r in first.values() if r["family"] == "nar"})
+    first = {name: next(r for r in rows if r.system == name) for name in order}
+    others = [name for name, r in first.items() if r.paradigm != "ar"]
     cmap = plt.get_cmap("viridis")
-    ar_colors = ["#000000", "#7f7f7f", "#4a4a4a", "#b0b0b0"]
-    colors, styles, ar_i = {}, {}, 0
-    for name, r in first.items():  # AR in greys; PaDIR coloured by steps, distilled solid, else dashed
-        if r["family"] == "ar":
-            colors[name], styles[name] = ar_colors[ar_i % len(ar_colors)], "-"
-            ar_i += 1
+    greys = ["#000000", "#7f7f7f", "#4a4a4a", "#b0b0b0"]
+    colors, styles, n_ar = {}, {}, 0
+    for name, r in first.items():
+        if r.paradigm == "ar":
+            colors[name], styles[name] = greys[n_ar % len(greys)], "-"
+            n_ar += 1
         else:
-            colors[name] = cmap(0.85 * steps.index(r["steps"]) / max(1, len(steps) - 1))
-            styles[name] = "-" if r.get("distill") else "--"
+            colors[name] = cmap(0.85 * others.index(name) / max(1, len(others) - 1))
+            styles[name] = "-" if r.distill else "--"
     for ax, ts in zip(axes, sets):
         for name in order:
             lat = np.sort([s["latency_ms"] for s in samples if s["test_set"] == ts and s["system"] == name])
@@ -359,31 +302,31 @@ def plot_latency_cdf(rows: list[dict], samples: list[dict], path: Path) -> None:
     plt.close(fig)
 
 
-def plot_bleu_vs_steps(rows: list[dict], path: Path) -> None:
+def plot_bleu_vs_steps(rows: list[Row], path: Path) -> None:
+    """A line over steps per variant (systems that differ only in steps); other systems as levels."""
     import matplotlib.pyplot as plt
 
-    sets = _test_sets(rows)
+    sets = test_sets(rows)
     fig, axes = _axes_grid(len(sets), plt)
+    palettes = {True: ["#c0392b", "#8e44ad", "#d35400", "#7b241c"], False: ["#e67e22", "#16a085", "#f1c40f", "#7f8c8d"]}
     for ax, ts in zip(axes, sets):
-        rs = [r for r in rows if r["test_set"] == ts and r.get("bleu") is not None]
-        variants: dict[str, list[dict]] = {}
+        rs = [r for r in rows if r.test_set == ts and r.bleu is not None]
+        variants: dict[str, list[Row]] = {}
         for r in rs:
-            if r["family"] == "nar":
-                label = r["system"].replace(f"-s{r['steps']}-", "-", 1)
-                variants.setdefault(label, []).append(r)
-        palettes = {True: ["#c0392b", "#8e44ad", "#d35400", "#7b241c"], False: ["#e67e22", "#16a085", "#f1c40f", "#7f8c8d"]}
+            if r.variant is not None:
+                variants.setdefault(r.variant, []).append(r)
         used = {True: 0, False: 0}
         for label, vr in sorted(variants.items()):
-            vr = sorted(vr, key=lambda r: r["steps"])
-            distilled = bool(vr[0].get("distill"))
+            vr = sorted(vr, key=lambda r: r.steps)
+            distilled = bool(vr[0].distill)
             color = palettes[distilled][used[distilled] % 4]
             used[distilled] += 1
-            ax.plot([r["steps"] for r in vr], [r["bleu"] for r in vr], marker="o", lw=1.6, color=color,
-                    ls="-" if distilled else "--", label=label.replace("padir-", "PaDIR "))
-        ar_styles = [":", "-."]
-        for j, r in enumerate(sorted((r for r in rs if r["family"] == "ar"), key=lambda r: r.get("hypotheses") or 1)):
-            ax.axhline(r["bleu"], color="#1f4e79", lw=1.2, ls=ar_styles[j % 2], label=f"{r['system']} (AR)")
-        steps = sorted({r["steps"] for r in rs if r["family"] == "nar"})
+            ax.plot([r.steps for r in vr], [r.bleu for r in vr], marker="o", lw=1.6, color=color,
+                    ls="-" if distilled else "--", label=label)
+        levels = sorted((r for r in rs if r.variant is None), key=lambda r: (families.rank(r.family), r.hypotheses))
+        for j, r in enumerate(levels):
+            ax.axhline(r.bleu, color="#1f4e79", lw=1.2, ls=[":", "-.", "--"][j % 3], label=r.system)
+        steps = sorted({r.steps for r in rs if r.variant is not None})
         if steps:
             ax.set_xscale("log", base=2)
             ax.set_xticks(steps, [str(s) for s in steps])
@@ -393,7 +336,7 @@ def plot_bleu_vs_steps(rows: list[dict], path: Path) -> None:
         ax.set_title(ts, fontsize=10)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7, loc="best")
-    fig.suptitle("PaDIR quality vs refinement steps")
+    fig.suptitle("Quality vs refinement steps")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -406,106 +349,16 @@ def write_report(run_dir: str | Path) -> list[Path]:
     import matplotlib
 
     matplotlib.use("Agg")
-    from narbench_core.errors import UserError
-
     run = st.RunStore(st.resolve_run_dir(run_dir))
     rows, samples = run.rows(), run.samples()
     if not rows:
         raise UserError(f"{run.path} has no finished cells yet; run `narbench run` until some finish")
-    info, env = {"run_id": run.run_id, **run.info}, run.env()
-    out = []
-    scored = [r for r in rows if r.get("bleu") is not None]
+    info, env = {"run_id": run.run_id, "suite": rows[0].suite, **run.info}, run.env()
+    scored = [r for r in rows if r.bleu is not None]
     if scored:
         plot_pareto(scored, run.path / "pareto.png")
         plot_bleu_vs_steps(scored, run.path / "bleu_vs_steps.png")
     plot_latency_cdf(rows, samples, run.path / "latency_cdf.png")
-    out.extend(run.path / p for p in PLOTS if (run.path / p).is_file())
     write_text(run.path / "table.md", render_table(rows, info, env))
     write_text(run.path / "leaderboard.md", render_leaderboard(rows, info, env, run.path))
-    return [run.path / "table.md", run.path / "leaderboard.md", *out]
-
-
-# --------------------------------------------------------------------------------------------- verify
-
-FIGURES = ("n_sentences", "bleu", "chrf", "stutter_per_1k_words", "stutter_sentence_share", "latency_p50_ms",
-           "latency_p90_ms", "latency_p99_ms", "latency_mean_ms", "latency_min_ms", "latency_max_ms",
-           "latency_p50_ci_ms", "latency_p90_ci_ms", "latency_p99_ci_ms", "passes_mean", "passes_p99",
-           "speedup_p50_vs_ar", "speedup_p50_ci", "bleu_delta_vs_ar", "bleu_delta_ci", "bleu_delta_p_value")
-
-
-def _close(a: Any, b: Any, rel: float = 1e-9) -> bool:
-    if a is None or b is None:
-        return a is None and b is None
-    if isinstance(a, (list, tuple)) or isinstance(b, (list, tuple)):
-        return isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)) and len(a) == len(b) and all(
-            _close(x, y, rel) for x, y in zip(a, b))
-    if isinstance(a, str) or isinstance(b, str):
-        return a == b
-    return math.isclose(float(a), float(b), rel_tol=rel, abs_tol=1e-9)
-
-
-def verify_run(run_dir: str | Path) -> list[str]:
-    """Recompute every row's figures from ``samples.jsonl``; returns the mismatches (empty: all agree).
-
-    Checks the DESIGN.md fields are present, then BLEU, chrF, stutter, latency percentiles and CIs,
-    passes, the paired speedup and the BLEU delta against the row's baseline.
-    """
-    from bench.grid import cell_figures
-
-    run = st.RunStore(st.resolve_run_dir(run_dir))
-    rows, samples = run.rows(), run.samples()
-    groups: dict[tuple[str, str], list[dict]] = {}
-    for s in samples:
-        groups.setdefault((s["system"], s["test_set"]), []).append(s)
-    for g in groups.values():
-        g.sort(key=lambda s: s["index"])
-    problems = []
-    if not rows:
-        problems.append("rows.jsonl has no rows")
-    for row in rows:
-        key = (row.get("system"), row.get("test_set"))
-        missing = [f for f in st.ROW_FIELDS if f not in row]
-        if missing:
-            problems.append(f"{key}: missing fields {missing}")
-        g = groups.get(key)
-        if not g:
-            problems.append(f"{key}: no samples")
-            continue
-        bad_sample = [f for f in st.SAMPLE_FIELDS if any(f not in s for s in g)]
-        if bad_sample:
-            problems.append(f"{key}: samples lack {bad_sample}")
-            continue
-        if "references" in g[0]:
-            refs = [[s["references"][k] for s in g] for k in range(len(g[0]["references"]))]
-        else:
-            refs = [[s["reference"] for s in g]]
-        base = groups.get((row.get("baseline_system"), row["test_set"]))
-        base_ok = base is not None and [s["index"] for s in base] == [s["index"] for s in g]
-        scored = row.get("bleu") is not None
-        figures = cell_figures(
-            [s["hypothesis"] for s in g], refs, [s["latency_ms"] for s in g], [s["passes"] for s in g],
-            row.get("target_lang", "en"),
-            [s["latency_ms"] for s in base] if base_ok and row.get("speedup_p50_vs_ar") is not None else None,
-            [s["hypothesis"] for s in base] if base_ok and row.get("bleu_delta_vs_ar") is not None else None,
-            _bootstrap_n(run), _seed(run), score=scored)
-        for name in FIGURES:
-            if name in figures and not _close(row.get(name), figures[name]):
-                problems.append(f"{key}: {name} = {row.get(name)!r} in rows.jsonl but {figures[name]!r} from samples")
-    extra = set(groups) - {(r.get("system"), r.get("test_set")) for r in rows}
-    if extra:
-        problems.append(f"samples without a row (unfinished cells): {sorted(extra)}")
-    return problems
-
-
-def _spec(run: st.RunStore):
-    import tomllib
-
-    return tomllib.loads(run.spec_text()) if run.spec_text() else {}
-
-
-def _bootstrap_n(run: st.RunStore) -> int:
-    return int(_spec(run).get("bootstrap_resamples", 1000))
-
-
-def _seed(run: st.RunStore) -> int:
-    return int((_spec(run).get("seeds") or [0])[0])
+    return [run.path / "table.md", run.path / "leaderboard.md", *(run.path / p for p in PLOTS if (run.path / p).is_file())]

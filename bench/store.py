@@ -23,19 +23,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from bench.rows import SCHEMA_VERSION, Row
 from narbench_core.errors import UserError
 from narbench_core.io import read_jsonl, write_json, write_jsonl, write_text
 
-SCHEMA_VERSION = 1
-
-# Every field DESIGN.md lists for rows.jsonl, in that order (rows may carry more).
-ROW_FIELDS = (
-    "schema_version", "suite", "task", "test_set", "system", "family", "steps", "unmask_rate",
-    "distill", "length_hyps", "batch_size", "n_sentences", "bleu", "bleu_signature", "chrf",
-    "bleurt", "stutter_per_1k_words", "stutter_sentence_share", "latency_p50_ms", "latency_p90_ms",
-    "latency_p99_ms", "latency_mean_ms", "latency_p50_ci_ms", "latency_p99_ci_ms",
-    "speedup_p50_vs_ar", "speedup_p50_ci", "passes_mean", "passes_p99", "compile_s",
-)
 SAMPLE_FIELDS = ("system", "test_set", "index", "source", "reference", "hypothesis", "latency_ms", "passes")
 
 ROWS, SAMPLES, ENV, SPEC, RUN, LATEST = (
@@ -73,16 +64,16 @@ class RunStore:
     def finished(self) -> bool:
         return self.info.get("status") == "finished"
 
-    def rows(self) -> list[dict]:
-        return read_jsonl(self.path / ROWS)
+    def rows(self) -> list[Row]:
+        return [Row.load(r, str(self.path / ROWS)) for r in read_jsonl(self.path / ROWS)]
 
     def samples(self) -> list[dict]:
         return read_jsonl(self.path / SAMPLES)
 
     def done_keys(self) -> set[tuple[str, str]]:
-        return {(r["system"], r["test_set"]) for r in self.rows()}
+        return {r.key for r in self.rows()}
 
-    def save_cells(self, rows: list[dict], samples: list[dict]) -> None:
+    def save_cells(self, rows: list[Row], samples: list[dict]) -> None:
         """Add (or replace) finished cells: samples are written first, then rows.
 
         A row's presence marks its cell finished, so a kill between the two writes leaves samples
@@ -90,11 +81,11 @@ class RunStore:
         """
         if self.finished and not self.allow_finished:
             raise UserError(f"run {self.path} is finished and is never modified; start a new run")
-        keys = {(r["system"], r["test_set"]) for r in rows}
+        keys = {r.key for r in rows}
         old_samples = [s for s in self.samples() if (s["system"], s["test_set"]) not in keys]
         write_jsonl(self.path / SAMPLES, old_samples + list(samples))
-        old_rows = [r for r in self.rows() if (r["system"], r["test_set"]) not in keys]
-        write_jsonl(self.path / ROWS, old_rows + list(rows))
+        old_rows = [r for r in self.rows() if r.key not in keys]
+        write_jsonl(self.path / ROWS, [dict(r) for r in old_rows + list(rows)])
 
     def update_info(self, **changes: Any) -> None:
         write_json(self.path / RUN, {**self.info, **changes, "updated": utc_now().isoformat()})
@@ -109,6 +100,16 @@ class RunStore:
     def spec_text(self) -> str:
         file = self.path / SPEC
         return file.read_text(encoding="utf-8") if file.is_file() else ""
+
+    def spec_settings(self) -> dict[str, int]:
+        """The recorded spec's settings that the figures depend on: bootstrap resamples and seed."""
+        import tomllib
+
+        spec = tomllib.loads(self.spec_text())
+        if "bootstrap_resamples" not in spec or not spec.get("seeds"):
+            raise UserError(f"{self.path / SPEC} is missing or incomplete; the run folder is damaged: re-run "
+                            "the suite with `narbench run --force`")
+        return {"bootstrap_resamples": int(spec["bootstrap_resamples"]), "seed": int(spec["seeds"][0])}
 
 
 def open_run(out_root: Path, suite: str, spec_hash: str, spec_toml: str, command: str,
@@ -166,7 +167,7 @@ def load_rows(run_dir: str | Path):
     """``rows.jsonl`` of a run as a pandas DataFrame (one row per system and test set)."""
     import pandas as pd
 
-    return pd.DataFrame(read_jsonl(resolve_run_dir(run_dir) / ROWS))
+    return pd.DataFrame([dict(r) for r in RunStore(resolve_run_dir(run_dir)).rows()])
 
 
 def load_samples(run_dir: str | Path):

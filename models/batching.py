@@ -218,10 +218,9 @@ def load_task_tokens(task: str, split: str = "train", progress: bool = False) ->
     """The task split's ``inputs``/``targets`` token ids (EOS appended, as the seqio task makes them),
     tokenized once and cached under ``tokens/`` keyed by task, split, vocabulary and text hash."""
     import seqio
-    from suites import tasks
     from narbench_core.paths import subdir
 
-    ident = task_identity(task, split)
+    ident = task_identity(task, split)                 # imports suites.tasks: every task is registered
     path = subdir("tokens") / f"{task}-{split}-{ident['vocab_hash'][:10]}-{ident['data'][:10]}.npz"
     if path.is_file():
         return TokenPairs.load(path)

@@ -6,12 +6,14 @@ bucket (16/32/64/128 by default), ``run`` is the jitted device part (parameters 
 and 2s (capped by ``max_decode_length``). AR decodes up to the largest of them; PaDIR reads its k
 predicted lengths back to the host (one small transfer) and refines in the smallest bucket that
 holds them, so a pass costs what the predicted lengths need, with few compiled shapes.
+``run`` returns a ``DeviceOutput``; ``PaDIRDecoder.refine_with_history`` runs the same jitted
+refinement and also returns its per-pass history (optionally with the last layer's attention).
 """
 from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Any, Optional, Sequence
+from typing import Any, NamedTuple, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -23,6 +25,14 @@ from narbench_core.tokens import EOS_ID, FIRST_REGULAR_ID
 from models import decoding, refine, t5
 from models.config import ModelConfig
 
+Array = jax.Array
+
+
+class DeviceOutput(NamedTuple):
+    """What ``run`` returns: device arrays, not yet transferred."""
+    tokens: Array                        # [B, n] int32 each row's best hypothesis (text up to its first EOS)
+    passes: Array                        # [B] int32 decoder passes run per row
+    score: Array                         # [B] float32 AR: log-prob (beam: / length penalty); PaDIR: mean log-prob
 
 
 @dataclass(frozen=True)
@@ -72,21 +82,33 @@ def _detokenize(vocab: Any, ids: np.ndarray) -> str:
 
 class _BaseDecoder:
     ALGORITHMS: tuple[str, ...] = ()     # the decoder specs this class runs (greedy, beam, refine)
-    MODEL: str = ""                      # what the checkpoint must be, for error messages
+    MODEL: str = ""                      # the checkpoint it runs on, for error messages
+    SPECS: str = ""                      # how to write its decoder specs, for error messages
 
     def __init__(self, config: ModelConfig, params: Any, vocab: Any, parsed: _Parsed, name: str,
-                 buckets: Sequence[int] = defaults.DECODE_BUCKETS, max_decode_length: Optional[int] = None):
+                 buckets: Sequence[int] = defaults.DECODE_BUCKETS, max_decode_length: Optional[int] = None,
+                 force_length: Optional[int] = None):
+        """``force_length``: decode exactly this many target tokens whatever the model predicts (AR:
+        EOS ends nothing; PaDIR: every length hypothesis has it), for latency with random weights."""
         self.config, self.vocab, self.parsed, self.name = config, vocab, parsed, name
         self.model = t5.make_model(config)
         self.params = jax.device_put(params)
         self.buckets = tuple(sorted({int(b) for b in buckets}))
         self.max_decode_length = int(min(max_decode_length or config.max_target_length, config.max_target_length))
+        if force_length is not None and not 1 <= int(force_length) <= self.max_decode_length:
+            raise UserError(f"force_length must be in [1, {self.max_decode_length}] (the max decode length), "
+                            f"got {force_length}")
+        self.force_length = None if force_length is None else int(force_length)
         self._warm_batches: set[int] = set()
 
     # -- shapes ---------------------------------------------------------------------------------
+    def _capped_buckets(self) -> list[int]:
+        """Every target capacity: the buckets capped at (and including) the max decode length."""
+        return sorted({min(b, self.max_decode_length) for b in self.buckets + (self.max_decode_length,)})
+
     def target_buckets(self, source_bucket: int) -> list[int]:
         """Target capacities allowed for a source bucket: buckets in [s/2, 2s], capped."""
-        capped = sorted({min(b, self.max_decode_length) for b in self.buckets + (self.max_decode_length,)})
+        capped = self._capped_buckets()
         allowed = [t for t in capped if source_bucket / 2 <= t <= 2 * source_bucket]
         return allowed or [min(capped, key=lambda t: abs(t - source_bucket))]
 
@@ -120,8 +142,8 @@ class _BaseDecoder:
     def _warmup_variants(self, inputs: np.ndarray, batch_size: int) -> list[Prepared]:
         return [Prepared(inputs, batch_size)]
 
-    def finish(self, outputs: Any, prepared: Prepared) -> "DecodeOutput":
-        tokens, passes = jax.device_get(outputs[:2])                         # [B, n], [B]
+    def finish(self, outputs: DeviceOutput, prepared: Prepared) -> "DecodeOutput":
+        tokens, passes = jax.device_get((outputs.tokens, outputs.passes))   # [B, n], [B]
         n = prepared.num_sources
         hyps = [_detokenize(self.vocab, row) for row in np.asarray(tokens)[:n]]
         return DecodeOutput(hyps, np.asarray(passes)[:n].astype(np.int64))
@@ -136,9 +158,10 @@ class _BaseDecoder:
 
 
 class ARDecoder(_BaseDecoder):
-    """Greedy (cached or uncached) or beam search; ``passes`` = decoder steps run per sentence."""
+    """Greedy (cached or uncached) or beam search; ``passes`` = decoder steps run per sentence.
+    With ``force_length`` every row decodes exactly that many steps (EOS does not end it)."""
     ALGORITHMS = ("greedy", "beam")
-    MODEL = "an AR checkpoint (greedy or beam:K)"
+    MODEL, SPECS = "an AR checkpoint", "greedy or beam:K"
 
     def __init__(self, *args, cached: bool = True, length_penalty: float = defaults.LENGTH_PENALTY, **kw):
         super().__init__(*args, **kw)
@@ -148,7 +171,7 @@ class ARDecoder(_BaseDecoder):
         self._run = jax.jit(self._device_run, static_argnums=(3,))
 
     def max_len(self, source_bucket: int) -> int:
-        return max(self.target_buckets(source_bucket))
+        return self.force_length or max(self.target_buckets(source_bucket))
 
     def _encode(self, params, inputs):
         return self.model.apply({"params": params}, inputs, method=t5.Transformer.encode)   # [b, s, d]
@@ -165,30 +188,27 @@ class ARDecoder(_BaseDecoder):
                                   method=t5.Transformer.decode)
         return logits[:, 0]
 
-    def _device_run(self, params, inputs, active, max_len: int):
+    def _device_run(self, params, inputs, active, max_len: int) -> DeviceOutput:
         b = inputs.shape[0]
+        eos_id = EOS_ID if self.force_length is None else decoding.NO_EOS
         encoded = self._encode(params, inputs)
         if self.parsed.algorithm == "beam":
             k = self.parsed.k
             encoded, inputs = jnp.repeat(encoded, k, axis=0), jnp.repeat(inputs, k, axis=0)  # [b*k, ...]
             cache = t5.init_cache(self.config, b * k, inputs.shape[1], max_len)
             fn = lambda tok, c: self._step(params, c, encoded, inputs, tok)
-            tokens, scores, steps = decoding.beam_search(fn, cache, b, k, max_len, self.length_penalty, EOS_ID,
-                                                        active)
-            return tokens[:, 0], steps, scores[:, 0]
+            res = decoding.beam_search(fn, cache, b, k, max_len, self.length_penalty, eos_id, active)
+            return DeviceOutput(tokens=res.tokens[:, 0], passes=res.steps, score=res.scores[:, 0])
         if self.cached:
             cache = t5.init_cache(self.config, b, inputs.shape[1], max_len)
             fn = lambda tok, c: self._step(params, c, encoded, inputs, tok)
-            return self._reorder(decoding.greedy_search(fn, cache, b, max_len, EOS_ID, active))
-        fn = lambda seqs, i: self._uncached_pass(params, encoded, inputs, seqs, i)
-        return self._reorder(decoding.greedy_search_uncached(fn, b, max_len, EOS_ID, active))
+            res = decoding.greedy_search(fn, cache, b, max_len, eos_id, active)
+        else:
+            fn = lambda seqs, i: self._uncached_pass(params, encoded, inputs, seqs, i)
+            res = decoding.greedy_search_uncached(fn, b, max_len, eos_id, active)
+        return DeviceOutput(tokens=res.tokens, passes=res.steps, score=res.scores)
 
-    @staticmethod
-    def _reorder(result):
-        tokens, scores, steps = result
-        return tokens, steps, scores
-
-    def run(self, prepared: Prepared):
+    def run(self, prepared: Prepared) -> DeviceOutput:
         return self._run(self.params, jnp.asarray(prepared.inputs), jnp.asarray(prepared.active),
                          self.max_len(prepared.inputs.shape[1]))
 
@@ -210,12 +230,14 @@ class ARDecoder(_BaseDecoder):
 
 
 class PaDIRDecoder(_BaseDecoder):
-    """refine:T with k length hypotheses; ``passes`` = refinement passes run per sentence."""
+    """refine:T with k length hypotheses; ``passes`` = refinement passes run per sentence.
+    ``early_stop=False`` runs exactly T passes; with ``force_length`` every hypothesis has that length
+    (the length predictor does not run) and refines in the one capacity that holds it."""
     ALGORITHMS = ("refine",)
-    MODEL = "a PaDIR checkpoint (refine:T, e.g. refine:4)"
+    MODEL, SPECS = "a PaDIR checkpoint", "refine:T (e.g. refine:4)"
 
     def __init__(self, *args, length_hyps: int = defaults.LENGTH_HYPS, remask: str = defaults.REMASK,
-                 init: str = defaults.INIT, seed: int = 0, **kw):
+                 init: str = defaults.INIT, seed: int = 0, early_stop: bool = True, **kw):
         super().__init__(*args, **kw)
         if remask not in defaults.REMASK_MODES:
             raise UserError(f"unknown remask {remask!r}; use one of {', '.join(defaults.REMASK_MODES)}")
@@ -224,20 +246,31 @@ class PaDIRDecoder(_BaseDecoder):
         if int(length_hyps) < 1:
             raise UserError(f"length_hyps must be >= 1, got {length_hyps}")
         self.length_hyps, self.remask, self.init = int(length_hyps), remask, init
-        self.rng = jax.random.key(int(seed))
+        self.early_stop, self.seed = bool(early_stop), int(seed)
+        self.rng = jax.random.key(self.seed)
         self._encode = jax.jit(self._encode_and_lengths)
         # The step count T is a traced argument and the jitted loop is shared by every PaDIR decoder
         # of the same model config and options, so refine:1/2/4/10 compile each shape once in memory
         # (re-reading one's own executable from JAX's persistent cache segfaulted in jaxlib 0.10.2).
-        self._refine = _shared_refine(self.config, self.length_hyps, remask, init, self.max_decode_length)
+        self._refine = _shared_refine(self.config, self.length_hyps, remask, init, self.max_decode_length,
+                                      self.early_stop)
         self._num_steps = jax.device_put(np.int32(self.parsed.k))
 
     def _encode_and_lengths(self, params, inputs):
-        """Encoder + length prediction: encoded [b, s, d], top-k lengths [b, k] in [1, max]."""
+        """Encoder + length prediction: encoded [b, s, d], top-k lengths [b, k] in [1, max]
+        (``force_length`` for every hypothesis if set)."""
         v = {"params": params}
         encoded = self.model.apply(v, inputs, method=t5.PaDIR.encode)
+        if self.force_length is not None:
+            return encoded, jnp.full((inputs.shape[0], self.length_hyps), self.force_length, jnp.int32)
         logits = self.model.apply(v, encoded, inputs, method=t5.PaDIR.predict_length)  # [b, L + 1]
         return encoded, refine.top_k_lengths(logits, self.length_hyps, self.max_decode_length)
+
+    def target_buckets(self, source_bucket: int) -> list[int]:
+        """As for every decoder; with ``force_length`` the smallest capacity that holds it, for any source."""
+        if self.force_length is None:
+            return super().target_buckets(source_bucket)
+        return [next(t for t in self._capped_buckets() if t >= self.force_length)]
 
     def _pass(self, params, encoded, inputs, tokens, mask):
         """One parallel decoder pass: tokens/mask [b*k, n] -> logits [b*k, n, V]."""
@@ -247,13 +280,26 @@ class PaDIRDecoder(_BaseDecoder):
         allowed = self.target_buckets(source_bucket)
         return next((t for t in allowed if t >= longest), allowed[-1])
 
-    def run(self, prepared: Prepared):
+    def run(self, prepared: Prepared) -> DeviceOutput:
+        out = self._encode_and_refine(prepared)
+        return DeviceOutput(tokens=out.tokens, passes=out.passes, score=out.score)
+
+    def refine_with_history(self, prepared: Prepared, attention: bool = False) -> refine.RefineOutput:
+        """``run``'s refinement (the same jitted loop, compiled once more with the history on) plus its
+        ``refine.RefineHistory`` over T passes: per pass the best hypothesis's argmax tokens [T, B, n]
+        before repeat-dropping, the rows that ran it [T, B] and its mask [B, n]; with ``attention``
+        also ``aux["self_attention"]`` [T, B, heads, n, n] and ``aux["cross_attention"]``
+        [T, B, heads, n, S] of the last decoder layer in each pass."""
+        return self._encode_and_refine(prepared, history_steps=self.parsed.k, attention=attention)
+
+    def _encode_and_refine(self, prepared: Prepared, **history: Any) -> refine.RefineOutput:
         inputs = jnp.asarray(prepared.inputs)
         encoded, lengths = self._encode(self.params, inputs)
         active = jnp.asarray(prepared.active)
         longest = int(np.max(np.asarray(lengths)[prepared.active]))                   # host sync (tiny)
         capacity = prepared.target_bucket or self._choose_bucket(inputs.shape[1], longest)
-        return self._refine(self.params, encoded, inputs, lengths, active, self.rng, self._num_steps, capacity)
+        return self._refine(self.params, encoded, inputs, lengths, active, self.rng, self._num_steps, capacity,
+                            **history)
 
     def _warmup_variants(self, inputs: np.ndarray, batch_size: int) -> list[Prepared]:
         return [Prepared(inputs, batch_size, t) for t in self.target_buckets(inputs.shape[1])]
@@ -273,21 +319,33 @@ class PaDIRDecoder(_BaseDecoder):
 
 
 @functools.lru_cache(maxsize=None)
-def _shared_refine(config: ModelConfig, length_hyps: int, remask: str, init: str, max_decode_length: int):
+def _shared_refine(config: ModelConfig, length_hyps: int, remask: str, init: str, max_decode_length: int,
+                   early_stop: bool):
     """The jitted refinement of k length hypotheses for one model config and decoding options; the
-    step count is an argument, the target capacity a static one."""
+    step count is an argument; static ones: the target capacity, ``history_steps`` (0: no history,
+    else the passes the history holds) and ``attention`` (the history keeps the attention weights)."""
     model = t5.make_model(config)
 
-    def refine_all(params, encoded, inputs, lengths, active, rng, num_steps, capacity: int):
+    def refine_all(params, encoded, inputs, lengths, active, rng, num_steps, capacity: int,
+                   history_steps: int = 0, attention: bool = False) -> refine.RefineOutput:
         k = lengths.shape[1]
         encoded, inputs = jnp.repeat(encoded, k, axis=0), jnp.repeat(inputs, k, axis=0)  # [b*k, ...]
-        fn = lambda tokens, mask: model.apply({"params": params}, encoded, inputs, tokens, mask,
-                                              method=t5.PaDIR.refine)                  # [b*k, n, V]
-        out = refine.refine_length_hypotheses(fn, jnp.minimum(lengths, capacity), capacity, num_steps, rng,
-                                              remask, init, config.vocab_size, active=active)
-        return out.tokens, out.passes, out.score
 
-    return jax.jit(refine_all, static_argnums=(7,))
+        def fn(tokens, mask):
+            """One pass: logits [b*k, n, V]; with ``attention`` also the last layer's weights."""
+            if not attention:
+                return model.apply({"params": params}, encoded, inputs, tokens, mask, method=t5.PaDIR.refine)
+            logits, state = model.apply({"params": params}, encoded, inputs, tokens, mask, method=t5.PaDIR.refine,
+                                        mutable=["intermediates"])
+            sown = state["intermediates"]["decoder"]
+            return logits, {"self_attention": sown["self_attention"][0],              # [b*k, h, n, n]
+                            "cross_attention": sown["cross_attention"][0]}            # [b*k, h, n, s]
+
+        return refine.refine_length_hypotheses(fn, jnp.minimum(lengths, capacity), capacity, num_steps, rng,
+                                               remask, init, config.vocab_size, early_stop, active,
+                                               retain_history=history_steps > 0, history_steps=history_steps or None)
+
+    return jax.jit(refine_all, static_argnames=("capacity", "history_steps", "attention"))
 
 
 DECODERS = {"ar": ARDecoder, "padir": PaDIRDecoder}   # model kind -> the decoder class that runs it
@@ -303,7 +361,8 @@ def make_decoder(model_config: ModelConfig, params: Any, vocab: Any, spec: str, 
     parsed = parse_spec(spec)
     cls = DECODERS[model_config.kind]
     if parsed.algorithm not in cls.ALGORITHMS:
-        raise UserError(f"decoder {spec!r} does not run on this checkpoint; it needs {cls.MODEL}")
+        needs = next(c for c in DECODERS.values() if parsed.algorithm in c.ALGORITHMS)
+        raise UserError(f"decoder {spec!r} needs {needs.MODEL}; use {cls.SPECS} for {cls.MODEL}")
     known = _option_names(cls)
     unknown = sorted(set(options) - known)
     if unknown:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
+from narbench_core import defaults
 from narbench_core.errors import UserError
 from narbench_core.io import write_lines
 from models import checkpoint
@@ -28,8 +29,9 @@ def _clean(text: str) -> str:
     return " ".join(text.replace("\t", " ").split())
 
 
-def distill_dir_for(teacher_dir: str | os.PathLike, task: str, beam_size: int = 5,
-                    length_penalty: float = 0.6, max_examples: int | None = None) -> Path:
+def distill_dir_for(teacher_dir: str | os.PathLike, task: str, beam_size: int = defaults.DISTILL_BEAM_SIZE,
+                    length_penalty: float = defaults.LENGTH_PENALTY,
+                    max_examples: int | None = defaults.DISTILL_MAX_EXAMPLES) -> Path:
     """``distill/<task>-<hash>``: the hash names the teacher and the decoding settings."""
     from narbench_core.paths import subdir
 
@@ -51,8 +53,9 @@ def distill_dir_for(teacher_dir: str | os.PathLike, task: str, beam_size: int = 
     return subdir("distill") / f"{task}-{digest}"
 
 
-def distill_task(teacher_dir: str | os.PathLike, task: str, beam_size: int = 5, batch_size: int = 32,
-                 max_examples: int | None = None, *, length_penalty: float = 0.6,
+def distill_task(teacher_dir: str | os.PathLike, task: str, beam_size: int = defaults.DISTILL_BEAM_SIZE,
+                 batch_size: int = 32, max_examples: int | None = defaults.DISTILL_MAX_EXAMPLES, *,
+                 length_penalty: float = defaults.LENGTH_PENALTY,
                  chunk_size: int = 512, progress: bool = True) -> str:
     """Beam-decode ``task``'s training sources with the AR teacher (cached, resumable), register
     ``<task>_distilled`` on the result and return that name."""
@@ -80,8 +83,7 @@ def distill_task(teacher_dir: str | os.PathLike, task: str, beam_size: int = 5, 
         write_lines(final, (f"{_clean(s)}\t{hyps[i]}" for i, s in enumerate(sources)))
         for part in parts:
             part.unlink()
-    tasks.register_distilled_task(task, final)
-    return f"{task}_distilled"
+    return tasks.register_distilled_task(task, final)
 
 
 def _decode_in_chunks(teacher_dir, sources: list[str], out: Path, beam_size: int, batch_size: int,

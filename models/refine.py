@@ -8,27 +8,54 @@ choice); ``mask-predict`` (the N*(T-t)/T least confident tokens are replaced, t 
 row's length; confidences come from the latest pass). Replacements are ``<mask>`` or fresh random
 tokens, matching the initial hypothesis. After the last step ``drop_repeats`` removes consecutive
 repeats. k length hypotheses are flattened into the batch and the best is chosen by mean log-prob.
+The loop state is a ``RefineState`` (named fields, after flax's WMT ``BeamState``).
+
+With ``retain_history`` (as fairseq's iterative refinement generator) the result also holds a
+``RefineHistory``: every pass's argmax tokens (before ``drop_repeats``) and which rows ran it, plus
+whatever the callback returns beside its logits: ``refine_fn`` may return ``(logits, aux)`` with
+``aux`` a pytree of ``[b, ...]`` arrays (e.g. attention weights), kept per pass. Without it nothing is
+recorded and the loop is the same as before.
 
 Random tokens are drawn uniformly from the non-special ids [4, vocab_size).
 """
 from __future__ import annotations
 
-from typing import Callable, NamedTuple, Optional
+from typing import Any, Callable, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
 
-from narbench_core.defaults import INIT_MODES, REMASK_MODES
+from narbench_core import defaults
 from narbench_core.tokens import FIRST_REGULAR_ID, MASK_ID, PAD_ID
 
 Array = jax.Array
-RefineFn = Callable[[Array, Array], Array]
+RefineFn = Callable[[Array, Array], Any]   # (tokens [b, n], mask [b, n]) -> logits [b, n, V] or (logits, aux)
+
+
+class RefineHistory(NamedTuple):
+    """Per-pass record of a refinement (T = the history's passes; passes never run stay zero)."""
+    tokens: Array      # [T, b, n] int32 argmax tokens of each pass, before drop_repeats (0 outside the mask)
+    active: Array      # [T, b] bool rows that ran the pass (not yet stopped, not batch padding)
+    mask: Array        # [b, n] the refined positions of each row
+    aux: Any           # pytree of [T, b, ...]: the callback's aux of each pass (None if it returns none)
 
 
 class RefineOutput(NamedTuple):
     tokens: Array      # [b, n] final argmax tokens (0 outside the mask)
     score: Array       # [b] mean log-prob of the tokens over the row's positions
     passes: Array      # [b] decoder passes the row actually used
+    history: Optional[RefineHistory] = None   # with retain_history only
+
+
+class RefineState(NamedTuple):
+    t: Array           # [] int32 passes run so far
+    inputs: Array      # [b, n] int32 the next pass's input: the output, re-masked
+    out: Array         # [b, n] int32 each row's latest argmax tokens (frozen once the row stops)
+    conf: Array        # [b, n] float32 their log-probs
+    finished: Array    # [b] bool rows that stopped (a pass changed nothing) or are batch padding
+    passes: Array      # [b] int32 passes each row ran
+    key: Array         # PRNG key for the replacement tokens
+    history: Optional[RefineHistory]   # the buffers of retain_history, else None
 
 
 def replacement_tokens(rng: Array, shape: tuple[int, ...], init: str, vocab_size: int) -> Array:
@@ -70,40 +97,69 @@ def drop_repeats(tokens: Array, mask: Array) -> Array:
     return jnp.zeros_like(tokens).at[rows, dest].set(tokens, mode="drop")
 
 
+def _split_aux(out: Any) -> tuple[Array, Any]:
+    """A refine callback's ``logits`` or ``(logits, aux)`` as ``(logits, aux or None)``."""
+    return out if isinstance(out, tuple) else (out, None)
+
+
+def _empty_history(refine_fn: RefineFn, tokens: Array, mask: Array, steps: int) -> RefineHistory:
+    """Zeroed buffers for ``steps`` passes (the aux buffers take the callback's aux shapes)."""
+    _, aux = _split_aux(jax.eval_shape(refine_fn, tokens, mask))
+    return RefineHistory(tokens=jnp.zeros((steps,) + tokens.shape, jnp.int32),
+                         active=jnp.zeros((steps, tokens.shape[0]), bool), mask=mask,
+                         aux=jax.tree_util.tree_map(lambda s: jnp.zeros((steps,) + s.shape, s.dtype), aux))
+
+
+def _record(history: RefineHistory, t: Array, tokens: Array, active: Array, aux: Any) -> RefineHistory:
+    """Write pass ``t``'s argmax tokens, running rows and aux into the history buffers."""
+    put = lambda buf, x: jax.lax.dynamic_update_index_in_dim(buf, x.astype(buf.dtype), t, axis=0)
+    return history._replace(tokens=put(history.tokens, tokens), active=put(history.active, active),
+                            aux=jax.tree_util.tree_map(put, history.aux, aux))
+
+
 def iterative_refinement(refine_fn: RefineFn, tokens: Array, mask: Array, num_steps: int | Array, rng: Array,
-                         remask: str = "stutter", init: str = "random", vocab_size: int = 0,
-                         early_stop: bool = True, active: Optional[Array] = None) -> RefineOutput:
+                         remask: str = defaults.REMASK, init: str = defaults.INIT, vocab_size: int = 0,
+                         early_stop: bool = True, active: Optional[Array] = None, retain_history: bool = False,
+                         history_steps: Optional[int] = None) -> RefineOutput:
     """At most ``num_steps`` refinement passes from ``tokens`` (the initial hypothesis); with
     ``early_stop=False`` exactly ``num_steps`` (benchmarks measure the cost of T passes so).
-    ``num_steps`` may be a traced int32 scalar, so one compiled loop serves every step count."""
+    ``num_steps`` may be a traced int32 scalar, so one compiled loop serves every step count.
+
+    ``retain_history`` also returns every pass's tokens, running rows and callback aux
+    (``RefineHistory``) in buffers of ``history_steps`` passes (default ``num_steps``; required, and at
+    least the step count, when ``num_steps`` is traced)."""
     assert tokens.ndim == 2 and tokens.shape == mask.shape, (tokens.shape, mask.shape)
-    if remask not in REMASK_MODES or init not in INIT_MODES:
-        raise ValueError(f"remask must be one of {REMASK_MODES} and init one of {INIT_MODES}")
+    if remask not in defaults.REMASK_MODES or init not in defaults.INIT_MODES:
+        raise ValueError(f"remask must be one of {defaults.REMASK_MODES} and init one of {defaults.INIT_MODES}")
     if isinstance(num_steps, int) and num_steps < 1:   # may also be a traced int32 scalar
         raise ValueError("num_steps must be >= 1")
     b, n = tokens.shape
     valid = mask > 0
     tokens = jnp.where(valid, tokens, PAD_ID)
+    history = None
+    if retain_history:
+        steps = num_steps if history_steps is None else history_steps
+        if not isinstance(steps, int) or (isinstance(num_steps, int) and steps < num_steps):
+            raise ValueError("retain_history needs history_steps, an int >= num_steps (required when "
+                             "num_steps is traced)")
+        history = _empty_history(refine_fn, tokens, mask, steps)
 
-    def cond(state):
-        t, _, _, _, finished, _, _ = state
-        return (t < num_steps) & ~jnp.all(finished)
+    def cond(state: RefineState):
+        return (state.t < num_steps) & ~jnp.all(state.finished)
 
-    def body(state):
-        t, inp, out, conf, finished, passes, key = state
-        key, sub = jax.random.split(key)
-        logits = refine_fn(inp, mask)
+    def body(state: RefineState) -> RefineState:
+        key, sub = jax.random.split(state.key)
+        logits, aux = _split_aux(refine_fn(state.inputs, mask))
         assert logits.ndim == 3 and logits.shape[:2] == (b, n), f"refine_fn returned {logits.shape}"
         logp = jax.nn.log_softmax(logits.astype(jnp.float32))                         # [b, n, V]
         new = jnp.where(valid, jnp.argmax(logp, axis=-1).astype(jnp.int32), PAD_ID)  # [b, n]
         new_conf = jnp.max(logp, axis=-1)                                            # [b, n]
-        active = ~finished
-        changed = jnp.any(new != out, axis=1)                                        # [b]
-        out = jnp.where(active[:, None], new, out)
-        conf = jnp.where(active[:, None], new_conf, conf)
-        passes = passes + active.astype(jnp.int32)
-        if early_stop:
-            finished = finished | ~changed
+        running = ~state.finished
+        changed = jnp.any(new != state.out, axis=1)                                  # [b]
+        out = jnp.where(running[:, None], new, state.out)
+        conf = jnp.where(running[:, None], new_conf, state.conf)
+        passes = state.passes + running.astype(jnp.int32)
+        finished = (state.finished | ~changed) if early_stop else state.finished
         if remask == "none":
             inp = out
         else:
@@ -112,14 +168,15 @@ def iterative_refinement(refine_fn: RefineFn, tokens: Array, mask: Array, num_st
                 inp = remask_stutter(out, mask, repl)
             else:
                 inp = mask_predict_remask(out, conf, mask, repl, passes, num_steps)
-        return t + 1, inp, out, conf, finished, passes, key
+        history = None if state.history is None else _record(state.history, state.t, new, running, aux)
+        return RefineState(state.t + 1, inp, out, conf, finished, passes, key, history)
 
-    finished = jnp.zeros(b, bool) if active is None else ~jnp.asarray(active, bool)    # batch padding: done
-    state = (jnp.int32(0), tokens, tokens, jnp.zeros((b, n), jnp.float32), finished,
-             jnp.zeros(b, jnp.int32), rng)
-    _, _, out, conf, _, passes, _ = jax.lax.while_loop(cond, body, state)
-    score = jnp.sum(jnp.where(valid, conf, 0.0), axis=1) / jnp.maximum(valid.sum(axis=1), 1)
-    return RefineOutput(out, score, passes)
+    start = RefineState(t=jnp.int32(0), inputs=tokens, out=tokens, conf=jnp.zeros((b, n), jnp.float32),
+                        finished=jnp.zeros(b, bool) if active is None else ~jnp.asarray(active, bool),
+                        passes=jnp.zeros(b, jnp.int32), key=rng, history=history)
+    final = jax.lax.while_loop(cond, body, start)
+    score = jnp.sum(jnp.where(valid, final.conf, 0.0), axis=1) / jnp.maximum(valid.sum(axis=1), 1)
+    return RefineOutput(final.out, score, final.passes, final.history)
 
 
 def top_k_lengths(length_logits: Array, k: int, max_length: int) -> Array:
@@ -131,13 +188,22 @@ def top_k_lengths(length_logits: Array, k: int, max_length: int) -> Array:
     return jnp.clip(lengths, 1, max_length).astype(jnp.int32)
 
 
+def _pick_hypothesis(x: Array, best: Array) -> Array:
+    """x [b*k, ...] -> [b, ...]: hypothesis ``best[i]`` [b] of each row ``i``."""
+    b = best.shape[0]
+    x = x.reshape((b, x.shape[0] // b) + x.shape[1:])                                # [b, k, ...]
+    return jnp.take_along_axis(x, best.reshape((b, 1) + (1,) * (x.ndim - 2)), axis=1)[:, 0]
+
+
 def refine_length_hypotheses(refine_fn: RefineFn, lengths: Array, capacity: int, num_steps: int | Array, rng: Array,
-                             remask: str = "stutter", init: str = "random", vocab_size: int = 0,
-                             early_stop: bool = True, active: Optional[Array] = None) -> RefineOutput:
+                             remask: str = defaults.REMASK, init: str = defaults.INIT, vocab_size: int = 0,
+                             early_stop: bool = True, active: Optional[Array] = None, retain_history: bool = False,
+                             history_steps: Optional[int] = None) -> RefineOutput:
     """Refine k hypotheses per row in parallel (``refine_fn`` sees ``b * k`` rows, row ``i * k + j`` has
     length ``lengths[i, j]``; rows with ``active`` [b] False are batch padding and skipped) and keep
     each row's best by mean log-prob, with repeats dropped.
-    ``passes`` per row is the maximum over its k hypotheses (they share every pass)."""
+    ``passes`` per row is the maximum over its k hypotheses (they share every pass); the history (see
+    ``iterative_refinement``) is the best hypothesis's, so its own passes are ``history.active.sum(0)``."""
     assert lengths.ndim == 2, lengths.shape
     b, k = lengths.shape
     init_key, loop_key = jax.random.split(rng)
@@ -145,10 +211,14 @@ def refine_length_hypotheses(refine_fn: RefineFn, lengths: Array, capacity: int,
     start = jnp.where(mask > 0, replacement_tokens(init_key, (b * k, capacity), init, vocab_size), PAD_ID)
     flat_active = None if active is None else jnp.repeat(jnp.asarray(active, bool), k)   # [b*k]
     res = iterative_refinement(refine_fn, start, mask, num_steps, loop_key, remask, init, vocab_size, early_stop,
-                               flat_active)
+                               flat_active, retain_history, history_steps)
     score = res.score.reshape(b, k)
     best = jnp.argmax(score, axis=1)                                                 # [b]
-    tokens = jnp.take_along_axis(res.tokens.reshape(b, k, capacity), best[:, None, None], axis=1)[:, 0]
-    best_mask = jnp.take_along_axis(mask.reshape(b, k, capacity), best[:, None, None], axis=1)[:, 0]
-    return RefineOutput(drop_repeats(tokens, best_mask), jnp.max(score, axis=1),
-                        jnp.max(res.passes.reshape(b, k), axis=1))
+    best_mask = _pick_hypothesis(mask, best)                                         # [b, n]
+    history = None
+    if res.history is not None:
+        per_pass = jax.vmap(lambda x: _pick_hypothesis(x, best))                     # [T, b*k, ...] -> [T, b, ...]
+        history = RefineHistory(per_pass(res.history.tokens), per_pass(res.history.active), best_mask,
+                                jax.tree_util.tree_map(per_pass, res.history.aux))
+    return RefineOutput(drop_repeats(_pick_hypothesis(res.tokens, best), best_mask), jnp.max(score, axis=1),
+                        jnp.max(res.passes.reshape(b, k), axis=1), history)

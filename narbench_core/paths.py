@@ -38,3 +38,19 @@ def enable_compilation_cache() -> Path:
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)   # every compile, however quick
     return path
+
+
+def portable(path: str | os.PathLike) -> str:
+    """How results name a file: relative to the data root when under it (``checkpoints/x-ar-1a2b``),
+    so committed results carry no machine path; else as given."""
+    path = Path(path).absolute()
+    try:
+        return path.relative_to(data_root().absolute()).as_posix()
+    except ValueError:
+        return str(path)
+
+
+def resolve(name: str | os.PathLike) -> Path:
+    """The file a result names (``portable``'s inverse): relative names are under the data root."""
+    path = Path(name)
+    return path if path.is_absolute() else data_root() / path

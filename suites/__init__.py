@@ -1,1 +1,1 @@
-"""What is benchmarked: corpora, SentencePiece vocabularies, seqio tasks, suite specs, theory suites."""
+"""What is benchmarked: corpora, SentencePiece vocabularies, seqio tasks, suite specs."""

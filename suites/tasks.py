@@ -294,6 +294,19 @@ def task_info(name: str) -> TaskInfo:
                     family=spec.family, splits=split_sizes(name), vocabulary=_vocabulary(spec))
 
 
+DISTILLED_SUFFIX = "_distilled"   # the one place that spells a distilled task's name
+
+
+def distilled_name(task: str) -> str:
+    """The name of ``task`` with its training targets replaced by a teacher's outputs."""
+    return task + DISTILLED_SUFFIX
+
+
+def source_task(name: str) -> str:
+    """The task a (possibly distilled) task was made from: its dev/test splits and vocabulary."""
+    return name.removesuffix(DISTILLED_SUFFIX)
+
+
 def register_distilled_task(base_task: str, train_tsv: Path) -> str:
     """Register ``<base_task>_distilled``: train split from ``train_tsv`` (``source<TAB>target``
     lines written by the distillation), other splits and vocabulary as ``base_task``."""
@@ -301,7 +314,7 @@ def register_distilled_task(base_task: str, train_tsv: Path) -> str:
     train_tsv = Path(train_tsv)
     if not train_tsv.is_file():
         raise UserError(f"distilled training file {train_tsv} not found; run the distillation first")
-    name = f"{base_task}_distilled"
+    name = distilled_name(base_task)
     _register(dataclasses.replace(base, name=name, distilled_train=str(train_tsv), base=base_task))
     _load_text_cached.cache_clear()
     return name

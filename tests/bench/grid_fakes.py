@@ -16,6 +16,7 @@ import numpy as np
 
 from bench.decoder import DecodeOutput
 from bench.grid import Deps
+from bench.rows import SCHEMA_VERSION, Row, columns
 
 WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu".split()
 
@@ -42,6 +43,12 @@ def fake_spec(name: str, *, test: Sequence[str], ar_decoders: Sequence[str], pad
             f"distill = [false, true]\n{extra}")
 
 
+def fake_row(system: str, test_set: str = "t", **values: Any) -> Row:
+    """A row with every column (None unless given)."""
+    return Row({**{c.name: None for c in columns()}, "schema_version": SCHEMA_VERSION, "system": system,
+                "test_set": test_set, **values})
+
+
 class FakeLowered:
     def __init__(self, flops: float):
         self.flops = flops
@@ -58,9 +65,7 @@ class FakeDecoder:
 
     def __init__(self, checkpoint_dir: Path, spec: str, name: str, factory: "FakeFactory", **options: Any):
         self.name, self.spec, self.options, self.factory = name, spec, options, factory
-        self.family = "nar" if spec.startswith("refine") else "ar"
         self.steps = int(spec.split(":")[1]) if spec.startswith("refine") else None
-        self.info = {"steps": self.steps, **options}
         self.meta = json.loads((Path(checkpoint_dir) / "narbench.json").read_text())
 
     def prepare(self, sources: Sequence[str]) -> dict:
@@ -104,7 +109,7 @@ class FakeFactory:
     loads: list[tuple[str, str]] = field(default_factory=list)
     runs: int = 0
 
-    def __call__(self, checkpoint_dir, spec: str, **options) -> FakeDecoder:
+    def __call__(self, family: str, checkpoint_dir, spec: str, **options) -> FakeDecoder:
         if self.fail_after is not None and len(self.loads) >= self.fail_after:
             raise RuntimeError("fake decoder factory: simulated crash")
         self.loads.append((options["name"], str(checkpoint_dir)))
@@ -137,9 +142,8 @@ class FakeDistiller:
 
 
 def fake_configs(spec, cell) -> tuple[dict, dict]:
-    model = {"kind": cell.kind, "preset": spec.model.preset, "positional_attention": cell.positional_attention}
-    budget = spec.train_ar if cell.kind == "ar" else spec.train_padir
-    train = {**budget.train_kwargs(), "seed": cell.seed, "unmask_rate": cell.unmask_rate, "stages": cell.stages}
+    model = {"family": cell.family, "preset": spec.model.preset, **dict(cell.axes)}
+    train = {**spec.budget(cell.family).train_kwargs(), "seed": cell.seed}
     if "buckets" in train:
         train["buckets"] = list(train["buckets"])
     return model, train

@@ -10,7 +10,7 @@ import pytest
 from bench import store as st
 from bench.cli import main
 from bench.costs import MachinePeaks
-from bench.report import verify_run
+from bench.rows import CORE, verify_run
 from grid_fakes import FakeFactory, fake_deps, fake_spec
 
 SPEC = fake_spec("clitest", test=["test"], ar_decoders=["greedy", "beam:2"], padir_steps=[1, 2],
@@ -58,11 +58,11 @@ def test_run_report_results_end_to_end(env, capsys):
 
     code, stdout, _ = run_cli(["results", str(run_dir), "--format", "csv"], capsys)
     df = pd.read_csv(io.StringIO(stdout))
-    assert code == 0 and len(df) == 6 and set(st.ROW_FIELDS) <= set(df.columns)
+    assert code == 0 and len(df) == 6 and {c.name for c in CORE} <= set(df.columns)
     code, stdout, _ = run_cli(["results", str(out / "clitest"), "--format", "json"], capsys)
     assert len([json.loads(line) for line in stdout.splitlines()]) == 6
     code, stdout, _ = run_cli(["results", str(run_dir), "--format", "md"], capsys)
-    assert stdout.startswith("| system | test_set |") and stdout.count("\n") == 8
+    assert stdout.startswith("| System | Test set | Family | Steps | BLEU |") and stdout.count("\n") == 8
     code, _, err = run_cli(["results", str(run_dir), "--test-set", "nope"], capsys)
     assert code == 2 and "no test set 'nope'" in err
 
@@ -131,10 +131,10 @@ def test_latency_prints_timing_only(env, capsys, tmp_path):
     code, stdout, _ = run_cli(["latency", "--suite", str(spec), "--no-progress", "--json",
                                str(tmp_path / "lat.jsonl")], capsys)
     assert code == 0
-    assert stdout.startswith("| system | test_set | n_sentences | latency_p50_ms |")
+    assert stdout.startswith("| System | Test set | n | p50 ms | p90 ms | p99 ms |")
     assert "n too small (15 < 459)" in stdout
     rows = [json.loads(line) for line in (tmp_path / "lat.jsonl").read_text().splitlines()]
-    assert len(rows) == 6 and all("bleu" not in r for r in rows)
+    assert len(rows) == 6 and all(r["bleu"] is None and r["latency_p50_ms"] > 0 for r in rows)
 
 
 def test_bad_arguments(env, capsys, tmp_path):

@@ -8,9 +8,9 @@ import pytest
 from bench import store as st
 from narbench_core.io import write_jsonl
 from bench.costs import MachinePeaks
-from bench.grid import Runner, expand, padir_name
-from bench.report import verify_run
-from suites.spec import load_spec
+from bench.families import load_suite as load_spec
+from bench.grid import Runner, expand
+from bench.rows import CORE, SCHEMA_VERSION, verify_run
 from grid_fakes import FakeFactory, fake_deps, fake_spec
 
 SPEC = fake_spec("gridtest", test=["test", "test+refs", "dev"], ar_decoders=["greedy", "beam:3"],
@@ -36,7 +36,7 @@ def new_store(tmp_path, spec, **kw):
 
 def test_expand_unique_cells_and_teacher_first(spec):
     plan = expand(spec)
-    kinds = [(c.kind, c.distill) for c in plan.train_cells]
+    kinds = [(c.family, c.teacher is not None) for c in plan.train_cells]
     assert kinds == [("ar", False), ("padir", False), ("padir", True)]
     distilled = plan.train_cells[2]
     assert distilled.teacher == plan.train_cells[0]
@@ -58,10 +58,14 @@ def test_ablation_expansion_trains_each_model_once():
             assert plan.train_cells.index(cell.teacher) < i
 
 
-def test_padir_names_follow_design():
-    assert padir_name(4, 0.15, True, 5, "stutter", "random", True, 2) == "padir-s4-u0.15-distill"
-    assert padir_name(10, 0.5, False, 3, "mask-predict", "mask", False, 1) == \
-        "padir-s10-u0.5-k3-remask-mask-predict-init-mask-nopos-st1"
+def test_padir_names_follow_design(tmp_path):
+    path = tmp_path / "names.toml"
+    path.write_text(SPEC.replace("length_hyps = [3]", 'length_hyps = [5, 3]\nremask = ["mask-predict"]\n'
+                                 'init = ["mask"]\npositional_attention = [false]\nstages = [1]\nunmask_rate = [0.5]'))
+    names = {s.name for s in expand(load_spec(path)).systems}
+    assert {"padir-s4-u0.5-distill-remask-mask-predict-init-mask-nopos-st1",
+            "padir-s1-u0.5-k3-remask-mask-predict-init-mask-nopos-st1"} <= names
+    assert "padir-s4-u0.15-distill" in {s.name for s in expand(load_spec("default")).systems}
 
 
 def test_run_writes_every_field_and_verifies(tmp_path, spec):
@@ -70,8 +74,8 @@ def test_run_writes_every_field_and_verifies(tmp_path, spec):
     rows = Runner(spec, deps, run, progress=False).run()
     assert len(rows) == 18 and run.done_keys() == {c.key for c in expand(spec).eval_cells}
     for row in run.rows():
-        assert set(st.ROW_FIELDS) <= set(row)
-        assert row["schema_version"] == st.SCHEMA_VERSION
+        assert {c.name for c in CORE} <= set(row)
+        assert row.schema_version == SCHEMA_VERSION
     # Each model trained once, teacher before the distilled student.
     assert len(deps.train.calls) == 3
     assert [t for t, _ in deps.train.calls] == ["fake_task", "fake_task", "fake_task_distilled"]
@@ -113,9 +117,9 @@ def test_crash_mid_grid_then_resume_recomputes_only_missing(tmp_path, spec):
     Runner(spec, fake_deps(tmp_path / "ckpt", factory), again, progress=False).run()
     assert sorted(name for name, _ in factory.loads) == sorted(s.name for s in expand(spec).systems)
     assert len(again.rows()) == 18
-    kept = {(r["system"], r["test_set"]): r for r in again.rows()}
+    kept = {r.key: r for r in again.rows()}
     for row in first:  # finished cells were not recomputed
-        assert kept[(row["system"], row["test_set"])] == row
+        assert kept[row.key] == row
     assert verify_run(again.path) == []
 
 
@@ -137,7 +141,7 @@ def test_partial_split_resume_pairs_with_stored_baseline(tmp_path, spec):
     Runner(spec, fake_deps(tmp_path / "ckpt"), run, progress=False).run()
     # Drop two PaDIR cells of one test set, as if the run had died after the others.
     dropped = {("padir-s4-u0.15-k3", "fake_task:test"), ("padir-s1-u0.15-distill-k3", "fake_task:test")}
-    rows = [r for r in run.rows() if (r["system"], r["test_set"]) not in dropped]
+    rows = [dict(r) for r in run.rows() if r.key not in dropped]
     write_jsonl(run.path / st.ROWS, rows)
     factory = FakeFactory()
     Runner(spec, fake_deps(tmp_path / "ckpt", factory), run, progress=False).run()
@@ -152,13 +156,13 @@ def test_partial_split_resume_pairs_with_stored_baseline(tmp_path, spec):
 def test_timing_only_runner_returns_rows_without_quality(tmp_path, spec):
     rows = Runner(spec, fake_deps(tmp_path / "ckpt"), None, score=False, progress=False).run()
     assert len(rows) == 18
-    assert all("bleu" not in r and r["latency_p50_ms"] > 0 for r in rows)
+    assert all(r.bleu is None and r.chrf is None and r.latency_p50_ms > 0 for r in rows)
 
 
 def test_verify_run_catches_tampering(tmp_path, spec):
     run = new_store(tmp_path, spec)
     Runner(spec, fake_deps(tmp_path / "ckpt"), run, progress=False).run()
-    rows = run.rows()
+    rows = [dict(r) for r in run.rows()]
     rows[0]["bleu"] += 0.5
     write_jsonl(run.path / st.ROWS, rows)
     samples = run.samples()

@@ -6,7 +6,7 @@ import pytest
 from bench import report, store as st
 from bench.costs import MachinePeaks
 from bench.grid import Runner
-from suites.spec import load_spec
+from bench.families import load_suite as load_spec
 from grid_fakes import fake_deps
 
 
@@ -45,9 +45,9 @@ def test_files_and_plots_exist(run_dir):
 
 def test_table_has_paper_layout_and_latency_columns(run_dir):
     text = (run_dir / "table.md").read_text()
-    assert "| Model | Family | # Hyp. | Steps | bible_de_en:test | bible_de_en:test+refs |" in text
+    assert "| System | Family | # Hyp. | Steps | bible_de_en:test | bible_de_en:test+refs |" in text
     assert "| ar-beam5 | AR | 5 | N | 100.00 | 100.00 |" in text
-    assert "| padir-s4-u0.15-distill | NAR | 5 | 4 |" in text
+    assert "| padir-s4-u0.15-distill | PaDIR | 5 | 4 |" in text
     assert "n too small (30 < 459)" in text  # no p99 from 30 sentences
     assert "speedup p50 vs AR greedy" in text and "1.00x" in text
     assert "no BLEURT checkpoint" in text
@@ -61,7 +61,7 @@ def test_table_has_paper_layout_and_latency_columns(run_dir):
 def test_leaderboard_sorted_with_signature_env_command_and_links(run_dir):
     text = (run_dir / "leaderboard.md").read_text()
     section = text.split("## bible_de_en:test\n")[1].split("##")[0]
-    bleus = [float(ln.split("|")[6]) for ln in section.splitlines() if ln.startswith("| ") and ln[2].isdigit()]
+    bleus = [float(ln.split("|")[6].strip(" *")) for ln in section.splitlines() if ln.startswith("| ") and ln[2].isdigit()]
     assert len(bleus) == 10 and bleus == sorted(bleus, reverse=True)
     assert "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:" in text
     assert "narbench run --suite default" in text

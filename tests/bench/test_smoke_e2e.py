@@ -9,8 +9,9 @@ import models.distill  # noqa: F401  (the real distiller: an import error fails 
 import suites.tasks  # noqa: F401
 from bench import store as st
 from bench.cli import main
-from bench.report import PLOTS, verify_run
-from suites.spec import load_spec
+from bench.report import PLOTS
+from bench.rows import CORE, verify_run
+from bench.families import load_suite as load_spec
 
 
 @pytest.mark.slow
@@ -29,10 +30,11 @@ def test_smoke_suite_end_to_end(tmp_path, capsys):
     assert {r["system"] for r in rows} == {"ar-greedy", "ar-beam2", "padir-s1-u0.15-k2", "padir-s2-u0.15-k2",
                                           "padir-s1-u0.15-distill-k2", "padir-s2-u0.15-distill-k2"}
     for row in rows:
-        assert set(st.ROW_FIELDS) <= set(row)
+        assert {c.name for c in CORE} <= set(row)
         assert row["n_sentences"] == spec.max_test_sentences and row["latency_p50_ms"] > 0
         assert row["bleurt"] is None and row["platform"] == "cpu"
-        if row["family"] == "nar":
+        assert row.checkpoint.startswith("checkpoints/")   # named under the data root: no machine path
+        if row.paradigm == "nar":
             assert 1 <= row["passes_mean"] <= row["steps"]
     env = json.loads((run_dir / "env.json").read_text())
     assert env["platform"] == "cpu" and env["versions"]["jax"]

@@ -7,7 +7,8 @@ import pytest
 
 from bench.cli import main
 from narbench_core.errors import UserError
-from suites.spec import builtin_specs, load_spec, parse_spec
+from bench.families import load_suite as load_spec, parse_suite as parse_spec
+from suites.spec import builtin_specs
 
 GOOD = """
 name = "mini"
@@ -55,7 +56,7 @@ def test_builtin_suites_load_and_round_trip():
 
 def test_minimal_spec_round_trips_with_defaults(tmp_path):
     spec = load_spec(write(tmp_path, GOOD))
-    assert spec.description == "" and spec.batch_size == 1 and spec.padir.distill == (False, True)
+    assert spec.description == "" and spec.batch_size == 1 and spec.section("padir").distill == (False, True)
     again = parse_spec(tomllib.loads(spec.to_toml()), "round-trip")
     assert again.replace(source=spec.source) == spec
 
@@ -64,8 +65,8 @@ def test_default_suite_matches_the_readme_job():
     spec = load_spec("default")
     assert [t.train for t in spec.tasks] == ["bible_de_en"]
     assert spec.model.preset == "small"
-    assert spec.ar.decoders == ("greedy", "beam:5")
-    assert spec.padir.steps == (1, 2, 4, 10) and set(spec.padir.distill) == {False, True}
+    assert spec.section("ar").decoders == ("greedy", "beam:5")
+    assert spec.section("padir").steps == (1, 2, 4, 10) and set(spec.section("padir").distill) == {False, True}
 
 
 def test_hash_is_stable_and_sensitive(tmp_path):

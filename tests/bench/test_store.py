@@ -8,10 +8,12 @@ import subprocess
 import sys
 import time
 from datetime import datetime, timezone
+from pathlib import Path
 
 import pytest
 
 from bench import store as st
+from grid_fakes import fake_row
 from narbench_core.errors import UserError
 
 HASH = "0123456789abcdef" * 4
@@ -19,20 +21,6 @@ HASH = "0123456789abcdef" * 4
 
 def open_(tmp_path, **kw):
     return st.open_run(tmp_path, "suite", HASH, 'name = "suite"\n', "narbench run --suite suite", **kw)
-
-
-def test_write_text_atomic_keeps_old_file_on_failure(tmp_path, monkeypatch):
-    path = tmp_path / "f.txt"
-    st.write_text_atomic(path, "old\n")
-
-    def boom(*a):
-        raise OSError("disk full")
-
-    monkeypatch.setattr(os, "replace", boom)
-    with pytest.raises(OSError):
-        st.write_text_atomic(path, "new\n")
-    assert path.read_text() == "old\n"
-    assert os.listdir(tmp_path) == ["f.txt"]  # no temp file left behind
 
 
 def test_run_id_and_folder_layout(tmp_path):
@@ -56,7 +44,7 @@ def test_resume_latest_unfinished_and_never_touch_finished(tmp_path):
     st.finish_run(forced)
     assert (tmp_path / "suite" / "latest").read_text() == forced.run_id + "\n"
     with pytest.raises(UserError, match="finished"):
-        forced.save_cells([{"system": "a", "test_set": "t"}], [])
+        forced.save_cells([fake_row("a")], [])
     again, _ = open_(tmp_path)
     assert again.path == first.path  # the older unfinished run resumes; finished runs stay as they are
     st.finish_run(first)
@@ -72,17 +60,17 @@ def test_other_spec_hash_starts_a_new_run(tmp_path):
 
 def test_save_cells_replaces_by_key(tmp_path):
     run, _ = open_(tmp_path)
-    run.save_cells([{"system": "a", "test_set": "t", "v": 1}], [{"system": "a", "test_set": "t", "index": 0}])
-    run.save_cells([{"system": "b", "test_set": "t", "v": 2}], [{"system": "b", "test_set": "t", "index": 0}])
-    run.save_cells([{"system": "a", "test_set": "t", "v": 3}], [{"system": "a", "test_set": "t", "index": 5}])
-    assert sorted((r["system"], r["v"]) for r in run.rows()) == [("a", 3), ("b", 2)]
+    run.save_cells([fake_row("a", bleu=1.0)], [{"system": "a", "test_set": "t", "index": 0}])
+    run.save_cells([fake_row("b", bleu=2.0)], [{"system": "b", "test_set": "t", "index": 0}])
+    run.save_cells([fake_row("a", bleu=3.0)], [{"system": "a", "test_set": "t", "index": 5}])
+    assert sorted((r.system, r.bleu) for r in run.rows()) == [("a", 3.0), ("b", 2.0)]
     assert sorted((s["system"], s["index"]) for s in run.samples()) == [("a", 5), ("b", 0)]
     assert run.done_keys() == {("a", "t"), ("b", "t")}
 
 
 def test_resolve_run_dir_and_loaders(tmp_path):
     run, _ = open_(tmp_path)
-    run.save_cells([{"system": "a", "test_set": "t", "bleu": 1.5}], [{"system": "a", "test_set": "t", "index": 0}])
+    run.save_cells([fake_row("a", bleu=1.5)], [{"system": "a", "test_set": "t", "index": 0}])
     st.finish_run(run)
     for arg in (run.path, tmp_path / "suite", tmp_path / "suite" / "latest"):
         assert st.resolve_run_dir(arg) == run.path
@@ -92,21 +80,17 @@ def test_resolve_run_dir_and_loaders(tmp_path):
         st.resolve_run_dir(tmp_path / "nothing")
 
 
-def test_corrupt_jsonl_is_a_user_error(tmp_path):
-    (tmp_path / "rows.jsonl").write_text('{"a": 1}\n{"a": \n')
-    with pytest.raises(UserError, match="rows.jsonl:2: not valid JSON"):
-        st.read_jsonl(tmp_path / "rows.jsonl")
-
-
 WRITER = """
 import sys
 from pathlib import Path
+sys.path.insert(0, sys.argv[2])
 from bench.store import RunStore
+from grid_fakes import fake_row
 run = RunStore(Path(sys.argv[1]))
 i = 0
 print("ready", flush=True)
 while True:
-    rows = [{"system": f"s{i}", "test_set": "t", "pad": "x" * 20000}]
+    rows = [fake_row(f"s{i}", checkpoint="x" * 20000)]
     samples = [{"system": f"s{i}", "test_set": "t", "index": k, "pad": "y" * 500} for k in range(200)]
     run.save_cells(rows, samples)
     i += 1
@@ -116,7 +100,8 @@ while True:
 def test_sigkill_at_any_moment_leaves_whole_files(tmp_path):
     run, _ = open_(tmp_path)
     for attempt in range(4):
-        proc = subprocess.Popen([sys.executable, "-c", WRITER, str(run.path)], stdout=subprocess.PIPE,
+        proc = subprocess.Popen([sys.executable, "-c", WRITER, str(run.path), str(Path(__file__).parent)],
+                                stdout=subprocess.PIPE,
                                 cwd=os.getcwd())
         assert proc.stdout.readline().strip() == b"ready"
         time.sleep(0.15 + 0.1 * attempt)

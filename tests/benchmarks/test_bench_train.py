@@ -1,6 +1,6 @@
 """Training throughput benchmarks (pytest-benchmark: measured, never asserted).
 
-Run: ``pytest tests/benchmarks/test_bench_train.py --benchmark-enable -q -s``.
+Run: ``pytest tests/benchmarks/test_bench_train.py --benchmark-only -q -s``.
 - the machine's fp32 matmul peak: a jitted 2048 x 2048 matmul (best of the rounds, GFLOP/s);
 - one `small` train step (8k vocab, a 4096-padded-token batch of shape [128, 32], target lengths
   drawn so ~18% of it is padding, like bible de-en's buckets) for AR and PaDIR (2 stages).

@@ -77,31 +77,30 @@ def searches(ar_config, ar_params):
 
 
 def test_cached_and_uncached_greedy_agree(searches):
-    g_tok, g_score, g_steps = searches["greedy"]()
-    assert list(np.asarray(g_steps)) == [4, 7, MAX_LEN]       # the rows end at different steps
-    assert int(g_tok[0, 3]) == EOS and int(g_tok[0, 4:].max()) == 0
-    u_tok, u_score, u_steps = searches["uncached"]()
-    np.testing.assert_array_equal(g_tok, u_tok)
-    np.testing.assert_array_equal(g_steps, u_steps)
-    np.testing.assert_allclose(g_score, u_score, rtol=1e-4)
-    np.testing.assert_allclose(g_score, searches["logprob"](g_tok), rtol=1e-4)
+    g = searches["greedy"]()
+    assert list(np.asarray(g.steps)) == [4, 7, MAX_LEN]       # the rows end at different steps
+    assert int(g.tokens[0, 3]) == EOS and int(g.tokens[0, 4:].max()) == 0
+    u = searches["uncached"]()
+    np.testing.assert_array_equal(g.tokens, u.tokens)
+    np.testing.assert_array_equal(g.steps, u.steps)
+    np.testing.assert_allclose(g.scores, u.scores, rtol=1e-4)
+    np.testing.assert_allclose(g.scores, searches["logprob"](g.tokens), rtol=1e-4)
 
 
 def test_beam_one_equals_greedy(searches):
-    g_tok, g_score, g_steps = searches["greedy"]()
-    b_tok, b_score, b_steps = searches["beam"](1)
-    np.testing.assert_array_equal(b_tok[:, 0], g_tok)
-    np.testing.assert_allclose(b_score[:, 0], g_score, rtol=1e-4)
-    np.testing.assert_array_equal(b_steps, g_steps)
+    g, b = searches["greedy"](), searches["beam"](1)
+    np.testing.assert_array_equal(b.tokens[:, 0], g.tokens)
+    np.testing.assert_allclose(b.scores[:, 0], g.scores, rtol=1e-4)
+    np.testing.assert_array_equal(b.steps, g.steps)
 
 
 def test_beam_k_scores_at_least_greedy_and_match_the_model(searches):
-    _, g_score, _ = searches["greedy"]()
-    b_tok, b_score, b_steps = searches["beam"](4)
-    assert np.all(np.asarray(b_score[:, 0]) >= np.asarray(g_score) - 1e-4)
+    g, b = searches["greedy"](), searches["beam"](4)
+    b_tok, b_score = b.tokens, b.scores
+    assert np.all(np.asarray(b_score[:, 0]) >= np.asarray(g.scores) - 1e-4)
     assert np.all(np.diff(np.asarray(b_score), axis=1) <= 1e-6)                      # best first
     # With alpha = 0 a beam's score is its log-prob: re-scoring by teacher forcing checks that the KV
     # cache followed every beam reordering.
     for j in range(4):
         np.testing.assert_allclose(b_score[:, j], searches["logprob"](b_tok[:, j]), rtol=1e-4, atol=1e-4)
-    assert np.all((np.asarray(b_steps) >= 1) & (np.asarray(b_steps) <= MAX_LEN))
+    assert np.all((np.asarray(b.steps) >= 1) & (np.asarray(b.steps) <= MAX_LEN))

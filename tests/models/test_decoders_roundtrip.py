@@ -76,9 +76,9 @@ def test_padir_refine_roundtrip(padir_config, padir_params, tiny_vocab, remask, 
 
 
 def test_spec_and_option_errors(ar_config, ar_params, padir_config, padir_params, tiny_vocab):
-    with pytest.raises(UserError, match="needs a PaDIR checkpoint \\(refine:T"):
+    with pytest.raises(UserError, match="needs an AR checkpoint; use refine:T"):
         decoders.make_decoder(padir_config, padir_params, tiny_vocab, "beam:4")
-    with pytest.raises(UserError, match="needs an AR checkpoint"):
+    with pytest.raises(UserError, match="needs a PaDIR checkpoint; use greedy or beam:K"):
         decoders.make_decoder(ar_config, ar_params, tiny_vocab, "refine:4")
     with pytest.raises(UserError, match=">= 1"):
         decoders.make_decoder(padir_config, padir_params, tiny_vocab, "refine:0")
@@ -119,10 +119,65 @@ def test_batch_padding_rows_do_not_extend_the_loop(ar_greedy, padir_config, padi
     # A padding row starts finished: 0 passes, so it never keeps the loop running.
     ar_greedy.warmup_inputs(4)
     prepared = ar_greedy.prepare(SOURCES[:1])
-    tokens, passes, _ = ar_greedy.run(prepared)
-    assert list(np.asarray(passes)[1:]) == [0, 0, 0] and int(np.asarray(tokens)[1:].max()) == 0
+    out = ar_greedy.run(prepared)
+    assert list(np.asarray(out.passes)[1:]) == [0, 0, 0] and int(np.asarray(out.tokens)[1:].max()) == 0
     dec = decoders.make_decoder(padir_config, padir_params, tiny_vocab, "refine:2", length_hyps=1, **OPTS)
     dec.warmup_inputs(2)
     prepared = dec.prepare(SOURCES[:1])
     assert prepared.inputs.shape[0] == 2
-    assert list(np.asarray(dec.run(prepared)[1])) == [int(dec.finish(dec.run(prepared), prepared).passes[0]), 0]
+    out = dec.run(prepared)
+    assert list(np.asarray(out.passes)) == [int(dec.finish(out, prepared).passes[0]), 0]
+
+
+@pytest.mark.parametrize("spec,opts", [("greedy", {}), ("greedy", {"cached": False}), ("beam:2", {})])
+def test_ar_force_length_decodes_exactly_that_many_tokens(ar_config, ar_params, tiny_vocab, spec, opts):
+    dec = decoders.make_decoder(ar_config, ar_params, tiny_vocab, spec, force_length=5, **opts, **OPTS)
+    prepared = dec.prepare(SOURCES)
+    out = dec.run(prepared)
+    assert out.tokens.shape == (3, 5) and out.score.shape == (3,)
+    np.testing.assert_array_equal(out.passes, [5, 5, 5])
+    assert list(dec.finish(out, prepared).passes) == [5, 5, 5]
+
+
+def test_force_length_must_fit_the_max_decode_length(ar_config, ar_params, padir_config, padir_params, tiny_vocab):
+    for config, params, spec in ((ar_config, ar_params, "greedy"), (padir_config, padir_params, "refine:2")):
+        with pytest.raises(UserError, match=r"force_length must be in \[1, 16\]"):
+            decoders.make_decoder(config, params, tiny_vocab, spec, force_length=17, **OPTS)
+
+
+def test_padir_force_length_and_no_early_stop(padir_config, padir_params, tiny_vocab):
+    dec = decoders.make_decoder(padir_config, padir_params, tiny_vocab, "refine:3", length_hyps=2, force_length=5,
+                                early_stop=False, buckets=(8, 16), max_decode_length=16)
+    assert dec.target_buckets(16) == [8] and {w.target_bucket for w in dec.warmup_inputs(1)} == {8}
+    prepared = dec.prepare(SOURCES)
+    out = dec.run(prepared)
+    np.testing.assert_array_equal(out.passes, [3, 3, 3])                       # no early stop: exactly T
+    assert out.tokens.shape == (3, 8)
+    history = dec.refine_with_history(prepared).history
+    np.testing.assert_array_equal(history.mask.sum(axis=1), [5, 5, 5])       # every hypothesis has length 5
+    assert bool(history.active.all()) and history.aux is None
+
+
+def test_padir_history_is_the_run_plus_every_pass(padir_config, padir_params, tiny_vocab):
+    from models import refine
+
+    dec = decoders.make_decoder(padir_config, padir_params, tiny_vocab, "refine:3", length_hyps=2, **OPTS)
+    prepared = dec.prepare(SOURCES)
+    out = dec.run(prepared)
+    full = dec.refine_with_history(prepared, attention=True)
+    for field in ("tokens", "passes", "score"):
+        np.testing.assert_array_equal(getattr(full, field), getattr(out, field))
+    h = jax.device_get(full.history)
+    heads, n = padir_config.num_heads, out.tokens.shape[1]
+    assert h.tokens.shape == (3, 3, n) and h.active.shape == (3, 3)
+    assert h.aux["self_attention"].shape == (3, 3, heads, n, n)
+    assert h.aux["cross_attention"].shape == (3, 3, heads, n, prepared.inputs.shape[1])
+    last = h.active.sum(axis=0) - 1                                             # the best hypothesis's final pass
+    assert ((last >= 0) & (last < np.asarray(out.passes))).all()                 # passes: max over hypotheses
+    final = h.tokens[last, np.arange(3)]                                          # [B, n] before repeat-dropping
+    np.testing.assert_array_equal(refine.drop_repeats(final, h.mask), out.tokens)
+    for r in range(3):
+        n_r = int(h.mask[r].sum())
+        weights = h.aux["self_attention"][last[r], r, :, :n_r]                    # [heads, n_r, n]
+        np.testing.assert_allclose(weights.sum(axis=-1), 1.0, rtol=1e-4)
+        assert np.abs(weights[..., n_r:]).max() < 1e-6                            # masked positions get nothing

@@ -132,8 +132,8 @@ def test_translate_cli(teacher, tmp_path):
     (["--checkpoint", "TEACHER", "--decoder", "refine:0"], "must be >= 1"),
     (["--checkpoint", "TEACHER", "--decoder", "refine:4"], "needs a PaDIR checkpoint"),
     (["--checkpoint", "TEACHER", "--decoder", "greedy", "--source-file", "/nonexistent.txt"], "not found"),
-    (["--checkpoint", "TEACHER", "--decoder", "greedy", "--remask", "stutter"], "only apply to PaDIR"),
-    (["--checkpoint", "TEACHER", "--decoder", "beam:2", "--length-hyps", "3"], "--length-hyps only apply"),
+    (["--checkpoint", "TEACHER", "--decoder", "greedy", "--remask", "stutter"], "['remask'] do not apply to an AR checkpoint"),
+    (["--checkpoint", "TEACHER", "--decoder", "beam:2", "--length-hyps", "3"], "['length_hyps'] do not apply"),
 ])
 def test_translate_cli_errors(teacher, argv, message):
     argv = [str(teacher) if a == "TEACHER" else a for a in argv]

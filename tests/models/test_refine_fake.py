@@ -172,3 +172,72 @@ def test_early_stop_off_runs_all_passes():
                                       jax.random.key(0), "none", early_stop=False)
     assert int(out.passes[0]) == 4
     np.testing.assert_array_equal(out.tokens, [[5, 1]])
+
+
+def with_aux(fn):
+    """``fn`` plus an aux pytree: the pass's input tokens and their row sums."""
+    return lambda tokens, mask: (fn(tokens, mask), {"inputs": tokens, "sums": tokens.sum(axis=1)})
+
+
+def test_history_off_is_none_and_ignores_aux():
+    start, mask = jnp.array([[4, 5, 6, 7]]), jnp.ones((1, 4), jnp.int32)
+    plain = refine.iterative_refinement(shift_by_one, start, mask, 3, jax.random.key(0), "none")
+    aux = refine.iterative_refinement(with_aux(shift_by_one), start, mask, 3, jax.random.key(0), "none")
+    assert plain.history is None and aux.history is None
+    np.testing.assert_array_equal(plain.tokens, aux.tokens)
+
+
+def test_history_records_every_pass_and_the_running_rows():
+    # Row 0 settles after pass 1 (stops after pass 2); row 1 never settles; T = 4, buffer of 5 passes.
+    def fn(tokens, mask):
+        logits = shift_by_one(tokens, mask)
+        return logits.at[0].set(jax.nn.one_hot(jnp.array([5, 6, 1]), V) * 5.0)
+    start = jnp.array([[5, 6, 9], [4, 4, 4]])
+    mask = jnp.array([[1, 1, 1], [1, 1, 0]])
+    out = refine.iterative_refinement(with_aux(fn), start, mask, 4, jax.random.key(0), "none", retain_history=True,
+                                      history_steps=5)
+    plain = refine.iterative_refinement(fn, start, mask, 4, jax.random.key(0), "none")
+    for field in ("tokens", "score", "passes"):
+        np.testing.assert_array_equal(getattr(out, field), getattr(plain, field))
+    h = out.history
+    assert h.tokens.shape == (5, 2, 3) and h.active.shape == (5, 2)
+    np.testing.assert_array_equal(h.active, [[1, 1], [1, 1], [0, 1], [0, 1], [0, 0]])
+    np.testing.assert_array_equal(h.active.sum(axis=0), out.passes)
+    np.testing.assert_array_equal(h.tokens[:4, 1], [[5, 5, 0], [6, 6, 0], [7, 7, 0], [8, 8, 0]])
+    np.testing.assert_array_equal(h.tokens[1, 0], out.tokens[0])
+    np.testing.assert_array_equal(h.tokens[4], 0)                              # never run
+    np.testing.assert_array_equal(h.mask, mask)
+    np.testing.assert_array_equal(h.aux["inputs"][0], start * mask)           # pass 1 saw the start
+    np.testing.assert_array_equal(h.aux["inputs"][1, 1], h.tokens[0, 1])      # remask none: the last output
+    np.testing.assert_array_equal(h.aux["sums"][:4, 1], h.aux["inputs"][:4, 1].sum(axis=1))
+
+
+def test_history_with_a_traced_step_count_needs_a_buffer_size():
+    start, mask = jnp.array([[4, 5]]), jnp.ones((1, 2), jnp.int32)
+    run = lambda t, **kw: refine.iterative_refinement(shift_by_one, start, mask, t, jax.random.key(0), "none",
+                                                      early_stop=False, retain_history=True, **kw)
+    with pytest.raises(ValueError, match="history_steps"):
+        jax.jit(run)(jnp.int32(2))
+    with pytest.raises(ValueError, match="history_steps"):
+        run(3, history_steps=2)
+    h = jax.jit(lambda t: run(t, history_steps=4))(jnp.int32(2)).history
+    np.testing.assert_array_equal(h.active[:, 0], [1, 1, 0, 0])
+
+
+def test_history_of_length_hypotheses_is_the_best_ones():
+    # b = 2, k = 2: the refiner is confident only at length 2, the best hypothesis of both rows.
+    def fn(tokens, mask):
+        length = mask.sum(axis=1)                                                      # [b*k]
+        scale = jnp.where(length == 2, 8.0, 1.0)[:, None, None]
+        target = jnp.tile(jnp.array([[6, 6, 1, 0], [7, 1, 0, 0]]), (2, 1))
+        return jax.nn.one_hot(target, V) * scale, {"length": length}
+    lengths = jnp.array([[3, 2], [2, 3]])
+    out = refine.refine_length_hypotheses(fn, lengths, 4, 3, jax.random.key(0), "stutter", "random", V,
+                                          retain_history=True)
+    h = out.history
+    assert h.tokens.shape == (3, 2, 4) and h.active.shape == (3, 2)
+    np.testing.assert_array_equal(h.mask, [[1, 1, 0, 0]] * 2)
+    np.testing.assert_array_equal(h.aux["length"][:2], [[2, 2], [2, 2]])
+    last = np.asarray(h.active.sum(axis=0)) - 1                                      # each row's final pass
+    final = np.asarray(h.tokens)[last, np.arange(2)]
+    np.testing.assert_array_equal(refine.drop_repeats(jnp.asarray(final), h.mask), out.tokens)

@@ -56,7 +56,7 @@ def exact_match(ckpt_dir, mode: str) -> float:
     variables = {"params": params}
     if config.kind == "ar":
         step_logits = lambda seqs, i: model.apply(variables, x, seqs)[:, i]          # [b, V]
-        out, _, _ = jax.jit(lambda: decoding.greedy_search_uncached(step_logits, 64, MAX_LEN))()
+        out = jax.jit(lambda: decoding.greedy_search_uncached(step_logits, 64, MAX_LEN).tokens)()
     else:
         encoded = model.apply(variables, x, method="encode")
         lengths = refine.top_k_lengths(model.apply(variables, encoded, x, method="predict_length"), 1, MAX_LEN)

@@ -7,7 +7,7 @@ import jax
 import numpy as np
 import pytest
 
-from suites.theory import attention, attention_model
+from theory import attention, attention_model
 
 
 class _FakeVocab:
@@ -24,13 +24,14 @@ class _FakeVocab:
 def analysed():
     from models import t5
     from models.config import preset
+    from models.decoders import make_decoder
 
     config = preset("tiny", kind="padir", vocab_size=24, dropout_rate=0.0, max_target_length=16,
                     num_encoder_layers=1, num_decoder_layers=1)
-    params = t5.init_params(config, jax.random.key(0))
+    decoder = make_decoder(config, t5.init_params(config, jax.random.key(0)), _FakeVocab(24), "refine:2",
+                           length_hyps=2, remask="none", seed=0)
     sources = [" ".join(f"w{(i * 7 + j) % 11}" for j in range(3 + i % 6)) for i in range(10)]
-    return attention_model.analyse_model(config, params, _FakeVocab(24), sources, steps=2, length_hyps=2,
-                                         remask="none", seed=0, batch_size=8)
+    return attention_model.analyse_model(decoder, sources, batch_size=8)
 
 
 def test_pairs_and_bookkeeping(analysed):
@@ -39,6 +40,8 @@ def test_pairs_and_bookkeeping(analysed):
     assert info["total_pairs"] == stats.stutter.size >= info["sentences"]
     assert info["stutter_pairs"] == int(stats.stutter.sum())
     assert 0.0 <= info["converged_share"] <= 1.0 and 1.0 <= info["passes_mean"] <= 2.0
+    assert (info["steps"], info["length_hyps"], info["remask"], info["init"], info["seed"]) == (2, 2, "none",
+                                                                                                "random", 0)
     heads = 4
     assert stats.self_scores.shape == (info["total_pairs"], 2, heads)
     assert stats.tv.shape == stats.cosine.shape == (info["total_pairs"], heads)
@@ -66,7 +69,7 @@ def test_cli_attention_from_a_run_folder(tmp_path):
     from bench.cli import main
     from models import checkpoint, t5
     from models.config import preset
-    from suites.theory import writer
+    from theory import writer
 
     words = ["alpha", "beta", "gamma", "light", "water", "stone", "the", "and", "of", "river"]
     sentences = [" ".join(words[(i * j + j) % len(words)] for j in range(2 + i % 5)) for i in range(60)]
@@ -84,9 +87,13 @@ def test_cli_attention_from_a_run_folder(tmp_path):
                                  "complete": True, "steps_done": 1})
     run = tmp_path / "results" / "toy" / "r1"
     run.mkdir(parents=True)
-    (run / "rows.jsonl").write_text(json.dumps({
-        "family": "nar", "system": "padir-s2", "test_set": "test", "checkpoint": str(ckpt), "steps": 2,
-        "length_hyps": 2, "remask": "stutter", "init": "random"}) + "\n")
+    from bench.rows import SCHEMA_VERSION, Row, columns
+
+    row = Row({**{c.name: None for c in columns()}, "schema_version": SCHEMA_VERSION, "family": "padir",
+               "paradigm": "nar", "system": "padir-s2", "test_set": "test", "checkpoint": str(ckpt), "steps": 2,
+               "decoder": "refine:2", "decoder_options": {"length_hyps": 2, "remask": "stutter", "init": "random",
+                                                          "seed": 0}})
+    (run / "rows.jsonl").write_text(json.dumps(dict(row)) + "\n")
     (run / "samples.jsonl").write_text("".join(
         json.dumps({"system": "padir-s2", "test_set": "test", "index": i, "source": s}) + "\n"
         for i, s in enumerate(sentences[:12])))
@@ -105,21 +112,25 @@ def test_cli_attention_from_a_run_folder(tmp_path):
 
 def test_job_from_run_picks_most_steps_then_best_bleu(tmp_path):
     """Without --system, the analysed model is the NAR row with the most steps; a tie goes to the higher BLEU."""
-    rows = [
-        {"family": "ar", "system": "ar-greedy", "test_set": "test", "checkpoint": "ar", "steps": None, "bleu": 30.0},
-        {"family": "nar", "system": "padir-s4", "test_set": "test", "checkpoint": "c4", "steps": 4, "bleu": 9.0},
-        {"family": "nar", "system": "padir-s10", "test_set": "test", "checkpoint": "c10", "steps": 10, "bleu": 1.5},
-        {"family": "nar", "system": "padir-s10-distill", "test_set": "test", "checkpoint": "c10d", "steps": 10,
-         "bleu": 2.9},
-        {"family": "nar", "system": "padir-s10-distill", "test_set": "test+refs", "checkpoint": "c10d", "steps": 10,
-         "bleu": 3.5},
-    ]
+    from bench.rows import SCHEMA_VERSION, Row, columns
+
+    def row(system, test_set, checkpoint, steps, bleu):
+        nar = steps is not None
+        return dict(Row({**{c.name: None for c in columns()}, "schema_version": SCHEMA_VERSION, "system": system,
+                         "family": "padir" if nar else "ar", "paradigm": "nar" if nar else "ar",
+                         "test_set": test_set, "checkpoint": checkpoint, "steps": steps, "bleu": bleu,
+                         "decoder": f"refine:{steps}" if nar else "greedy",
+                         "decoder_options": {"length_hyps": 5, "remask": "stutter", "init": "random", "seed": 0}}))
+
+    rows = [row("ar-greedy", "test", "ar", None, 30.0), row("padir-s4", "test", "c4", 4, 9.0),
+            row("padir-s10", "test", "c10", 10, 1.5), row("padir-s10-distill", "test", "c10d", 10, 2.9),
+            row("padir-s10-distill", "test+refs", "c10d", 10, 3.5)]
     (tmp_path / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     (tmp_path / "samples.jsonl").write_text("".join(
         json.dumps({"system": r["system"], "test_set": r["test_set"], "index": i, "source": f"{r['system']} {i}"}) + "\n"
         for r in rows for i in (1, 0)))
     job = attention_model.job_from_run(str(tmp_path))
-    assert job.checkpoint == "c10d" and job.steps == 10
+    assert job.checkpoint.endswith("c10d") and job.steps == 10   # resolved under the data root
     assert job.sources == ("padir-s10-distill 0", "padir-s10-distill 1")
     assert job.origin.endswith("test set test")      # the run's first test set, not the higher-BLEU test+refs
-    assert attention_model.job_from_run(str(tmp_path), system="padir-s4").checkpoint == "c4"
+    assert attention_model.job_from_run(str(tmp_path), system="padir-s4").checkpoint.endswith("c4")

@@ -6,7 +6,7 @@ import math
 import numpy as np
 import pytest
 
-from suites.theory import attention
+from theory import attention
 
 TOKENS = np.array([5, 5, 7])          # pair (0, 1) stutters, pair (1, 2) does not
 SELF = np.array([                      # [heads=2, n=3, n=3], rows sum to 1, no ties

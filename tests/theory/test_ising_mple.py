@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from suites.theory import ising
+from theory import ising
 
 N = 4
 

@@ -5,7 +5,7 @@ import jax
 import numpy as np
 import pytest
 
-from suites.theory import samplers
+from theory import samplers
 
 N, C, H, BUDGET, SEEDS = 8, 4, 2.0, 200, 6
 

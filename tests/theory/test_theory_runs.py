@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 
 from bench.cli import main
-from suites.theory import writer
+from theory import writer
 
 
 def test_write_run_layout_and_latest(tmp_path):
@@ -52,7 +52,11 @@ def test_cli_bad_input_exits_2(tmp_path, capsys):
 
 
 def test_cli_attention_needs_a_padir_run(tmp_path, capsys):
-    (tmp_path / "rows.jsonl").write_text(json.dumps({"family": "ar", "system": "ar-greedy", "checkpoint": "x"}) + "\n")
+    from bench.rows import SCHEMA_VERSION, Row, columns
+
+    row = Row({**{c.name: None for c in columns()}, "schema_version": SCHEMA_VERSION, "family": "ar",
+               "paradigm": "ar", "system": "ar-greedy", "test_set": "test", "checkpoint": "x", "decoder": "greedy"})
+    (tmp_path / "rows.jsonl").write_text(json.dumps(dict(row)) + "\n")
     code = main(["theory", "attention", "--run", str(tmp_path), "--results-dir", str(tmp_path / "out")])
     assert code == 2
     assert "PaDIR" in capsys.readouterr().err

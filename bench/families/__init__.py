@@ -1,0 +1,75 @@
+"""The registry of system families: the one list of what a suite can compare.
+
+Built-in families load lazily from the modules named in ``BUILTIN``; another family registers itself
+with ``register(family)`` (a test family does so in tests/). Adding a family is one module plus one
+line here. The harness asks ``get(name)`` and never branches on a family's name.
+"""
+from __future__ import annotations
+
+import importlib
+
+from bench.families.base import Context, Family, System, TrainCell
+from narbench_core.errors import UserError
+
+BUILTIN = {                        # name -> module that registers it, in table order
+    "ar": "bench.families.ar",
+    "padir": "bench.families.padir",
+}
+BASELINE = "ar"                    # its greedy system is every speedup's baseline and the distillation teacher
+
+_REGISTRY: dict[str, Family] = {}
+
+__all__ = ["BASELINE", "BUILTIN", "Context", "Family", "System", "TrainCell", "all_families", "get",
+           "load_suite", "parse_suite", "register", "unregister"]
+
+
+def register(family: Family) -> Family:
+    """Add a family (a duplicate name is an error naming the one already there)."""
+    if not family.name or family.name in ("train", "model", "tasks", "distill", "timing"):
+        raise ValueError(f"a family needs a name that is not a spec section of its own, got {family.name!r}")
+    if family.name in _REGISTRY and _REGISTRY[family.name] is not family:
+        raise ValueError(f"family {family.name!r} is registered already ({type(_REGISTRY[family.name]).__name__})")
+    _REGISTRY[family.name] = family
+    return family
+
+
+def unregister(name: str) -> None:
+    _REGISTRY.pop(name, None)
+
+
+def _load_builtins() -> None:
+    for module in BUILTIN.values():
+        importlib.import_module(module)
+
+
+def all_families() -> list[Family]:
+    """Every family: the built-ins in ``BUILTIN`` order, then the registered ones."""
+    _load_builtins()
+    order = list(BUILTIN) + [n for n in _REGISTRY if n not in BUILTIN]
+    return [_REGISTRY[n] for n in order]
+
+
+def get(name: str) -> Family:
+    _load_builtins()
+    if name not in _REGISTRY:
+        raise UserError(f"unknown system family {name!r}; known: {', '.join(f.name for f in all_families())}")
+    return _REGISTRY[name]
+
+
+def rank(name: str) -> int:
+    """A family's position in tables."""
+    return [f.name for f in all_families()].index(name)
+
+
+def parse_suite(data: dict, source: str = "<spec>"):
+    """``suites.spec.parse_spec`` with every registered family's section."""
+    from suites.spec import parse_spec
+
+    return parse_spec(data, source, {f.name: f for f in all_families()})
+
+
+def load_suite(name_or_path):
+    """``suites.spec.load_spec`` with every registered family's section."""
+    from suites.spec import load_spec
+
+    return load_spec(name_or_path, {f.name: f for f in all_families()})

@@ -1,0 +1,114 @@
+"""What a system family is: the cells and systems it expands to, and the base class families share.
+
+A *family* (AR T5, PaDIR, ...) owns one section of a suite spec (``[ar]``, ``[padir]``) and its
+training budget (``[train.ar]`` ...). It expands that section into *systems* (a named decoder on a
+trained model, one row per test set), builds the model and training configs of its *training cells*,
+loads their decoders, and tells the report how to label, sort and draw its rows. The harness asks the
+family and never branches on which family it is.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from bench.rows import Column
+from narbench_core.errors import UserError
+
+
+@dataclass(frozen=True)
+class TrainCell:
+    """One model to train (the trainer caches checkpoints by config hash, so equal cells train once)."""
+
+    task: str                                  # the task named in the spec (before distillation)
+    family: str                                # the family that builds its configs
+    seed: int
+    axes: tuple[tuple[str, Any], ...] = ()     # the family's training axes, e.g. (("unmask_rate", 0.15),)
+    teacher: "TrainCell | None" = None         # distillation teacher: its outputs replace the references
+
+    @property
+    def label(self) -> str:
+        axes = "".join(f" {k} {v:g}" if isinstance(v, float) else f" {k} {v}" for k, v in self.axes)
+        return f"{self.family} {self.task}{axes}{' distill' if self.teacher else ''} seed {self.seed}"
+
+
+@dataclass(frozen=True)
+class System:
+    """One compared system: a decoder spec with options on the model of a training cell."""
+
+    name: str                                  # row id: ar-greedy, ar-beam5, padir-s4-u0.15-distill
+    family: str
+    decoder: str                               # decoder spec: greedy | beam:K | refine:T
+    cell: TrainCell
+    options: tuple[tuple[str, Any], ...]       # decoder keyword options (shapes, seeds, k ...)
+    info: tuple[tuple[str, Any], ...]          # the row's descriptive columns (the family's and core ones)
+    baseline: str = ""                         # the AR greedy system every speedup is paired with
+
+
+@dataclass(frozen=True)
+class Context:
+    """What a family needs from the grid to expand one (task, seed)."""
+
+    task: str
+    seed: int
+    teacher: TrainCell                         # the baseline family's cell: distillation teacher
+    shapes: Mapping[str, Any]                  # decoder shape options every system shares
+
+
+class Family:
+    """Base class of a system family; subclasses set the class attributes and override ``parse``,
+    ``expand`` and, for trained models, ``model_kind`` and ``axes_configs``."""
+
+    name: str = ""                 # registry key, spec section, row field ``family``
+    label: str = ""                # how tables name it: "AR", "PaDIR"
+    paradigm: str = "ar"           # "ar" | "nar": which side of the comparison its rows are on
+    trains: bool = True            # has a [train.<name>] budget and trains models
+    required: bool = False         # every suite has it (an absent [name] table takes the defaults)
+    model_kind: str = ""           # models.config.ModelConfig.kind of its models
+    columns: tuple[Column, ...] = ()   # row columns only this family fills (others get None)
+
+    # -- the suite spec -------------------------------------------------------------------------------
+    def parse(self, table) -> Any:
+        """The family's ``[name]`` section (a ``suites.spec.Reader``) as a frozen dataclass."""
+        raise NotImplementedError
+
+    def expand(self, section: Any, ctx: Context) -> list[System]:
+        """The family's systems for one task and seed (names without a seed suffix)."""
+        raise NotImplementedError
+
+    # -- training -------------------------------------------------------------------------------------
+    def configs(self, preset: str, vocab_size: int, model_overrides: Mapping[str, Any],
+                train_kwargs: Mapping[str, Any], axes: Mapping[str, Any]) -> tuple[Any, Any]:
+        """``(ModelConfig, TrainConfig)`` of a cell: the preset sized to the vocabulary with the
+        suite's overrides, and the budget with the cell's training axes."""
+        from models.config import preset as make_preset
+        from models.train import TrainConfig
+
+        model_extra, train_extra = self.axes_configs(dict(axes))
+        model = make_preset(preset, kind=self.model_kind, vocab_size=vocab_size,
+                            **{**dict(model_overrides), **model_extra})
+        return model, TrainConfig(**{**dict(train_kwargs), **train_extra})
+
+    def axes_configs(self, axes: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Split a cell's training axes into ModelConfig and TrainConfig fields."""
+        if axes:
+            raise UserError(f"{sorted(axes)} do not apply to {self.label} models; drop them")
+        return {}, {}
+
+    def load_decoder(self, checkpoint_dir, spec: str, **options: Any):
+        """The decoder ``spec`` on a trained checkpoint (models pick the class by the model's kind)."""
+        from models.decoders import load_decoder
+
+        return load_decoder(checkpoint_dir, spec, **options)
+
+    # -- the report ------------------------------------------------------------------------------------
+    def sort_key(self, row) -> tuple:
+        """Order of the family's rows in tables (families themselves sort in registry order)."""
+        return (row.hypotheses, row.system)
+
+    def point_label(self, row) -> str:
+        """A short label for the row's point in plots."""
+        return row.system
+
+    def style(self, row) -> dict[str, Any]:
+        """Matplotlib colour and marker of the row's points, and its legend entry."""
+        return {"color": "#1f4e79", "marker": "s", "label": self.label}

@@ -1,0 +1,117 @@
+"""The PaDIR family: a bidirectional refiner decoding T parallel passes over k length hypotheses.
+
+Spec section (each key is an axis; the systems are the Cartesian product)::
+
+    [padir]
+    steps = [1, 2, 4, 10]          # refinement steps T (decoding)
+    length_hyps = [5]              # length hypotheses k (decoding)
+    remask = ["stutter"]           # none | stutter | mask-predict (decoding)
+    init = ["random"]              # initial hypothesis: random | mask (decoding)
+    unmask_rate = [0.15]           # training noise: share of target tokens kept correct
+    stages = [2]                   # training stages
+    positional_attention = [true]  # the positional-attention sublayer (model)
+    distill = [false, true]        # train on the AR teacher's outputs
+
+A system is named ``padir-s{T}-u{rate}[-distill]`` plus a suffix for every axis that differs from
+the paper's default (``-k3``, ``-remask-none``, ``-init-mask``, ``-nopos``, ``-st1``).
+"""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from typing import Any
+
+from bench import families
+from bench.families.base import Context, Family, System, TrainCell
+from bench.rows import Column, fixed
+from narbench_core import defaults as d
+from suites.spec import boolean, integer, list_of, number, string
+
+
+@dataclass(frozen=True)
+class PaDIRSection:
+    steps: tuple[int, ...] = (1, 2, 4, 10)
+    unmask_rate: tuple[float, ...] = (d.UNMASK_RATE,)
+    distill: tuple[bool, ...] = (False, True)
+    length_hyps: tuple[int, ...] = (d.LENGTH_HYPS,)
+    remask: tuple[str, ...] = (d.REMASK,)
+    init: tuple[str, ...] = (d.INIT,)
+    positional_attention: tuple[bool, ...] = (d.POSITIONAL_ATTENTION,)
+    stages: tuple[int, ...] = (d.STAGES,)
+
+
+def _suffix(length_hyps: int, remask: str, init: str, positional_attention: bool, stages: int) -> str:
+    """One name part per axis that differs from the paper's default."""
+    return ((f"-k{length_hyps}" if length_hyps != d.LENGTH_HYPS else "")
+            + (f"-remask-{remask}" if remask != d.REMASK else "")
+            + (f"-init-{init}" if init != d.INIT else "")
+            + ("" if positional_attention else "-nopos")
+            + (f"-st{stages}" if stages != d.STAGES else ""))
+
+
+class PaDIRFamily(Family):
+    name, label, paradigm, model_kind = "padir", "PaDIR", "nar", "padir"
+    columns = (
+        Column("steps", "Steps", doc="refinement steps T"),
+        Column("unmask_rate", "unmask rate", fixed(2)),
+        Column("length_hyps", "k", doc="length hypotheses"),
+        Column("remask"), Column("init", doc="initial hypothesis: random | mask"),
+        Column("positional_attention"), Column("stages"),
+    )
+
+    def parse(self, table) -> PaDIRSection:
+        s = PaDIRSection()
+        positive = list_of(integer(1), "positive integers")
+        flags = list_of(boolean, "true/false")
+        section = PaDIRSection(
+            steps=table.get("steps", positive, s.steps),
+            unmask_rate=table.get("unmask_rate", list_of(number(0.0, 1.0), "numbers in [0, 1]"), s.unmask_rate),
+            distill=table.get("distill", flags, s.distill),
+            length_hyps=table.get("length_hyps", positive, s.length_hyps),
+            remask=table.get("remask", list_of(string(choices=d.REMASK_MODES), f"one of {', '.join(d.REMASK_MODES)}"),
+                             s.remask),
+            init=table.get("init", list_of(string(choices=d.INIT_MODES), f"one of {', '.join(d.INIT_MODES)}"),
+                           s.init),
+            positional_attention=table.get("positional_attention", flags, s.positional_attention),
+            stages=table.get("stages", positive, s.stages),
+        )
+        table.done()
+        return section
+
+    def expand(self, section: PaDIRSection, ctx: Context) -> list[System]:
+        out = []
+        for rate, distill, pos, stages in itertools.product(section.unmask_rate, section.distill,
+                                                            section.positional_attention, section.stages):
+            axes = (("positional_attention", pos), ("stages", stages), ("unmask_rate", rate))
+            cell = TrainCell(ctx.task, self.name, ctx.seed, axes, ctx.teacher if distill else None)
+            for steps, k, remask, init in itertools.product(section.steps, section.length_hyps, section.remask,
+                                                            section.init):
+                variant = f"padir-u{rate:g}" + ("-distill" if distill else "") + _suffix(k, remask, init, pos, stages)
+                name = variant.replace("padir-", f"padir-s{steps}-", 1)
+                options = {**ctx.shapes, "length_hyps": k, "remask": remask, "init": init, "seed": ctx.seed}
+                info = {"steps": steps, "unmask_rate": rate, "length_hyps": k, "hypotheses": k, "remask": remask,
+                        "init": init, "positional_attention": pos, "stages": stages,
+                        "decoder": f"refine:{steps}", "variant": variant}
+                out.append(System(name, self.name, f"refine:{steps}", cell, tuple(sorted(options.items())),
+                                  tuple(info.items())))
+        return out
+
+    def axes_configs(self, axes: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+        return ({"positional_attention": axes.pop("positional_attention", d.POSITIONAL_ATTENTION)},
+                {"unmask_rate": axes.pop("unmask_rate", d.UNMASK_RATE), "stages": axes.pop("stages", d.STAGES)})
+
+    def sort_key(self, row) -> tuple:
+        return (row.distill, row.unmask_rate, row.steps, row.system)
+
+    def point_label(self, row) -> str:
+        rate = "" if row.unmask_rate == d.UNMASK_RATE else f" u{row.unmask_rate:g}"
+        rest = _suffix(row.length_hyps, row.remask, row.init, row.positional_attention, row.stages)
+        return f"T={row.steps}{rate}{rest.replace('-', ' ')}"
+
+    def style(self, row) -> dict[str, Any]:
+        if row.distill:
+            return {"color": "#c0392b", "marker": "o", "label": "PaDIR, distilled"}
+        return {"color": "#e67e22", "marker": "o", "label": "PaDIR (T = steps)"}
+
+
+families.register(PaDIRFamily())

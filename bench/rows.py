@@ -1,0 +1,343 @@
+"""The result row: one column list, the figures it carries, and the check that recomputes them.
+
+``CORE`` names every column a row of any system has, in order, each with its table label, its cell
+format and whether higher is better; a family adds the columns only it fills (``Family.columns``),
+and the rows of other families hold None there. Every table (``table.md``, ``leaderboard.md``,
+``narbench results --format md``) renders cells with ``Column.cell``. ``figures`` computes every
+number of a row that follows from per-sentence data, and ``verify_run`` recomputes them from
+``samples.jsonl``.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, Mapping, Sequence
+
+import numpy as np
+
+from bench.stats import min_samples
+from narbench_core.errors import UserError
+
+SCHEMA_VERSION = 2   # 2: `family` is the plug-in family (ar, padir ...); `paradigm` is ar | nar
+P99_MIN_N = min_samples(0.99)
+
+
+# ------------------------------------------------------------------------------------------- formats
+
+def fixed(digits: int) -> Callable[[Any], str]:
+    def fmt(value: Any) -> str:
+        if value is None or (isinstance(value, float) and math.isnan(value)):
+            return "–"
+        return f"{value:.{digits}f}"
+    return fmt
+
+
+def ms(value: Any) -> str:
+    """Milliseconds with enough digits for sub-millisecond figures."""
+    if value is None:
+        return "–"
+    return f"{value:.3f}" if value < 1 else f"{value:.2f}" if value < 10 else f"{value:.1f}"
+
+
+def plain(value: Any) -> str:
+    return "–" if value is None else str(value)
+
+
+def _ci(fmt: Callable[[Any], str], ci: Any) -> str:
+    return "(CI: n too small)" if not ci else f"[{fmt(ci[0])}, {fmt(ci[1])}]"
+
+
+def stars(p: float | None) -> str:
+    return "" if p is None else "**" if p < 0.01 else "*" if p < 0.05 else ""
+
+
+def _p50(row: "Row") -> str:
+    return f"{ms(row.latency_p50_ms)} {_ci(ms, row.latency_p50_ci_ms)}"
+
+
+def _p99(row: "Row") -> str:
+    n = row.n_sentences
+    return ms(row.latency_p99_ms) if n >= P99_MIN_N else f"n too small ({n} < {P99_MIN_N})"
+
+
+def _speedup(row: "Row") -> str:
+    if row.speedup_p50_vs_ar is None:
+        return "–"
+    return f"{row.speedup_p50_vs_ar:.2f}x " + _ci(fixed(2), row.speedup_p50_ci)
+
+
+def _delta(row: "Row") -> str:
+    return "–" if row.bleu_delta_vs_ar is None else f"{row.bleu_delta_vs_ar:+.2f}{stars(row.bleu_delta_p_value)}"
+
+
+def _steps(row: "Row") -> str:
+    return "N" if row.paradigm == "ar" else plain(row.steps)
+
+
+def _passes(row: "Row") -> str:
+    return f"{fixed(1)(row.passes_mean)} / {fixed(0)(row.passes_p99)}"
+
+
+def _family(row: "Row") -> str:
+    from bench import families
+
+    return families.get(row.family).label
+
+
+def _share(row: "Row") -> str:
+    share = row.stutter_sentence_share
+    return "–" if share is None else f"{100 * share:.1f}%"
+
+
+# ------------------------------------------------------------------------------------------- columns
+
+@dataclass(frozen=True)
+class Column:
+    name: str
+    label: str = ""                                  # table header (default: the name)
+    fmt: Callable[[Any], str] = plain                # the value as a table cell
+    higher_is_better: bool | None = None             # None: not a score (tables mark the best of a score)
+    render: Callable[["Row"], str] | None = None     # a cell showing more than the value (CI, stars)
+    doc: str = ""
+    align: str = "right"                             # markdown alignment: "left" for text
+
+    @property
+    def header(self) -> str:
+        return self.label or self.name
+
+    def cell(self, row: "Row") -> str:
+        return self.render(row) if self.render else self.fmt(row[self.name])
+
+
+C = Column
+IDENTITY = (
+    C("schema_version"), C("suite", align="left"), C("task", align="left"),
+    C("test_set", "Test set", align="left"), C("system", "System", align="left"),
+    C("family", "Family", render=_family, align="left", doc="the plug-in family that made the system"),
+    C("paradigm", "Paradigm", align="left", doc="ar or nar: the side of the comparison"),
+    C("decoder", align="left", doc="decoder spec: greedy | beam:K | refine:T"),
+    C("hypotheses", "# Hyp.", doc="beam size (AR) or length hypotheses (PaDIR)"),
+    C("distill", "Distilled", doc="trained on the AR teacher's outputs"),
+    C("seed"),
+    C("variant", doc="systems that differ only in steps share it (one line in steps plots)"),
+    C("batch_size", "Batch"),
+)
+FIGURES = (
+    C("n_sentences", "n"),
+    C("bleu", "BLEU", fixed(2), True), C("bleu_signature"),
+    C("chrf", "chrF", fixed(1), True), C("chrf_signature"),
+    C("bleurt", "BLEURT", fixed(4), True, doc="null without a BLEURT checkpoint"),
+    C("bleu_delta_vs_ar", "ΔBLEU vs AR greedy", fixed(2), True, _delta),
+    C("bleu_delta_ci"), C("bleu_delta_p_value"),
+    C("stutter_per_1k_words", "stutter /1k words", fixed(2), False),
+    C("stutter_sentence_share", "stutter sentences", fixed(3), False, _share),
+    C("latency_p50_ms", "p50 ms", ms, False),
+    C("latency_p90_ms", "p90 ms", ms, False),
+    C("latency_p99_ms", "p99 ms", ms, False, _p99),
+    C("latency_mean_ms", "mean ms", ms, False), C("latency_min_ms", "min ms", ms, False),
+    C("latency_max_ms", "max ms", ms, False),
+    C("latency_p50_ci_ms"), C("latency_p90_ci_ms"), C("latency_p99_ci_ms"),
+    C("speedup_p50_vs_ar", "speedup p50 vs AR greedy [95% CI]", fixed(2), True, _speedup),
+    C("speedup_p50_ci"), C("speedup_share_faster", "share faster", fixed(2), True),
+    C("passes_mean", "passes mean", fixed(1), None), C("passes_p99", "passes p99", fixed(0)),
+)
+RUN = (
+    C("compile_s", "compile s", fixed(1)), C("platform"), C("phase"), C("repeats"), C("target_lang"),
+    C("n_references", "refs"), C("baseline_system"), C("baseline_timed_together"),
+    C("checkpoint", doc="the checkpoint folder under the data root"), C("decoder_options"),
+)
+COSTS = (
+    C("flops_per_sentence"), C("bytes_per_sentence"), C("roofline_p50_ms", "roofline p50 ms", ms),
+    C("roofline_share_p50"), C("peak_flops"), C("bandwidth_bytes_s"),
+    C("tpu_v4_projection_p50_ms", "TPU v4 projection p50 ms", ms),
+)
+ENV = (C("device_kind"), C("cpu_model"), C("threads"), C("jax_version"), C("flax_version"), C("git_commit"),
+       C("git_dirty"), C("date_utc"))
+CORE = IDENTITY + FIGURES + RUN + COSTS + ENV
+
+# Composite cells the tables show in place of a value column.
+VIEWS = {c.name: c for c in (
+    C("steps_view", "Steps", render=_steps, doc="'N' = autoregressive"),
+    C("p50_view", "p50 ms [95% CI]", render=_p50),
+    C("passes_view", "passes mean / p99", render=_passes),
+)}
+
+
+def columns() -> tuple[Column, ...]:
+    """Every column of a row: the core ones, then each registered family's."""
+    from bench import families
+
+    extra = {c.name: c for f in families.all_families() for c in f.columns}
+    core = {c.name for c in CORE}
+    return IDENTITY + tuple(c for n, c in extra.items() if n not in core) + FIGURES + RUN + COSTS + ENV
+
+
+def column(name: str) -> Column:
+    if name in VIEWS:
+        return VIEWS[name]
+    for c in columns():
+        if c.name == name:
+            return c
+    raise KeyError(f"no column {name!r}")
+
+
+# ---------------------------------------------------------------------------------------------- row
+
+class Row(Mapping[str, Any]):
+    """One result row (a system on a test set): every column present, read as ``row.bleu``."""
+
+    __slots__ = ("_values",)
+
+    def __init__(self, values: Mapping[str, Any]):
+        names = [c.name for c in columns()]
+        missing = [n for n in names if n not in values]
+        unknown = sorted(set(values) - set(names))
+        if missing or unknown:
+            raise ValueError(f"a row needs exactly the declared columns: missing {missing}, unknown {unknown}")
+        object.__setattr__(self, "_values", {n: values[n] for n in names})
+
+    @classmethod
+    def load(cls, record: Mapping[str, Any], where: str = "rows.jsonl") -> "Row":
+        """A row read back: its schema must be this one; columns of a family it predates are None."""
+        if record.get("schema_version") != SCHEMA_VERSION:
+            raise UserError(f"{where}: row schema {record.get('schema_version')} is not {SCHEMA_VERSION} (written by "
+                            "another narbench version); re-run the suite with `narbench run --force`")
+        core = {c.name for c in CORE}
+        missing = sorted(core - set(record))
+        if missing:
+            raise UserError(f"{where}: a row lacks columns {missing}; re-run the suite with `narbench run --force`")
+        values = {c.name: record.get(c.name) for c in columns()}    # a family's absent columns are None
+        row = cls.__new__(cls)
+        object.__setattr__(row, "_values", {**values, **record})
+        return row
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self._values[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+    def __setattr__(self, name, value):
+        raise AttributeError("rows are immutable")
+
+    def __getitem__(self, name: str) -> Any:
+        return self._values[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._values)
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+    def __repr__(self) -> str:
+        return f"Row({self._values['system']!r}, {self._values['test_set']!r})"
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return self.system, self.test_set
+
+
+# ------------------------------------------------------------------------------------------ figures
+
+def figures(hypotheses: Sequence[str], references: Sequence[Sequence[str]], latencies_ms: Sequence[float],
+            passes: Sequence[int], target_lang: str, baseline_latencies_ms: Sequence[float] | None = None,
+            baseline_hypotheses: Sequence[str] | None = None, bootstrap_resamples: int = 1000,
+            seed: int = 0, score: bool = True) -> dict[str, Any]:
+    """Every column of a row that follows from per-sentence data (``verify_run`` recomputes these);
+    without ``score`` (timing only) the quality columns are None."""
+    from bench import quality, stats
+
+    lat = stats.summarize(latencies_ms)
+    p = np.asarray(passes, dtype=np.float64)  # [n_sentences]
+    ci = lambda c: None if c is None else [c[0], c[1]]  # noqa: E731
+    out: dict[str, Any] = {
+        "n_sentences": lat.n,
+        "latency_p50_ms": lat.p50, "latency_p90_ms": lat.p90, "latency_p99_ms": lat.p99,
+        "latency_mean_ms": lat.mean, "latency_min_ms": lat.min, "latency_max_ms": lat.max,
+        "latency_p50_ci_ms": ci(lat.p50_ci), "latency_p90_ci_ms": ci(lat.p90_ci),
+        "latency_p99_ci_ms": ci(lat.p99_ci),
+        "passes_mean": float(p.mean()), "passes_p99": float(np.percentile(p, 99)),
+        "speedup_p50_vs_ar": None, "speedup_p50_ci": None, "speedup_share_faster": None,
+        "bleu": None, "bleu_signature": None, "chrf": None, "chrf_signature": None,
+        "stutter_per_1k_words": None, "stutter_sentence_share": None,
+        "bleu_delta_vs_ar": None, "bleu_delta_ci": None, "bleu_delta_p_value": None,
+    }
+    if baseline_latencies_ms is not None:
+        sp = stats.paired_speedup(baseline_latencies_ms, latencies_ms)
+        out.update(speedup_p50_vs_ar=sp.median, speedup_p50_ci=ci(sp.ci), speedup_share_faster=sp.share_faster)
+    if not score:
+        return out
+    q = quality.score_corpus(hypotheses, references, target_lang)
+    out.update(bleu=q.bleu, bleu_signature=q.bleu_signature, chrf=q.chrf, chrf_signature=q.chrf_signature,
+               stutter_per_1k_words=q.stutter_per_1k_words, stutter_sentence_share=q.stutter_sentence_share)
+    if baseline_hypotheses is not None:
+        if list(baseline_hypotheses) == list(hypotheses):
+            out.update(bleu_delta_vs_ar=0.0, bleu_delta_ci=[0.0, 0.0], bleu_delta_p_value=1.0)
+        else:
+            tok = quality.tokenizer_for(target_lang)
+            boot = quality.paired_bootstrap_bleu(hypotheses, baseline_hypotheses, references, tok,
+                                                 n_resamples=bootstrap_resamples, seed=seed)
+            out.update(bleu_delta_vs_ar=boot.delta, bleu_delta_ci=list(boot.ci), bleu_delta_p_value=boot.p_value)
+    return out
+
+
+FIGURE_FIELDS = tuple(figures(["a"], [["a"]], [1.0], [1], "en", score=False))   # what figures() returns
+
+
+# ------------------------------------------------------------------------------------------- verify
+
+def _close(a: Any, b: Any, rel: float = 1e-9) -> bool:
+    if a is None or b is None:
+        return a is None and b is None
+    if isinstance(a, (list, tuple)) or isinstance(b, (list, tuple)):
+        return isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)) and len(a) == len(b) and all(
+            _close(x, y, rel) for x, y in zip(a, b))
+    if isinstance(a, str) or isinstance(b, str):
+        return a == b
+    return math.isclose(float(a), float(b), rel_tol=rel, abs_tol=1e-9)
+
+
+def verify_run(run_dir) -> list[str]:
+    """Recompute every row's figures from ``samples.jsonl``; returns the mismatches (empty: all agree).
+
+    BLEU, chrF, stutter, latency percentiles and CIs, passes, the paired speedup and the BLEU delta
+    against the row's baseline are all recomputed with ``figures``.
+    """
+    from bench import store as st
+
+    run = st.RunStore(st.resolve_run_dir(run_dir))
+    rows, samples = run.rows(), run.samples()
+    settings = run.spec_settings()
+    groups: dict[tuple[str, str], list[dict]] = {}
+    for s in samples:
+        groups.setdefault((s["system"], s["test_set"]), []).append(s)
+    for g in groups.values():
+        g.sort(key=lambda s: s["index"])
+    problems = [] if rows else ["rows.jsonl has no rows"]
+    for row in rows:
+        g = groups.get(row.key)
+        if not g:
+            problems.append(f"{row.key}: no samples")
+            continue
+        bad_sample = [f for f in st.SAMPLE_FIELDS if any(f not in s for s in g)]
+        if bad_sample:
+            problems.append(f"{row.key}: samples lack {bad_sample}")
+            continue
+        n_refs = len(g[0]["references"]) if "references" in g[0] else 1
+        refs = ([[s["references"][k] for s in g] for k in range(n_refs)] if "references" in g[0]
+                else [[s["reference"] for s in g]])
+        base = groups.get((row.baseline_system, row.test_set))
+        base_ok = base is not None and [s["index"] for s in base] == [s["index"] for s in g]
+        recomputed = figures(
+            [s["hypothesis"] for s in g], refs, [s["latency_ms"] for s in g], [s["passes"] for s in g],
+            row.target_lang,
+            [s["latency_ms"] for s in base] if base_ok and row.speedup_p50_vs_ar is not None else None,
+            [s["hypothesis"] for s in base] if base_ok and row.bleu_delta_vs_ar is not None else None,
+            settings["bootstrap_resamples"], settings["seed"], score=row.bleu is not None)
+        for name, value in recomputed.items():
+            if not _close(row[name], value):
+                problems.append(f"{row.key}: {name} = {row[name]!r} in rows.jsonl but {value!r} from samples")
+    extra = set(groups) - {r.key for r in rows}
+    if extra:
+        problems.append(f"samples without a row (unfinished cells): {sorted(extra)}")
+    return problems

@@ -1,1 +1,0 @@
-"""Theory suites of the paper: Ising k-pseudolikelihood, k-Gibbs vs parallel sampling, attention dependency."""

@@ -1,0 +1,60 @@
+"""`narbench train`: families build the configs, and --distill uses the same settings a suite does."""
+from __future__ import annotations
+
+import pytest
+
+from bench import cli_models
+from bench.cli import main
+from bench.families import load_suite
+from suites.spec import DistillSpec
+
+
+@pytest.fixture
+def recorded(monkeypatch, tmp_path):
+    """Fake trainer and distiller that record their arguments."""
+    calls = {"distill": [], "train": []}
+
+    def distill_task(teacher, task, progress=True, **kwargs):
+        calls["distill"].append((str(teacher), task, kwargs))
+        return task
+
+    def train(task, model_config, train_config, out_dir=None, progress=True):
+        calls["train"].append((task, model_config, train_config))
+        return tmp_path / f"ckpt-{len(calls['train'])}"
+
+    monkeypatch.setattr("models.distill.distill_task", distill_task)
+    monkeypatch.setattr("models.train.train", train)
+    return calls
+
+
+def test_distill_settings_come_from_the_suite_then_the_flags():
+    assert cli_models.distill_settings() == DistillSpec()
+    assert cli_models.distill_settings("smoke") == load_suite("smoke").distill
+    assert cli_models.distill_settings("smoke", max_examples=7, beam_size=None) == DistillSpec(2, 7, 0.6)
+
+
+def test_train_distill_passes_the_suite_settings(recorded, tmp_path, capsys):
+    teacher = tmp_path / "teacher"
+    code = main(["train", "--task", "synthetic_d0", "--model", "padir", "--preset", "tiny", "--steps", "3",
+                 "--distill", "--suite", "smoke", "--teacher", str(teacher), "--unmask-rate", "0.3", "--quiet"])
+    assert code == 0
+    smoke = load_suite("smoke").distill
+    assert recorded["distill"] == [(str(teacher), "synthetic_d0", smoke.kwargs())]
+    (task, model, train), = recorded["train"]
+    assert model.kind == "padir" and train.unmask_rate == 0.3 and train.steps == 3
+
+
+def test_train_distill_without_teacher_trains_the_ar_teacher_first(recorded, capsys):
+    assert main(["train", "--task", "synthetic_d0", "--model", "padir", "--preset", "tiny", "--steps", "3",
+                 "--distill", "--distill-beam-size", "3", "--quiet"]) == 0
+    assert [m.kind for _, m, _ in recorded["train"]] == ["ar", "padir"]
+    assert recorded["distill"][0][2] == DistillSpec(beam_size=3).kwargs()
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--model", "ar", "--unmask-rate", "0.3"], "do not apply to AR models"),
+    (["--model", "padir", "--suite", "smoke"], "only apply with --distill"),
+])
+def test_train_flag_errors(recorded, capsys, argv, message):
+    assert main(["train", "--task", "synthetic_d0", "--preset", "tiny", *argv]) == 2
+    assert message in capsys.readouterr().err
