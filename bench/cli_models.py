@@ -10,13 +10,15 @@ from bench import families
 from narbench_core import defaults
 from narbench_core.errors import UserError
 
-TRAIN_HELP = """Train an AR T5 or a PaDIR model on a task's training split. Checkpoints default to
+TRAIN_HELP = f"""Train an AR T5 or a PaDIR model on a task's training split. Checkpoints default to
 <data root>/checkpoints/<task>-<kind>-<hash of task, configs, vocabulary and data>; an unfinished
 run resumes from its last checkpoint when the same command runs again; a finished one is skipped.
 --distill trains on the task distilled by an AR teacher (--teacher DIR, else the AR checkpoint that the
 same command with --model ar would produce, trained first if it does not exist yet), which decodes the
 training sources with the distillation settings a suite uses: its [distill] section with --suite,
-else the defaults, each overridable by a flag (cached under <data root>/distill/)."""
+else the defaults, each overridable by a flag. The teacher decodes a sample of the training split
+drawn with --seed (the seed a suite's cell has), holding {defaults.DISTILL_HELDOUT} pairs aside to score
+its BLEU (cached under <data root>/distill/ with distill.json)."""
 
 
 def register(sub) -> None:
@@ -33,13 +35,21 @@ def register(sub) -> None:
     p.add_argument("--optimizer", choices=("adafactor", "adam"), help="adafactor (paper, default) or adam")
     p.add_argument("--unmask-rate", type=float, help="PaDIR: share of target tokens kept correct (0.15)")
     p.add_argument("--stages", type=int, help="PaDIR: training stages (2)")
+    p.add_argument("--recipe", choices=defaults.RECIPES,
+                   help=f"PaDIR: reference (fixed EOS, [LENGTH] query, stage-2 remasking) or first (default {defaults.RECIPE})")
+    p.add_argument("--init", choices=defaults.INIT_MODES, default=defaults.INIT,
+                   help="PaDIR parameters: random, or ar: warm-started from an AR checkpoint (--init-from DIR, else "
+                        "the one `--model ar` with the same flags gives, trained first if needed)")
+    p.add_argument("--init-from", type=Path, help="AR checkpoint folder to warm-start from (with --init ar)")
     p.add_argument("--seed", type=int)
     p.add_argument("--checkpoint-every", type=int)
     p.add_argument("--distill", action="store_true", help="train on <task>_distilled (see above)")
     p.add_argument("--teacher", type=Path, help="AR checkpoint folder used as the distillation teacher")
     p.add_argument("--suite", help="take the distillation settings from this suite's [distill] section")
-    p.add_argument("--distill-beam-size", type=int, help="teacher beam size (default: the suite's, else 5)")
-    p.add_argument("--distill-max-examples", type=int, help="training sources the teacher decodes (default: all)")
+    p.add_argument("--distill-decoder", help="teacher search: greedy | beam:K (default: the suite's, else "
+                   f"{defaults.DISTILL_DECODER})")
+    p.add_argument("--distill-max-examples", type=int,
+                   help="size of the seeded sample of training sources the teacher decodes (default: all)")
     p.add_argument("--out", type=Path, help="checkpoint folder (default: hash-keyed under the data root)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.set_defaults(func=_train_command)
@@ -72,28 +82,38 @@ def distill_settings(suite: Optional[str] = None, **flags):
     """The suite's ``[distill]`` section (default settings without one), with the non-None flags."""
     import dataclasses
 
-    from suites.spec import DistillSpec
+    from suites.spec import TEACHER_DECODER_RE, DistillSpec
 
+    decoder = flags.get("decoder")
+    if decoder is not None and not TEACHER_DECODER_RE.match(decoder):
+        raise UserError(f"--distill-decoder must be greedy or beam:K (e.g. beam:5), got {decoder!r}")
     base = families.load_suite(suite).distill if suite else DistillSpec()
     return dataclasses.replace(base, **{k: v for k, v in flags.items() if v is not None})
 
 
 def train_model(task: str, family: str, preset_name: str = "small", *, distill=None, teacher: Optional[Path] = None,
-                out: Optional[Path] = None, progress: bool = True, axes: Optional[dict] = None, **overrides) -> Path:
+                out: Optional[Path] = None, progress: bool = True, axes: Optional[dict] = None,
+                init: str = defaults.INIT, init_from: Optional[Path] = None, **overrides) -> Path:
     """Train (or resume, or find finished) one model; with ``distill`` (a ``DistillSpec``) on the
-    outputs of the AR teacher."""
+    outputs of the AR teacher; with ``init="ar"`` warm-started from an AR checkpoint."""
     from models.distill import distill_task
-    from models.train import train
+    from models.train import TrainConfig, train
 
     if teacher is not None and distill is None:
         raise UserError("--teacher only applies with --distill")
+    if init_from is not None and init != "ar":
+        raise UserError("--init-from only applies with --init ar")
+    if init == "ar" and init_from is None:
+        init_from = train_model(task, families.BASELINE, preset_name, progress=progress, **overrides)
     train_task = task
     if distill is not None:
         if teacher is None:
             teacher = train_model(task, families.BASELINE, preset_name, progress=progress, **overrides)
-        train_task = distill_task(teacher, task, **distill.kwargs(), progress=progress)
+        seed = overrides.get("seed")          # the teacher's seed draws the sample, as in a suite's cell
+        train_task = distill_task(teacher, task, **distill.kwargs(), seed=TrainConfig.seed if seed is None else seed,
+                                  progress=progress)
     model_config, train_config = train_configs(train_task, family, preset_name, axes, **overrides)
-    return train(train_task, model_config, train_config, out_dir=out, progress=progress)
+    return train(train_task, model_config, train_config, out_dir=out, progress=progress, init_from=init_from)
 
 
 def translate_lines(checkpoint: Path, decoder_spec: str, lines: Iterable[str], batch_size: int = 32,
@@ -119,12 +139,12 @@ def _train_command(args: argparse.Namespace) -> int:
     enable_compilation_cache()
     distill = None
     if args.distill:
-        distill = distill_settings(args.suite, beam_size=args.distill_beam_size, max_examples=args.distill_max_examples)
-    elif args.suite or args.distill_beam_size or args.distill_max_examples:
-        raise UserError("--suite, --distill-beam-size and --distill-max-examples only apply with --distill")
+        distill = distill_settings(args.suite, decoder=args.distill_decoder, max_examples=args.distill_max_examples)
+    elif args.suite or args.distill_decoder or args.distill_max_examples:
+        raise UserError("--suite, --distill-decoder and --distill-max-examples only apply with --distill")
     out = train_model(args.task, args.model, args.preset, distill=distill, teacher=args.teacher,
-                      out=args.out, progress=not args.quiet, axes={"unmask_rate": args.unmask_rate,
-                                                                   "stages": args.stages},
+                      out=args.out, progress=not args.quiet, init=args.init, init_from=args.init_from,
+                      axes={"unmask_rate": args.unmask_rate, "stages": args.stages, "recipe": args.recipe},
                       steps=args.steps, batch_tokens=args.batch_tokens, learning_rate=args.learning_rate,
                       warmup_steps=args.warmup_steps, seed=args.seed, checkpoint_every=args.checkpoint_every,
                       optimizer=args.optimizer)

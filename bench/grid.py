@@ -7,19 +7,23 @@ teacher is trained first. Evaluation cells are (system, test set); the systems o
 warmed up and then timed interleaved in one ``bench.timing.measure`` call, scored, and saved
 together. Rows are keyed by ``(system, test_set)``: a re-run skips the cells whose rows exist.
 
-All model-specific work goes through :class:`Deps` (trainer, distiller, decoder factory, task text),
-so tests inject fakes and ``bench`` never imports a concrete model class.
+All model-specific work goes through :class:`Deps` (trainer, distiller, decoder factory, task text,
+training records, learning curves and step costs), so tests inject fakes and ``bench`` never imports
+a concrete model class. Each row carries its model's training budget; a ``match`` budget is resolved
+from the baseline model's record before its cell trains; each trained model's learning curve is
+copied into the run folder's ``curves.jsonl``.
 """
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
 
-from bench import families
+from bench import curves, families
 from bench.families import Context, System, TrainCell
 from bench.rows import SCHEMA_VERSION, Row, columns, figures
 from bench.store import RunStore
@@ -71,7 +75,10 @@ def expand(spec: SuiteSpec) -> Plan:
                             "remove duplicate axis values")
         systems.extend(task_systems)
         evals.extend(EvalCell(s, ts) for ts in task.test_sets for s in task_systems)
-    ordered = sorted(cells, key=lambda c: c.teacher is not None)  # stable: teachers first
+    if base.trains and spec.budget(base.name).match is not None:
+        raise UserError(f"{spec.source}: train.{base.name}: match gives a model the {base.label} model's budget; "
+                        f"the {base.label} budget itself needs plain steps (drop match)")
+    ordered = sorted(cells, key=lambda c: bool(c.sources))  # stable: teachers and warm-start sources first
     return Plan(tuple(ordered), tuple(systems), tuple(evals))
 
 
@@ -82,11 +89,14 @@ class Deps:
     """Everything model- or data-specific the grid needs, injectable for tests."""
 
     train: Callable[..., Path]                       # (task, model_config, train_config, progress=) -> ckpt dir
-    distill: Callable[..., str]                      # (teacher_dir, task, beam_size=...) -> distilled task
+    distill: Callable[..., tuple[str, dict]]         # (teacher_dir, task, decoder=, seed=) -> (task, distill.json)
     load_decoder: Callable[..., Any]                 # (family, ckpt_dir, spec, **options) -> Decoder
     load_text: Callable[[str, str], tuple]           # (task, split) -> (sources, reference streams)
     target_lang: Callable[[str], str]                # task -> target language code
     configs: Callable[[SuiteSpec, TrainCell], tuple[Any, Any]]  # -> (model_config, train_config)
+    train_record: Callable[[Path], dict | None]      # ckpt dir -> its training record (narbench.json), None if none
+    train_curve: Callable[[Path], list[dict]]        # ckpt dir -> its learning-curve points ([] if none)
+    step_cost: Callable[..., float]                  # (match, task, model_config, train_config) -> flops | s per step
     costs: bool = True                               # XLA cost analysis per decoder (needs .lower)
 
 
@@ -102,13 +112,14 @@ def real_configs(spec: SuiteSpec, cell: TrainCell) -> tuple[Any, Any]:
 
 def real_deps() -> Deps:
     """The real trainer, distiller, decoder factory and tasks (imported on first use)."""
-    def train(task, model_config, train_config, progress=True):
+    def train(task, model_config, train_config, progress=True, init_from=None):
         from models.train import train as _train
-        return _train(task, model_config, train_config, progress=progress)
+        return _train(task, model_config, train_config, progress=progress, init_from=init_from)
 
     def distill(teacher_dir, task, **kwargs):
-        from models.distill import distill_task
-        return distill_task(teacher_dir, task, **kwargs)
+        from models.distill import distill as _distill
+        done = _distill(teacher_dir, task, **kwargs)
+        return done.task, done.record
 
     def load_decoder(family, checkpoint_dir, spec, **options):
         return families.get(family).load_decoder(checkpoint_dir, spec, **options)
@@ -121,7 +132,24 @@ def real_deps() -> Deps:
         from suites.tasks import task_info
         return task_info(task).target_lang
 
-    return Deps(train, distill, load_decoder, load_text, target_lang, real_configs)
+    def train_record(checkpoint_dir):
+        from models.checkpoint import read_meta
+        return read_meta(Path(checkpoint_dir))
+
+    def train_curve(checkpoint_dir):
+        from models.curves import read_curve
+        return read_curve(checkpoint_dir)
+
+    def step_cost(match, task, model_config, train_config):
+        from models import train as _train
+        per_step = {"flops": _train.flops_per_step, "seconds": _train.seconds_per_step}[match]
+        return per_step(task, model_config, train_config)
+
+    return Deps(train, distill, load_decoder, load_text, target_lang, real_configs, train_record, train_curve,
+                step_cost)
+
+
+MATCHED = {"flops": "train_flops", "seconds": "train_seconds"}   # a budget's match -> the record it equals
 
 
 # ------------------------------------------------------------------------------------------ test sets
@@ -184,6 +212,8 @@ class Runner:
     score: bool = True                  # False: timing only (`narbench latency`)
     progress: bool = True
     checkpoints: dict = field(default_factory=dict)   # TrainCell -> checkpoint dir
+    trained: dict = field(default_factory=dict)       # TrainCell -> the training columns of its systems' rows
+    _matched: dict = field(default_factory=dict)      # resolved match budgets when there is no store
 
     def run(self, plan: Plan | None = None) -> list[dict]:
         from tqdm.auto import tqdm
@@ -221,14 +251,73 @@ class Runner:
     def train_cell(self, cell: TrainCell) -> Path:
         if cell in self.checkpoints:
             return self.checkpoints[cell]
-        task = cell.task
+        task, record = cell.task, None
         if cell.teacher is not None:
             teacher_dir = self.train_cell(cell.teacher)
-            task = self.deps.distill(teacher_dir, cell.task, **self.spec.distill.kwargs(), progress=self.progress)
-        model_config, train_config = self.deps.configs(self.spec, cell)
-        path = Path(self.deps.train(task, model_config, train_config, progress=self.progress))
+            task, record = self.deps.distill(teacher_dir, cell.task, **self.spec.distill.kwargs(), seed=cell.seed,
+                                             progress=self.progress)
+            self._save_distillation(cell, record)
+        init_from = self.train_cell(cell.warm_start) if cell.warm_start is not None else None
+        model_config, train_config = self.deps.configs(self._budgeted(cell, task), cell)
+        path = Path(self.deps.train(task, model_config, train_config, progress=self.progress, init_from=init_from))
         self.checkpoints[cell] = path
+        self.trained[cell] = self._training_columns(cell, path, record)
         return path
+
+    def _budgeted(self, cell: TrainCell, task: str) -> SuiteSpec:
+        """The spec with ``cell``'s budget resolved: a ``match`` budget trains as many steps (at most its
+        ``steps``) as the baseline model's FLOPs or seconds buy at the cell's own mean cost per step (on
+        ``task``, its training data). The resolution is kept in ``run.json`` so a resumed run (and a
+        measured seconds-per-step) trains the same model."""
+        budget = self.spec.budget(cell.family) if families.get(cell.family).trains else None
+        if budget is None or budget.match is None:
+            return self.spec
+        matched = dict(self.store.info.get("matched_budgets", {})) if self.store is not None else self._matched
+        resolved = matched.get(cell.label)
+        if resolved is None or resolved["match"] != budget.match or resolved["cap"] != budget.steps:
+            base = TrainCell(cell.task, families.BASELINE, cell.seed)
+            have = (self.deps.train_record(self.train_cell(base)) or {}).get(MATCHED[budget.match])
+            if not have:
+                raise UserError(f"the {base.label} checkpoint records no {MATCHED[budget.match]} (trained before "
+                                f"narbench recorded it); delete {self.checkpoints[base]} to retrain it, or drop "
+                                f"match from [train.{cell.family}]")
+            per_step = float(self.deps.step_cost(budget.match, task, *self.deps.configs(self.spec, cell)))
+            steps = min(budget.steps, math.floor(have / per_step))
+            if steps < 1:
+                raise UserError(f"{cell.label}: one training step costs {per_step:.3g} {budget.match}, more than "
+                                f"the {have:.3g} of {base.label}; train the baseline longer")
+            resolved = {"match": budget.match, "cap": budget.steps, "baseline": float(have), "per_step": per_step,
+                        "steps": steps}
+            matched[cell.label] = resolved
+            if self.store is not None:
+                self.store.update_info(matched_budgets=matched)
+        budgets = tuple((f, dataclasses.replace(b, steps=resolved["steps"]) if f == cell.family else b)
+                        for f, b in self.spec.budgets)
+        return self.spec.replace(budgets=budgets)
+
+    def _training_columns(self, cell: TrainCell, path: Path, distilled: dict | None, save: bool = True) -> dict:
+        """A trained cell's row columns (its budget, from the checkpoint's record; whether its dev BLEU
+        was still rising) and, with ``save``, its learning curve copied into ``curves.jsonl``."""
+        if not families.get(cell.family).trains:
+            return {}
+        record = self.deps.train_record(path) or {}
+        points = self.deps.train_curve(path)
+        if save and points and self.store is not None:
+            self.store.save_curve(cell.label, curves.records(cell.label, cell.family, points))
+        return {"model": cell.label, "train_steps": record.get("steps_done"),
+                "train_tokens": record.get("target_tokens"), "train_seconds": record.get("train_seconds"),
+                "train_flops": record.get("train_flops"),
+                "distill_seconds": None if distilled is None else distilled.get("seconds"),
+                "still_improving": curves.still_improving(points)}
+
+    def _save_distillation(self, cell: TrainCell, record: dict) -> None:
+        """Copy the distillation's record into the run folder (``distill.json``), keyed by task (plus
+        ``-seed{N}`` when the suite has several seeds) if the run distils more than one."""
+        if self.store is None:
+            return
+        teachers = {c.teacher for c in expand(self.spec).train_cells if c.teacher is not None}
+        key = cell.task + (f"-seed{cell.seed}" if len(self.spec.seeds) > 1 else "")
+        self.store.save_distill(key, record, keyed=len(teachers) > 1)
 
     def evaluate(self, systems: list[tuple[System, Path]], data: TestData, targets: list[Target]) -> list[Row]:
         """Warm up and time the systems interleaved on ``data`` once, then score and save every target."""
@@ -266,6 +355,7 @@ class Runner:
                     "repeats": m.repeats, "target_lang": target_lang, "n_references": len(refs),
                     "baseline_system": system.baseline, "baseline_timed_together": base is not None,
                     "checkpoint": portable(ckpt), "decoder_options": dict(system.options),
+                    **self._training(system.cell, ckpt),
                     **costs.get(system.name, {}), **_env_fields(self.env),
                 }))
                 for j, i in enumerate(data.indices):
@@ -280,6 +370,11 @@ class Runner:
         if self.store is not None:
             self.store.save_cells(rows, samples)
         return rows
+
+    def _training(self, cell: TrainCell, path: Path) -> dict:
+        if cell not in self.trained:       # evaluate() alone (`narbench eval`): no distillation record at hand
+            self.trained[cell] = self._training_columns(cell, path, None, save=False)
+        return self.trained[cell]
 
     def _bleurt(self, references: list[str], hypotheses: list[str]) -> float | None:
         from bench.bleurt import corpus_bleurt
@@ -320,7 +415,7 @@ class Runner:
 
 def _needed_cells(plan: Plan, todo: list[EvalCell]) -> list[TrainCell]:
     wanted = {c.system.cell for c in todo}
-    wanted |= {c.teacher for c in wanted if c.teacher is not None}
+    wanted |= {source for c in wanted for source in c.sources}
     return [c for c in plan.train_cells if c in wanted]
 
 

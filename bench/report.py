@@ -17,12 +17,14 @@ from narbench_core.io import write_text
 
 NO_BLEURT = "no BLEURT checkpoint"
 PLOTS = ("pareto.png", "latency_cdf.png", "bleu_vs_steps.png")
+CURVE_PLOT = "learning_curves.png"       # drawn when the run has curves.jsonl (models trained with curves)
 
 # The tables, each a list of columns (``bench.rows.VIEWS`` adds composite cells such as "p50 [CI]").
 SUMMARY = ("system", "family", "hypotheses", "steps_view")
 LATENCY_TABLE = ("system", "hypotheses", "steps_view", "bleu", "bleu_delta_vs_ar", "p50_view", "latency_p99_ms",
                  "speedup_p50_vs_ar", "passes_view", "stutter_per_1k_words", "stutter_sentence_share", "compile_s")
-LEADERBOARD = ("system", "family", "hypotheses", "steps_view", "bleu", "bleu_delta_vs_ar", "chrf", "bleurt",
+LEADERBOARD = ("system", "family", "hypotheses", "steps_view", "bleu", "train_steps", "train_seconds", "train_flops",
+               "still_improving", "bleu_delta_vs_ar", "chrf", "bleurt",
                "latency_p50_ms", "latency_p99_ms", "speedup_p50_vs_ar", "stutter_per_1k_words")
 RESULTS = ("system", "test_set", "family", "steps_view", "bleu", "chrf", "bleurt", "latency_p50_ms",
            "latency_p99_ms", "speedup_p50_vs_ar", "passes_mean", "stutter_per_1k_words", "n_sentences")
@@ -86,6 +88,7 @@ def render_table(rows: list[Row], info: dict, env: dict) -> str:
         lines.append("")
 
     grid("Test BLEU (layout of the paper's Table 1)", "bleu")
+    lines.extend(render_budgets(rows))
     if any(r.bleurt is not None for r in rows):
         grid("Test BLEURT (layout of the paper's Table 3)", "bleurt")
     else:
@@ -103,6 +106,37 @@ def render_table(rows: list[Row], info: dict, env: dict) -> str:
     if sigs:
         lines.extend(["SacreBLEU: " + "; ".join(f"`{s}`" for s in sigs), ""])
     return "\n".join(lines)
+
+
+def render_budgets(rows: Sequence[Row]) -> list[str]:
+    """The "Training budgets" table: one line per trained model (the rows' ``model``), with its FLOPs
+    as a share of its baseline (AR) model's; [] when no row has a trained model."""
+    order = {name: i for i, name in enumerate(system_order(rows))}
+    first: dict[str, Row] = {}
+    for r in sorted(rows, key=lambda r: (r.task, order[r.system])):   # per task, in the order of the systems
+        if r.model is not None:
+            first.setdefault(r.model, r)
+    if not first:
+        return []
+    by_system = {(r.task, r.system): r for r in rows}
+    base_label = families.get(families.BASELINE).label
+    names = ("family", "train_steps", "train_tokens", "train_seconds", "train_flops")
+    tail = ("distill_seconds", "still_improving")
+    lines = ["## Training budgets", "",
+             "| model | " + " | ".join(column(n).header for n in names) + f" | FLOPs / {base_label} | "
+             + " | ".join(column(n).header for n in tail) + " |",
+             "|---|---|" + "---:|" * (len(names) + len(tail))]
+    for model, r in first.items():
+        base = by_system.get((r.task, r.baseline_system))
+        share = (r.train_flops / base.train_flops if base is not None and r.train_flops is not None
+                 and base.train_flops else None)
+        lines.append(f"| {model} | " + " | ".join(column(n).cell(r) for n in names)
+                     + f" | {'–' if share is None else f'{100 * share:.0f}%'} | "
+                     + " | ".join(column(n).cell(r) for n in tail) + " |")
+    lines.extend(["", "Seconds: in train steps only (compiling, checkpoints and dev evaluation excluded). FLOPs: XLA's "
+                  "cost analysis of each step's compiled train step, summed. Distill s: the teacher's decoding of "
+                  "the distilled training data. Curves: learning_curves.png.", ""])
+    return lines
 
 
 # ---------------------------------------------------------------------------------------- leaderboard
@@ -143,7 +177,11 @@ def render_leaderboard(rows: list[Row], info: dict, env: dict, run_dir: Path) ->
     if not has_bleurt:
         lines.extend([f"BLEURT: {NO_BLEURT} (pass `--bleurt-checkpoint DIR` or set NARBENCH_BLEURT).", ""])
     lines.extend(["ΔBLEU: paired bootstrap against AR greedy; * p < 0.05, ** p < 0.01. Bold: the best value of a "
-                  "column. Full tables with CIs, passes and stutter: [table.md](table.md).", ""])
+                  "column. Full tables with CIs, passes and stutter: [table.md](table.md).", "",
+                  "Train steps, seconds and FLOPs: the training budget of the system's model (seconds in train "
+                  "steps only; FLOPs from XLA's cost analysis of the compiled train step, summed over steps; "
+                  f"per model in table.md). Still improving: {column('still_improving').doc}; the curves are in "
+                  "learning_curves.png and curves.jsonl.", ""])
     sigs = _signatures(rows, "bleu_signature") + _signatures(rows, "chrf_signature")
     lines.extend(["## Reproduce", "", "```", info.get("command") or "narbench run", "```", "",
                   "SacreBLEU signatures: " + "; ".join(f"`{s}`" for s in sigs), ""])
@@ -160,8 +198,9 @@ def render_leaderboard(rows: list[Row], info: dict, env: dict, run_dir: Path) ->
                   f"run          started {info.get('started')}, finished {info.get('finished', 'not yet')}",
                   "```", ""])
     lines.extend(["## Files", "", "- [table.md](table.md) (paper layout), [rows.jsonl](rows.jsonl), "
-                  "[samples.jsonl](samples.jsonl), [spec.toml](spec.toml), [env.json](env.json)",
-                  *(f"- ![{p}]({p})" for p in PLOTS if (run_dir / p).is_file()), ""])
+                  "[samples.jsonl](samples.jsonl), [spec.toml](spec.toml), [env.json](env.json)"
+                  + (f", [{st.CURVES}]({st.CURVES})" if (run_dir / st.CURVES).is_file() else ""),
+                  *(f"- ![{p}]({p})" for p in (*PLOTS, CURVE_PLOT) if (run_dir / p).is_file()), ""])
     theory = _theory_links(run_dir)
     if theory:
         lines.extend(["## Theory suites", "", *theory, ""])
@@ -302,6 +341,33 @@ def plot_latency_cdf(rows: list[Row], samples: list[dict], path: Path) -> None:
     plt.close(fig)
 
 
+def plot_learning_curves(points: list[dict], path: Path) -> None:
+    """Dev BLEU and dev NLL against training seconds, one line per trained model (``curves.jsonl``)."""
+    import matplotlib.pyplot as plt
+
+    models = list(dict.fromkeys(p["model"] for p in points))
+    legend_rows = math.ceil(len(models) / 2)
+    fig, (bleu_ax, nll_ax) = plt.subplots(1, 2, figsize=(12, 4.6 + 0.22 * legend_rows))
+    cmap = plt.get_cmap("tab10")
+    for i, model in enumerate(models):
+        pts = sorted((p for p in points if p["model"] == model), key=lambda p: p["step"])
+        style = {"color": cmap(i % 10), "ls": ["-", "--", ":"][i // 10 % 3], "marker": "o", "ms": 3, "lw": 1.5}
+        seconds = [p["seconds"] for p in pts]
+        bleu_ax.plot(seconds, [p["dev_bleu"] for p in pts], label=model, **style)
+        nll_ax.plot(seconds, [p["dev_nll"] for p in pts], label=model, **style)
+    for ax, what in ((bleu_ax, "dev BLEU"), (nll_ax, "dev NLL per target token")):
+        ax.set_xlabel("training seconds (train steps only)")
+        ax.set_ylabel(what)
+        ax.grid(alpha=0.3)
+    fig.suptitle("Learning curves (dev sample, seeded)")
+    bottom = (0.3 + 0.22 * legend_rows) / fig.get_figheight()
+    fig.tight_layout(rect=(0, bottom, 1, 1))
+    handles, labels = bleu_ax.get_legend_handles_labels()     # below the axes: model names are long
+    fig.legend(handles, labels, loc="lower center", ncol=2 if len(models) > 1 else 1, fontsize=7, frameon=False)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def plot_bleu_vs_steps(rows: list[Row], path: Path) -> None:
     """A line over steps per variant (systems that differ only in steps); other systems as levels."""
     import matplotlib.pyplot as plt
@@ -345,7 +411,8 @@ def plot_bleu_vs_steps(rows: list[Row], path: Path) -> None:
 # ---------------------------------------------------------------------------------------------- entry
 
 def write_report(run_dir: str | Path) -> list[Path]:
-    """Write ``table.md``, ``leaderboard.md`` and the three plots into the run folder."""
+    """Write ``table.md``, ``leaderboard.md`` and the plots into the run folder (``learning_curves.png``
+    when it has ``curves.jsonl``)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -359,6 +426,9 @@ def write_report(run_dir: str | Path) -> list[Path]:
         plot_pareto(scored, run.path / "pareto.png")
         plot_bleu_vs_steps(scored, run.path / "bleu_vs_steps.png")
     plot_latency_cdf(rows, samples, run.path / "latency_cdf.png")
+    curves = run.curves()
+    if curves:
+        plot_learning_curves(curves, run.path / CURVE_PLOT)
     write_text(run.path / "table.md", render_table(rows, info, env))
     write_text(run.path / "leaderboard.md", render_leaderboard(rows, info, env, run.path))
-    return [run.path / "table.md", run.path / "leaderboard.md", *(run.path / p for p in PLOTS if (run.path / p).is_file())]
+    return [run.path / "table.md", run.path / "leaderboard.md", *(run.path / p for p in (*PLOTS, CURVE_PLOT) if (run.path / p).is_file())]

@@ -16,6 +16,7 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 import numpy as np
 
 from bench.stats import min_samples
+from narbench_core import defaults
 from narbench_core.errors import UserError
 
 SCHEMA_VERSION = 2   # 2: `family` is the plug-in family (ar, padir ...); `paradigm` is ar | nar
@@ -78,6 +79,25 @@ def _passes(row: "Row") -> str:
     return f"{fixed(1)(row.passes_mean)} / {fixed(0)(row.passes_p99)}"
 
 
+def count(value: Any) -> str:
+    """An integer with thousands separators."""
+    return "–" if value is None else f"{int(value):,}"
+
+
+def si(value: Any) -> str:
+    """A large quantity with an SI prefix (1.23M tokens, 4.56P FLOPs)."""
+    if value is None:
+        return "–"
+    for factor, prefix in ((1e18, "E"), (1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(value) >= factor:
+            return f"{value / factor:.2f}{prefix}"
+    return f"{value:.0f}"
+
+
+def yes_no(value: Any) -> str:
+    return "–" if value is None else "yes" if value else "no"
+
+
 def _family(row: "Row") -> str:
     from bench import families
 
@@ -100,6 +120,7 @@ class Column:
     render: Callable[["Row"], str] | None = None     # a cell showing more than the value (CI, stars)
     doc: str = ""
     align: str = "right"                             # markdown alignment: "left" for text
+    added: bool = False                              # newer than schema 2's first rows: absent reads as None
 
     @property
     def header(self) -> str:
@@ -151,9 +172,23 @@ COSTS = (
     C("roofline_share_p50"), C("peak_flops"), C("bandwidth_bytes_s"),
     C("tpu_v4_projection_p50_ms", "TPU v4 projection p50 ms", ms),
 )
+TRAINING = (                                         # the system's trained model (None: its family trains none)
+    C("model", align="left", doc="the trained model (training cell) the system decodes with", added=True),
+    C("train_steps", "train steps", count, doc="optimizer steps (a matched budget's resolved count)", added=True),
+    C("train_tokens", "train tokens", si, doc="target tokens trained on", added=True),
+    C("train_seconds", "train s", fixed(0), doc="seconds in train steps (no compiling, checkpoints, curves)",
+      added=True),
+    C("train_flops", "train FLOPs", si, doc="XLA cost analysis of each step's compiled train step, summed",
+      added=True),
+    C("distill_seconds", "distill s", fixed(0), doc="seconds the teacher spent making the distilled data",
+      added=True),
+    C("still_improving", "still improving", yes_no,
+      doc=f"dev BLEU rose by more than {defaults.CURVE_RISE:g} over the last {defaults.CURVE_TAIL:.0%} of the "
+          "training steps (bench.curves.still_improving)", added=True),
+)
 ENV = (C("device_kind"), C("cpu_model"), C("threads"), C("jax_version"), C("flax_version"), C("git_commit"),
        C("git_dirty"), C("date_utc"))
-CORE = IDENTITY + FIGURES + RUN + COSTS + ENV
+CORE = IDENTITY + FIGURES + RUN + TRAINING + COSTS + ENV
 
 # Composite cells the tables show in place of a value column.
 VIEWS = {c.name: c for c in (
@@ -169,7 +204,7 @@ def columns() -> tuple[Column, ...]:
 
     extra = {c.name: c for f in families.all_families() for c in f.columns}
     core = {c.name for c in CORE}
-    return IDENTITY + tuple(c for n, c in extra.items() if n not in core) + FIGURES + RUN + COSTS + ENV
+    return IDENTITY + tuple(c for n, c in extra.items() if n not in core) + FIGURES + RUN + TRAINING + COSTS + ENV
 
 
 def column(name: str) -> Column:
@@ -198,12 +233,13 @@ class Row(Mapping[str, Any]):
 
     @classmethod
     def load(cls, record: Mapping[str, Any], where: str = "rows.jsonl") -> "Row":
-        """A row read back: its schema must be this one; columns of a family it predates are None."""
+        """A row read back: its schema must be this one; columns of a family or ``added`` columns it
+        predates are None."""
         if record.get("schema_version") != SCHEMA_VERSION:
             raise UserError(f"{where}: row schema {record.get('schema_version')} is not {SCHEMA_VERSION} (written by "
                             "another narbench version); re-run the suite with `narbench run --force`")
         core = {c.name for c in CORE}
-        missing = sorted(core - set(record))
+        missing = sorted(core - set(record) - {c.name for c in CORE if c.added})
         if missing:
             raise UserError(f"{where}: a row lacks columns {missing}; re-run the suite with `narbench run --force`")
         values = {c.name: record.get(c.name) for c in columns()}    # a family's absent columns are None

@@ -8,6 +8,9 @@ Layout (DESIGN.md, "Results format")::
                           /run.json      status (running|finished), spec hash, command, times
                           /rows.jsonl    one object per (system, test_set)
                           /samples.jsonl one object per (system, test_set, sentence)
+                          /curves.jsonl  one object per learning-curve point of each trained model
+                          /distill.json  the distillation record (models.distill), keyed by task when
+                                         the run distils several tasks (or seeds)
 
 ``run_id`` is the UTC date-time plus the first 8 hex digits of the spec hash. Re-running the same
 spec reuses the newest *unfinished* run folder of that hash (so it resumes); ``narbench run`` never
@@ -27,10 +30,11 @@ from bench.rows import SCHEMA_VERSION, Row
 from narbench_core.errors import UserError
 from narbench_core.io import read_jsonl, write_json, write_jsonl, write_text
 
+CURVES = "curves.jsonl"
 SAMPLE_FIELDS = ("system", "test_set", "index", "source", "reference", "hypothesis", "latency_ms", "passes")
 
-ROWS, SAMPLES, ENV, SPEC, RUN, LATEST = (
-    "rows.jsonl", "samples.jsonl", "env.json", "spec.toml", "run.json", "latest")
+ROWS, SAMPLES, ENV, SPEC, RUN, LATEST, DISTILL = (
+    "rows.jsonl", "samples.jsonl", "env.json", "spec.toml", "run.json", "latest", "distill.json")
 
 
 def utc_now() -> datetime:
@@ -86,6 +90,24 @@ class RunStore:
         write_jsonl(self.path / SAMPLES, old_samples + list(samples))
         old_rows = [r for r in self.rows() if r.key not in keys]
         write_jsonl(self.path / ROWS, [dict(r) for r in old_rows + list(rows)])
+
+    def save_distill(self, key: str, record: dict, keyed: bool) -> None:
+        """Copy a distillation's record to ``distill.json``: the record itself, or with ``keyed`` (the run
+        distils several tasks or seeds) one entry per ``key`` beside the others."""
+        file = self.path / DISTILL
+        if keyed:
+            record = {**(json.loads(file.read_text()) if file.is_file() else {}), key: record}
+        write_json(file, record)
+
+    def curves(self) -> list[dict]:
+        """``curves.jsonl``: learning-curve points of the run's trained models (``bench.curves``)."""
+        return read_jsonl(self.path / CURVES)
+
+    def save_curve(self, model: str, records: list[dict]) -> None:
+        """Set the curve points of ``model`` (replacing any it had)."""
+        if self.finished and not self.allow_finished:
+            raise UserError(f"run {self.path} is finished and is never modified; start a new run")
+        write_jsonl(self.path / CURVES, [r for r in self.curves() if r["model"] != model] + list(records))
 
     def update_info(self, **changes: Any) -> None:
         write_json(self.path / RUN, {**self.info, **changes, "updated": utc_now().isoformat()})

@@ -158,6 +158,10 @@ class BucketedBatches:
         """Every batch shape ``(B, L)``, shortest first (one train-step compile each)."""
         return [(self.rows[b], b) for b in sorted(self.members)]
 
+    def batches_per_shape(self) -> list[tuple[tuple[int, int], int]]:
+        """``((B, L), batches of that shape in an epoch)`` for every batch shape, shortest first."""
+        return [((self.rows[b], b), -(-len(self.members[b]) // self.rows[b])) for b in sorted(self.members)]
+
     def example_batch(self, length: int) -> dict[str, np.ndarray]:
         """A batch of bucket ``length`` (its first examples, unshuffled), for warm-up compiles."""
         rows = self.rows[length]

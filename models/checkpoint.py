@@ -134,3 +134,12 @@ def load(checkpoint_dir: str | os.PathLike, require_complete: bool = True
     meta = dict(meta, restored_step=step)
     model_config = ModelConfig.from_dict(meta["model_config"])
     return model_config, params, meta
+
+
+IDENTITY_FIELDS = ("task", "model_config", "train_config", "vocab_hash", "data", "steps_done")
+
+
+def identity(meta: dict) -> dict:
+    """What names a trained model whatever folder it sits in: task, configs, vocabulary, data, steps
+    (a student's checkpoint hash covers its teacher's or warm-start source's identity)."""
+    return {k: meta.get(k) for k in IDENTITY_FIELDS}

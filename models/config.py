@@ -18,6 +18,29 @@ KINDS = ("ar", "padir")
 DTYPES = ("float32", "bfloat16")
 
 
+def added_field(default: Any, doc: str = ""):
+    """A config field added after checkpoints existed: ``to_dict`` (the checkpoint identity) omits it
+    while it holds its default, so adding it changes no existing checkpoint's hash. Its default must
+    be the behaviour before it existed."""
+    return dataclasses.field(default=default, metadata={"added": True, "doc": doc})
+
+
+def setting_field(default: Any, doc: str = ""):
+    """A config field that does not change what is trained (how often to evaluate, say): never part of
+    the checkpoint identity (``to_dict``)."""
+    return dataclasses.field(default=default, metadata={"setting": True, "doc": doc})
+
+
+def identity_dict(config: Any) -> dict[str, Any]:
+    """``dataclasses.asdict`` without the ``setting_field``s and the ``added_field``s that hold their
+    defaults."""
+    out = dataclasses.asdict(config)
+    for f in dataclasses.fields(config):
+        if f.metadata.get("setting") or (f.metadata.get("added") and out[f.name] == f.default):
+            del out[f.name]
+    return out
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     kind: str = "ar"                       # "ar" (causal T5) or "padir" (bidirectional refiner)
@@ -34,6 +57,11 @@ class ModelConfig:
     max_target_length: int = 128           # PaDIR: absolute positions and length classes 0..this
     positional_attention: bool = True      # PaDIR only: the positional-attention sublayer
     dtype: str = "float32"                 # activation dtype; parameters stay float32
+    length_token: bool = added_field(False, "PaDIR: predict the length from a learned [LENGTH] query "
+                                            "prepended to the encoder input (the reference design), not "
+                                            "from the mean-pooled encoder output")
+    fixed_eos: bool = added_field(False, "PaDIR: EOS sits at each hypothesis' last position: never noised in "
+                                         "training, placed there at inference, never emitted elsewhere")
 
     def __post_init__(self):
         if self.kind not in KINDS:
@@ -58,7 +86,7 @@ class ModelConfig:
         return jnp.dtype(self.dtype)
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        return identity_dict(self)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "ModelConfig":

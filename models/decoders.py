@@ -237,22 +237,22 @@ class PaDIRDecoder(_BaseDecoder):
     MODEL, SPECS = "a PaDIR checkpoint", "refine:T (e.g. refine:4)"
 
     def __init__(self, *args, length_hyps: int = defaults.LENGTH_HYPS, remask: str = defaults.REMASK,
-                 init: str = defaults.INIT, seed: int = 0, early_stop: bool = True, **kw):
+                 start: str = defaults.START, seed: int = 0, early_stop: bool = True, **kw):
         super().__init__(*args, **kw)
         if remask not in defaults.REMASK_MODES:
             raise UserError(f"unknown remask {remask!r}; use one of {', '.join(defaults.REMASK_MODES)}")
-        if init not in defaults.INIT_MODES:
-            raise UserError(f"unknown init {init!r}; use one of {', '.join(defaults.INIT_MODES)}")
+        if start not in defaults.START_MODES:
+            raise UserError(f"unknown start {start!r}; use one of {', '.join(defaults.START_MODES)}")
         if int(length_hyps) < 1:
             raise UserError(f"length_hyps must be >= 1, got {length_hyps}")
-        self.length_hyps, self.remask, self.init = int(length_hyps), remask, init
+        self.length_hyps, self.remask, self.start = int(length_hyps), remask, start
         self.early_stop, self.seed = bool(early_stop), int(seed)
         self.rng = jax.random.key(self.seed)
         self._encode = jax.jit(self._encode_and_lengths)
         # The step count T is a traced argument and the jitted loop is shared by every PaDIR decoder
         # of the same model config and options, so refine:1/2/4/10 compile each shape once in memory
         # (re-reading one's own executable from JAX's persistent cache segfaulted in jaxlib 0.10.2).
-        self._refine = _shared_refine(self.config, self.length_hyps, remask, init, self.max_decode_length,
+        self._refine = _shared_refine(self.config, self.length_hyps, remask, start, self.max_decode_length,
                                       self.early_stop)
         self._num_steps = jax.device_put(np.int32(self.parsed.k))
 
@@ -312,14 +312,15 @@ class PaDIRDecoder(_BaseDecoder):
         n_src = int(np.max((prepared.inputs > 0).sum(axis=1)))
         capacity = prepared.target_bucket or self._choose_bucket(s, n_src)
         rows = b * self.length_hyps
-        encoded = jax.ShapeDtypeStruct((rows, s, self.config.d_model), self.config.jnp_dtype)
+        encoded = jax.eval_shape(self._encode_and_lengths, self.params, prepared.inputs)[0]   # [b, s(+1), d]
+        encoded = jax.ShapeDtypeStruct((rows,) + encoded.shape[1:], encoded.dtype)
         tokens = jax.ShapeDtypeStruct((rows, capacity), jnp.int32)
         return jax.jit(self._pass).lower(self.params, encoded, jax.ShapeDtypeStruct((rows, s), jnp.int32),
                                          tokens, tokens)
 
 
 @functools.lru_cache(maxsize=None)
-def _shared_refine(config: ModelConfig, length_hyps: int, remask: str, init: str, max_decode_length: int,
+def _shared_refine(config: ModelConfig, length_hyps: int, remask: str, start: str, max_decode_length: int,
                    early_stop: bool):
     """The jitted refinement of k length hypotheses for one model config and decoding options; the
     step count is an argument; static ones: the target capacity, ``history_steps`` (0: no history,
@@ -342,8 +343,9 @@ def _shared_refine(config: ModelConfig, length_hyps: int, remask: str, init: str
                             "cross_attention": sown["cross_attention"][0]}            # [b*k, h, n, s]
 
         return refine.refine_length_hypotheses(fn, jnp.minimum(lengths, capacity), capacity, num_steps, rng,
-                                               remask, init, config.vocab_size, early_stop, active,
-                                               retain_history=history_steps > 0, history_steps=history_steps or None)
+                                               remask, start, config.vocab_size, early_stop, active,
+                                               retain_history=history_steps > 0, history_steps=history_steps or None,
+                                               fixed_eos=config.fixed_eos)
 
     return jax.jit(refine_all, static_argnames=("capacity", "history_steps", "attention"))
 

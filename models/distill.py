@@ -1,27 +1,59 @@
-"""Sequence-level distillation: the AR teacher beam-decodes a task's training sources.
+"""Sequence-level distillation: the AR teacher decodes a seeded sample of a task's training sources.
 
-The outputs are cached as ``distill/<task>-<hash>/train.tsv`` (``source\\tteacher output`` per line,
-in the split's order); the hash covers the teacher (its configs, data and steps) and the decoding
-settings. Decoding goes in chunks of sources sorted by length (similar lengths share a batch), each
-chunk written atomically as ``part-NNNNN.tsv``, so an interrupted run resumes at its first missing
-chunk. ``suites.tasks.register_distilled_task`` then exposes the file as the seqio task
+The sample: a seeded permutation of the training split (``sample_indices``); its first ``heldout``
+pairs are held aside and never distilled, the next ``max_examples`` (None: all the rest) are. So the
+distilled set is a uniform sample across the whole split, not its first verses (the Bible's training
+split runs from Genesis to Revelation in order), and it does not depend on the order of the split's
+lines beyond their index.
+
+The teacher decodes with ``decoder`` (``greedy`` or ``beam:K``) in batches of ``batch_size`` sources
+sorted by length (similar lengths share a batch and a shape bucket). Outputs are cached in
+``distill/<task>-<hash>/``; the hash covers the teacher (its configs, data and steps), the task, the
+decoder, the length penalty, the sample size, the held-aside size and the seed. The folder holds
+
+- ``train.tsv``: ``source\\tteacher output`` per distilled pair, in the split's order;
+- ``distill.json``: the record (``RECORD_FIELDS`` and the settings): the teacher's BLEU on the
+  held-aside pairs against their human references (sacrebleu corpus BLEU, ``zh`` tokenizer for
+  Chinese targets, else ``13a``), the distilled/reference length ratio in words over the distilled
+  set, the decoding throughput and the wall time (counting every resumed part).
+
+Decoding goes in chunks of ``chunk_size`` sources, each written atomically as ``part-NNNNN.tsv`` (and
+the time spent so far to ``timing.json``), so an interrupted run resumes at its first missing chunk.
+``suites.tasks.register_distilled_task`` then exposes ``train.tsv`` as the seqio task
 ``<task>_distilled``: "distillation on/off" is a choice of task.
+
+The batch size (``narbench_core.defaults.DISTILL_BATCH_SIZE``) was measured on this machine (the numbers
+are next to it): larger greedy batches gave fewer sentences per second, since every row of a batch
+decodes until its longest row ends and a few rows never emit EOS.
 """
 from __future__ import annotations
 
 import hashlib
 import json
 import os
+import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from narbench_core import defaults
 from narbench_core.errors import UserError
-from narbench_core.io import write_lines
+from narbench_core.io import write_json, write_lines
 from models import checkpoint
 
 TSV_NAME = "train.tsv"
+RECORD_NAME = "distill.json"
+TIMING_NAME = "timing.json"
+RECORD_FIELDS = ("examples", "teacher_decoder", "teacher_bleu", "length_ratio", "sentences_per_second", "seconds")
+
+
+@dataclass(frozen=True)
+class Distillation:
+    task: str          # the registered distilled task, ``<task>_distilled``
+    folder: Path       # ``distill/<task>-<hash>``
+    record: dict       # ``distill.json``
 
 
 def _clean(text: str) -> str:
@@ -29,10 +61,43 @@ def _clean(text: str) -> str:
     return " ".join(text.replace("\t", " ").split())
 
 
-def distill_dir_for(teacher_dir: str | os.PathLike, task: str, beam_size: int = defaults.DISTILL_BEAM_SIZE,
-                    length_penalty: float = defaults.LENGTH_PENALTY,
-                    max_examples: int | None = defaults.DISTILL_MAX_EXAMPLES) -> Path:
-    """``distill/<task>-<hash>``: the hash names the teacher and the decoding settings."""
+def teacher_decoder(decoder: str) -> str:
+    """``decoder`` in canonical form (``greedy`` or ``beam:K``); anything else is a ``UserError``."""
+    from models.decoders import parse_spec
+
+    fix = 'use decoder = "greedy" or "beam:K" (e.g. beam:5) for the distillation teacher'
+    try:
+        parsed = parse_spec(decoder)
+    except UserError:
+        raise UserError(f"unknown distillation decoder {decoder!r}; {fix}") from None
+    if parsed.algorithm == "greedy":
+        return "greedy"
+    if parsed.algorithm == "beam":
+        return f"beam:{parsed.k}"
+    raise UserError(f"distillation decoder {decoder!r} is not an AR search; {fix}")
+
+
+def sample_indices(n: int, max_examples: int | None, heldout: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(distilled, held_aside)``: disjoint sorted indices into a split of ``n`` pairs, from one seeded
+    permutation: the first ``heldout`` are held aside, the next ``max_examples`` (None: all the rest)
+    are distilled (fewer if the split has fewer)."""
+    if heldout < 0 or (max_examples is not None and max_examples < 1):
+        raise UserError(f"distillation needs heldout >= 0 and max_examples >= 1 (or None), got {heldout} "
+                        f"and {max_examples}")
+    if n <= heldout:
+        raise UserError(f"the training split has {n} pairs, not more than the {heldout} held aside to score the "
+                        "teacher; pass a smaller heldout (or a task with more training data)")
+    order = np.random.default_rng(seed).permutation(n)
+    rest = order[heldout:] if max_examples is None else order[heldout:heldout + max_examples]
+    return np.sort(rest), np.sort(order[:heldout])
+
+
+def distill_dir_for(teacher_dir: str | os.PathLike, task: str, decoder: str = defaults.DISTILL_DECODER,
+                    max_examples: int | None = defaults.DISTILL_MAX_EXAMPLES, *,
+                    length_penalty: float = defaults.LENGTH_PENALTY, seed: int = 0,
+                    heldout: int = defaults.DISTILL_HELDOUT) -> Path:
+    """``distill/<task>-<hash>``: the hash names the teacher, the task and the sampling and decoding
+    settings (not the batch size)."""
     from narbench_core.paths import subdir
 
     meta = checkpoint.read_meta(Path(teacher_dir))
@@ -47,70 +112,136 @@ def distill_dir_for(teacher_dir: str | os.PathLike, task: str, beam_size: int = 
                         "`narbench train` command first")
     teacher = {k: meta.get(k) for k in ("task", "model_config", "train_config", "vocab_hash", "data",
                                         "steps_done")}
-    key = {"teacher": teacher, "task": task, "beam_size": beam_size,
-           "length_penalty": length_penalty, "max_examples": max_examples}
+    key = {"teacher": teacher, "task": task, "decoder": teacher_decoder(decoder),
+           "length_penalty": float(length_penalty), "max_examples": max_examples, "heldout": int(heldout),
+           "seed": int(seed)}
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
     return subdir("distill") / f"{task}-{digest}"
 
 
-def distill_task(teacher_dir: str | os.PathLike, task: str, beam_size: int = defaults.DISTILL_BEAM_SIZE,
-                 batch_size: int = 32, max_examples: int | None = defaults.DISTILL_MAX_EXAMPLES, *,
-                 length_penalty: float = defaults.LENGTH_PENALTY,
-                 chunk_size: int = 512, progress: bool = True) -> str:
-    """Beam-decode ``task``'s training sources with the AR teacher (cached, resumable), register
-    ``<task>_distilled`` on the result and return that name."""
+def distill(teacher_dir: str | os.PathLike, task: str, decoder: str = defaults.DISTILL_DECODER,
+            max_examples: int | None = defaults.DISTILL_MAX_EXAMPLES, *,
+            length_penalty: float = defaults.LENGTH_PENALTY, seed: int = 0,
+            heldout: int = defaults.DISTILL_HELDOUT, batch_size: int = defaults.DISTILL_BATCH_SIZE,
+            chunk_size: int = 512, progress: bool = True) -> Distillation:
+    """Decode the seeded sample of ``task``'s training sources with the AR teacher (cached,
+    resumable), score the teacher on the held-aside pairs, write ``distill.json``, register
+    ``<task>_distilled`` on the result and return it with its folder and record."""
     from suites import tasks
 
-    out = distill_dir_for(teacher_dir, task, beam_size, length_penalty, max_examples)
-    final = out / TSV_NAME
-    if not final.is_file():
-        sources, _ = tasks.load_text(task, "train")
-        if max_examples is not None:
-            sources = sources[:max_examples]
-        if not sources:
-            raise UserError(f"task {task!r} has no training sources to distill")
-        _decode_in_chunks(teacher_dir, sources, out, beam_size, batch_size, length_penalty,
-                          chunk_size, progress)
-        parts = sorted(out.glob("part-*.tsv"))
-        hyps: dict[int, str] = {}
-        for part in parts:
-            for line in part.read_text(encoding="utf-8").splitlines():
-                index, _, hyp = line.split("\t", 2)
-                hyps[int(index)] = hyp
-        if len(hyps) != len(sources):
-            raise RuntimeError(f"distillation chunks in {out} cover {len(hyps)} of {len(sources)} "
-                               "sources; delete the folder and re-run")
-        write_lines(final, (f"{_clean(s)}\t{hyps[i]}" for i, s in enumerate(sources)))
-        for part in parts:
-            part.unlink()
-    return tasks.register_distilled_task(task, final)
+    decoder = teacher_decoder(decoder)
+    if batch_size < 1 or chunk_size < 1:
+        raise UserError(f"distillation batch_size and chunk_size must be >= 1, got {batch_size} and {chunk_size}")
+    settings = dict(decoder=decoder, max_examples=max_examples, length_penalty=length_penalty, seed=seed,
+                    heldout=heldout)
+    out = distill_dir_for(teacher_dir, task, **settings)
+    final, record_file = out / TSV_NAME, out / RECORD_NAME
+    if not (final.is_file() and record_file.is_file()):
+        _run(teacher_dir, task, out, settings, batch_size, chunk_size, progress)
+    record = json.loads(record_file.read_text(encoding="utf-8"))
+    return Distillation(tasks.register_distilled_task(task, final), out, record)
 
 
-def _decode_in_chunks(teacher_dir, sources: list[str], out: Path, beam_size: int, batch_size: int,
-                      length_penalty: float, chunk_size: int, progress: bool) -> None:
-    """Write ``part-NNNNN.tsv`` files (``index\\tsource\\thypothesis``), skipping existing ones."""
+def distill_task(teacher_dir: str | os.PathLike, task: str, decoder: str = defaults.DISTILL_DECODER,
+                 max_examples: int | None = defaults.DISTILL_MAX_EXAMPLES, **kwargs: Any) -> str:
+    """``distill(...)``, returning only the distilled task's name (``<task>_distilled``)."""
+    return distill(teacher_dir, task, decoder, max_examples, **kwargs).task
+
+
+def _run(teacher_dir, task: str, out: Path, settings: dict, batch_size: int, chunk_size: int,
+         progress: bool) -> None:
+    """Decode the missing chunks and the held-aside pairs, then write the record and ``train.tsv``."""
+    import sacrebleu
+
     from models.decoders import load_decoder
+    from narbench_core.paths import portable
+    from suites import tasks
+
+    start = time.perf_counter()
+    sources, refs = tasks.load_text(task, "train")
+    picked, held = sample_indices(len(sources), settings["max_examples"], settings["heldout"], settings["seed"])
+    out.mkdir(parents=True, exist_ok=True)
+    timing = _read_timing(out)
+    decoder = load_decoder(teacher_dir, settings["decoder"], length_penalty=settings["length_penalty"],
+                           name=f"teacher {settings['decoder']}")
+    decoder.warmup_inputs(batch_size)     # registers the batch size: a short last batch pads up to it
+    decoded, decode_s = _decode_in_chunks(decoder, sources, picked, out, batch_size, chunk_size, progress,
+                                          timing, start)
+    hyps: dict[int, str] = {}
+    parts = sorted(out.glob("part-*.tsv"))
+    for part in parts:
+        for line in part.read_text(encoding="utf-8").splitlines():
+            index, _, hyp = line.split("\t", 2)
+            hyps[int(index)] = hyp
+    if sorted(hyps) != picked.tolist():
+        raise RuntimeError(f"distillation chunks in {out} cover {len(hyps)} sources, not the {len(picked)} "
+                           "sampled ones; delete the folder and re-run")
+
+    target_lang = tasks.task_info(task).target_lang
+    tokenize = tasks.bleu_tokenizer(target_lang)
+    held_hyps = _decode(decoder, [sources[i] for i in held], batch_size) if len(held) else []
+    teacher_bleu = (sacrebleu.corpus_bleu(held_hyps, [[refs[0][i] for i in held]], tokenize=tokenize).score
+                    if len(held) else None)
+    ref_words = sum(tasks.text_length(refs[0][i], target_lang) for i in picked)
+    hyp_words = sum(tasks.text_length(hyps[i], target_lang) for i in picked)
+    record = {
+        "task": task, "teacher": portable(teacher_dir), "examples": len(picked),
+        "max_examples": settings["max_examples"], "heldout": len(held), "seed": settings["seed"],
+        "teacher_decoder": settings["decoder"], "length_penalty": settings["length_penalty"],
+        "batch_size": batch_size, "teacher_bleu": teacher_bleu, "bleu_tokenize": tokenize,
+        "length_ratio": hyp_words / ref_words if ref_words else None,
+        "sentences_per_second": decoded / decode_s if decode_s > 0 else None,
+        "seconds": timing["seconds"] + time.perf_counter() - start,
+    }
+    write_json(out / RECORD_NAME, record)
+    write_lines(out / TSV_NAME, (f"{_clean(sources[i])}\t{hyps[i]}" for i in picked.tolist()))
+    for part in parts:
+        part.unlink()
+    (out / TIMING_NAME).unlink(missing_ok=True)
+
+
+def _read_timing(out: Path) -> dict:
+    """The time and sentences of chunks an interrupted run finished (``timing.json``), else zeros."""
+    file = out / TIMING_NAME
+    if file.is_file() and any(out.glob("part-*.tsv")):
+        return json.loads(file.read_text(encoding="utf-8"))
+    return {"seconds": 0.0, "decoded": 0, "decode_seconds": 0.0}
+
+
+def _decode(decoder, sources: list[str], batch_size: int) -> list[str]:
+    """Hypotheses for ``sources`` (same order), decoded in batches of similar lengths."""
+    order = np.argsort([len(s) for s in sources], kind="stable")
+    hyps: list[str] = [""] * len(sources)
+    for start in range(0, len(order), batch_size):
+        ids = order[start:start + batch_size]
+        prepared = decoder.prepare([sources[i] for i in ids])
+        for i, h in zip(ids, decoder.finish(decoder.run(prepared), prepared).hypotheses):
+            hyps[i] = _clean(h)
+    return hyps
+
+
+def _decode_in_chunks(decoder, sources: list[str], picked: np.ndarray, out: Path, batch_size: int,
+                      chunk_size: int, progress: bool, timing: dict, start: float) -> tuple[int, float]:
+    """Write ``part-NNNNN.tsv`` files (``index\\tsource\\thypothesis``) for the missing chunks of the
+    sampled sources (sorted by length); returns the sentences decoded and the seconds it took, this
+    run's plus those of an interrupted one (``timing.json``). The first batch of each shape compiles it:
+    that time counts."""
     from tqdm.auto import tqdm
 
-    out.mkdir(parents=True, exist_ok=True)
-    order = np.argsort([len(s) for s in sources], kind="stable")          # similar lengths together
+    order = picked[np.argsort([len(sources[i]) for i in picked], kind="stable")]   # similar lengths together
     chunks = [order[i:i + chunk_size] for i in range(0, len(order), chunk_size)]
     todo = [(k, ids) for k, ids in enumerate(chunks) if not (out / f"part-{k:05d}.tsv").is_file()]
-    if not todo:
-        return
-    decoder = load_decoder(teacher_dir, f"beam:{beam_size}", length_penalty=length_penalty,
-                           name="teacher")
-    decoder.warmup_inputs(batch_size)     # registers the batch size: the last batch pads up to it
-    done = len(sources) - sum(len(ids) for _, ids in todo)
-    with tqdm(total=len(sources), initial=done, disable=not progress, unit="sent",
-              desc=f"distill {Path(out).name} (beam {beam_size})", dynamic_ncols=True) as bar:
+    decoded, decode_s = int(timing["decoded"]), float(timing["decode_seconds"])
+    done = len(order) - sum(len(ids) for _, ids in todo)
+    with tqdm(total=len(order), initial=done, disable=not progress, unit="sent",
+              desc=f"distill {out.name} ({decoder.name})", dynamic_ncols=True) as bar:
         for k, ids in todo:
-            lines = []
-            for start in range(0, len(ids), batch_size):
-                batch = [sources[i] for i in ids[start:start + batch_size]]
-                prepared = decoder.prepare(batch)
-                result = decoder.finish(decoder.run(prepared), prepared)
-                lines.extend(f"{i}\t{_clean(sources[i])}\t{_clean(h)}"
-                             for i, h in zip(ids[start:start + batch_size], result.hypotheses))
-                bar.update(len(batch))
-            write_lines(out / f"part-{k:05d}.tsv", lines)
+            t0 = time.perf_counter()
+            hyps = _decode(decoder, [sources[i] for i in ids], batch_size)
+            decode_s += time.perf_counter() - t0
+            decoded += len(ids)
+            write_lines(out / f"part-{k:05d}.tsv", (f"{i}\t{_clean(sources[i])}\t{h}" for i, h in zip(ids, hyps)))
+            write_json(out / TIMING_NAME, {"decoded": decoded, "decode_seconds": decode_s,
+                                           "seconds": timing["seconds"] + time.perf_counter() - start})
+            bar.update(len(ids))
+    return decoded, decode_s

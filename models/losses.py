@@ -1,7 +1,7 @@
 """Training losses and PaDIR's input noise (pure jnp functions, used inside the jitted train step).
 
 Token ids: 0 = pad, 1 = EOS, 2 = unk, 3 = <mask>. Random replacement tokens are drawn from
-``[FIRST_RANDOM_ID, vocab_size)`` = ids >= 4, so noise never produces pad (which would change the
+``[FIRST_REGULAR_ID, vocab_size)`` = ids >= 4, so noise never produces pad (which would change the
 decoder's padding mask), EOS, unk or <mask>.
 """
 from __future__ import annotations
@@ -9,9 +9,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from narbench_core.tokens import PAD_ID
-
-FIRST_RANDOM_ID = 4
+from narbench_core.tokens import EOS_ID, FIRST_REGULAR_ID, PAD_ID
 
 
 def token_cross_entropy(logits: jax.Array, targets: jax.Array, weights: jax.Array,
@@ -47,24 +45,27 @@ def target_lengths(targets: jax.Array, num_classes: int) -> jax.Array:
 
 
 def random_tokens(rng: jax.Array, shape: tuple[int, ...], vocab_size: int) -> jax.Array:
-    """Uniform ids in ``[FIRST_RANDOM_ID, vocab_size)``."""
-    return jax.random.randint(rng, shape, FIRST_RANDOM_ID, vocab_size, dtype=jnp.int32)
+    """Uniform ids in ``[FIRST_REGULAR_ID, vocab_size)``."""
+    return jax.random.randint(rng, shape, FIRST_REGULAR_ID, vocab_size, dtype=jnp.int32)
 
 
-def padir_noise(rng: jax.Array, targets: jax.Array, unmask_rate: float, vocab_size: int
-                ) -> jax.Array:
+def padir_noise(rng: jax.Array, targets: jax.Array, unmask_rate: float, vocab_size: int,
+                fixed_eos: bool = False) -> jax.Array:
     """PaDIR's initial hypothesis X(0) for training: per sentence, round(unmask_rate * n) of its
     n target tokens (chosen uniformly) stay correct, the others become random tokens; pad stays pad.
+    With ``fixed_eos`` (the reference implementation) EOS is never noised and not among the n: at
+    inference the decoder places it at the predicted length.
 
     targets [B, L] int -> [B, L] int32.
     """
     assert targets.ndim == 2, targets.shape
     keep_rng, token_rng = jax.random.split(rng)
-    real = targets != PAD_ID                                                      # [B, L]
+    eos = (targets == EOS_ID) if fixed_eos else jnp.zeros(targets.shape, bool)    # [B, L]
+    real = (targets != PAD_ID) & ~eos                                             # [B, L] noisable
     n = real.sum(axis=-1, keepdims=True)                                          # [B, 1]
     n_keep = jnp.round(unmask_rate * n).astype(jnp.int32)                         # [B, 1]
     scores = jnp.where(real, jax.random.uniform(keep_rng, targets.shape), 2.0)   # pads rank last
     rank = jnp.argsort(jnp.argsort(scores, axis=-1), axis=-1)                     # [B, L] 0 = first
-    keep = real & (rank < n_keep)
+    keep = (real & (rank < n_keep)) | eos
     noise = random_tokens(token_rng, targets.shape, vocab_size)
     return jnp.where(keep, targets, jnp.where(real, noise, PAD_ID)).astype(jnp.int32)

@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 
 from narbench_core import defaults
-from narbench_core.tokens import FIRST_REGULAR_ID, MASK_ID, PAD_ID
+from narbench_core.tokens import EOS_ID, FIRST_REGULAR_ID, MASK_ID, PAD_ID, UNK_ID
 
 Array = jax.Array
 RefineFn = Callable[[Array, Array], Any]   # (tokens [b, n], mask [b, n]) -> logits [b, n, V] or (logits, aux)
@@ -58,9 +58,9 @@ class RefineState(NamedTuple):
     history: Optional[RefineHistory]   # the buffers of retain_history, else None
 
 
-def replacement_tokens(rng: Array, shape: tuple[int, ...], init: str, vocab_size: int) -> Array:
+def replacement_tokens(rng: Array, shape: tuple[int, ...], start: str, vocab_size: int) -> Array:
     """Tokens for (re)initialised positions: all ``<mask>`` or uniform random regular tokens."""
-    if init == "mask":
+    if start == "mask":
         return jnp.full(shape, MASK_ID, jnp.int32)
     return jax.random.randint(rng, shape, FIRST_REGULAR_ID, vocab_size, dtype=jnp.int32)
 
@@ -117,25 +117,35 @@ def _record(history: RefineHistory, t: Array, tokens: Array, active: Array, aux:
                             aux=jax.tree_util.tree_map(put, history.aux, aux))
 
 
+def last_position(mask: Array) -> Array:
+    """[b, n] bool: each row's last position inside the mask (where a fixed EOS sits)."""
+    return jnp.arange(mask.shape[1])[None, :] == (mask > 0).sum(axis=1, keepdims=True) - 1
+
+
 def iterative_refinement(refine_fn: RefineFn, tokens: Array, mask: Array, num_steps: int | Array, rng: Array,
-                         remask: str = defaults.REMASK, init: str = defaults.INIT, vocab_size: int = 0,
+                         remask: str = defaults.REMASK, start: str = defaults.START, vocab_size: int = 0,
                          early_stop: bool = True, active: Optional[Array] = None, retain_history: bool = False,
-                         history_steps: Optional[int] = None) -> RefineOutput:
+                         history_steps: Optional[int] = None, fixed_eos: bool = False) -> RefineOutput:
     """At most ``num_steps`` refinement passes from ``tokens`` (the initial hypothesis); with
     ``early_stop=False`` exactly ``num_steps`` (benchmarks measure the cost of T passes so).
     ``num_steps`` may be a traced int32 scalar, so one compiled loop serves every step count.
+    The argmax never emits pad, unk or ``<mask>``; with ``fixed_eos`` (a model trained so) EOS sits
+    at each row's last position and is emitted nowhere else.
 
     ``retain_history`` also returns every pass's tokens, running rows and callback aux
     (``RefineHistory``) in buffers of ``history_steps`` passes (default ``num_steps``; required, and at
     least the step count, when ``num_steps`` is traced)."""
     assert tokens.ndim == 2 and tokens.shape == mask.shape, (tokens.shape, mask.shape)
-    if remask not in defaults.REMASK_MODES or init not in defaults.INIT_MODES:
-        raise ValueError(f"remask must be one of {defaults.REMASK_MODES} and init one of {defaults.INIT_MODES}")
+    if remask not in defaults.REMASK_MODES or start not in defaults.START_MODES:
+        raise ValueError(f"remask must be one of {defaults.REMASK_MODES} and start one of {defaults.START_MODES}")
     if isinstance(num_steps, int) and num_steps < 1:   # may also be a traced int32 scalar
         raise ValueError("num_steps must be >= 1")
     b, n = tokens.shape
     valid = mask > 0
-    tokens = jnp.where(valid, tokens, PAD_ID)
+    banned = jnp.asarray([i in (PAD_ID, UNK_ID, MASK_ID) or (fixed_eos and i == EOS_ID)
+                          for i in range(FIRST_REGULAR_ID)])                          # [4] ids never argmaxed
+    eos_here = last_position(mask) & valid if fixed_eos else jnp.zeros((b, n), bool)  # [b, n]
+    tokens = jnp.where(valid, jnp.where(eos_here, EOS_ID, tokens), PAD_ID)
     history = None
     if retain_history:
         steps = num_steps if history_steps is None else history_steps
@@ -152,8 +162,10 @@ def iterative_refinement(refine_fn: RefineFn, tokens: Array, mask: Array, num_st
         logits, aux = _split_aux(refine_fn(state.inputs, mask))
         assert logits.ndim == 3 and logits.shape[:2] == (b, n), f"refine_fn returned {logits.shape}"
         logp = jax.nn.log_softmax(logits.astype(jnp.float32))                         # [b, n, V]
-        new = jnp.where(valid, jnp.argmax(logp, axis=-1).astype(jnp.int32), PAD_ID)  # [b, n]
-        new_conf = jnp.max(logp, axis=-1)                                            # [b, n]
+        allowed = logp.at[..., :FIRST_REGULAR_ID].set(jnp.where(banned, -jnp.inf, logp[..., :FIRST_REGULAR_ID]))
+        new = jnp.where(eos_here, EOS_ID, jnp.argmax(allowed, axis=-1).astype(jnp.int32))
+        new = jnp.where(valid, new, PAD_ID)                                           # [b, n]
+        new_conf = jnp.take_along_axis(logp, new[..., None], axis=-1)[..., 0]        # [b, n]
         running = ~state.finished
         changed = jnp.any(new != state.out, axis=1)                                  # [b]
         out = jnp.where(running[:, None], new, state.out)
@@ -163,18 +175,19 @@ def iterative_refinement(refine_fn: RefineFn, tokens: Array, mask: Array, num_st
         if remask == "none":
             inp = out
         else:
-            repl = replacement_tokens(sub, (b, n), init, vocab_size)
+            repl = replacement_tokens(sub, (b, n), start, vocab_size)
             if remask == "stutter":
                 inp = remask_stutter(out, mask, repl)
             else:
                 inp = mask_predict_remask(out, conf, mask, repl, passes, num_steps)
+            inp = jnp.where(eos_here, EOS_ID, inp)
         history = None if state.history is None else _record(state.history, state.t, new, running, aux)
         return RefineState(state.t + 1, inp, out, conf, finished, passes, key, history)
 
-    start = RefineState(t=jnp.int32(0), inputs=tokens, out=tokens, conf=jnp.zeros((b, n), jnp.float32),
+    first = RefineState(t=jnp.int32(0), inputs=tokens, out=tokens, conf=jnp.zeros((b, n), jnp.float32),
                         finished=jnp.zeros(b, bool) if active is None else ~jnp.asarray(active, bool),
                         passes=jnp.zeros(b, jnp.int32), key=rng, history=history)
-    final = jax.lax.while_loop(cond, body, start)
+    final = jax.lax.while_loop(cond, body, first)
     score = jnp.sum(jnp.where(valid, final.conf, 0.0), axis=1) / jnp.maximum(valid.sum(axis=1), 1)
     return RefineOutput(final.out, score, final.passes, final.history)
 
@@ -196,9 +209,9 @@ def _pick_hypothesis(x: Array, best: Array) -> Array:
 
 
 def refine_length_hypotheses(refine_fn: RefineFn, lengths: Array, capacity: int, num_steps: int | Array, rng: Array,
-                             remask: str = defaults.REMASK, init: str = defaults.INIT, vocab_size: int = 0,
+                             remask: str = defaults.REMASK, start: str = defaults.START, vocab_size: int = 0,
                              early_stop: bool = True, active: Optional[Array] = None, retain_history: bool = False,
-                             history_steps: Optional[int] = None) -> RefineOutput:
+                             history_steps: Optional[int] = None, fixed_eos: bool = False) -> RefineOutput:
     """Refine k hypotheses per row in parallel (``refine_fn`` sees ``b * k`` rows, row ``i * k + j`` has
     length ``lengths[i, j]``; rows with ``active`` [b] False are batch padding and skipped) and keep
     each row's best by mean log-prob, with repeats dropped.
@@ -208,10 +221,10 @@ def refine_length_hypotheses(refine_fn: RefineFn, lengths: Array, capacity: int,
     b, k = lengths.shape
     init_key, loop_key = jax.random.split(rng)
     mask = (jnp.arange(capacity)[None, :] < lengths.reshape(b * k, 1)).astype(jnp.int32)  # [b*k, n]
-    start = jnp.where(mask > 0, replacement_tokens(init_key, (b * k, capacity), init, vocab_size), PAD_ID)
+    first = jnp.where(mask > 0, replacement_tokens(init_key, (b * k, capacity), start, vocab_size), PAD_ID)
     flat_active = None if active is None else jnp.repeat(jnp.asarray(active, bool), k)   # [b*k]
-    res = iterative_refinement(refine_fn, start, mask, num_steps, loop_key, remask, init, vocab_size, early_stop,
-                               flat_active, retain_history, history_steps)
+    res = iterative_refinement(refine_fn, first, mask, num_steps, loop_key, remask, start, vocab_size, early_stop,
+                               flat_active, retain_history, history_steps, fixed_eos)
     score = res.score.reshape(b, k)
     best = jnp.argmax(score, axis=1)                                                 # [b]
     best_mask = _pick_hypothesis(mask, best)                                         # [b, n]

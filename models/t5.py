@@ -63,15 +63,22 @@ class Encoder(nn.Module):
     shared_embedding: nn.Module
 
     @nn.compact
-    def __call__(self, inputs: Array, enable_dropout: bool = False) -> Array:
+    def __call__(self, inputs: Array, enable_dropout: bool = False, prefix: Optional[Array] = None) -> Array:
+        """[b, s] ids -> [b, s, d]; with ``prefix`` [d] (a learned query such as PaDIR's [LENGTH]),
+        that vector is prepended to the embedded inputs and the output is [b, 1 + s, d]."""
         assert inputs.ndim == 2, f"inputs must be [batch, length], got {inputs.shape}"
         cfg, det = self.config, not enable_dropout
         x = self.shared_embedding(inputs).astype(cfg.jnp_dtype)                     # [b, s, d]
+        real = inputs > 0                                                            # [b, s]
+        if prefix is not None:
+            first = jnp.broadcast_to(prefix.astype(cfg.jnp_dtype), (x.shape[0], 1, x.shape[2]))
+            x = jnp.concatenate([first, x], axis=1)                                  # [b, 1 + s, d]
+            real = jnp.pad(real, ((0, 0), (1, 0)), constant_values=True)
         x = _dropout(cfg)(x, deterministic=det)
-        pos = jnp.arange(inputs.shape[1])
+        pos = jnp.arange(x.shape[1])
         bias = RelativePositionBiases(cfg.relative_attention_num_buckets, cfg.relative_attention_max_distance,
                                       cfg.num_heads, True, cfg.jnp_dtype, name="relpos_bias")(pos, pos)
-        mask = (inputs > 0)[:, None, None, :]                                        # [b, 1, 1, s]
+        mask = real[:, None, None, :]                                                # [b, 1, 1, s]
         for i in range(cfg.num_encoder_layers):
             x = EncoderLayer(cfg, name=f"layers_{i}")(x, mask, bias, enable_dropout)
         x = RMSNorm(dtype=cfg.jnp_dtype, name="encoder_norm")(x)
@@ -197,19 +204,29 @@ class PaDIR(nn.Module):
     config: ModelConfig
 
     def setup(self):
-        self.token_embedder = _token_embedder(self.config)
-        self.encoder = Encoder(self.config, self.token_embedder)
-        self.decoder = Decoder(self.config, self.token_embedder, causal=False)
-        self.length_predictor = nn.Dense(self.config.max_target_length + 1, dtype=jnp.float32,
-                                         name="length_predictor")
+        cfg = self.config
+        self.token_embedder = _token_embedder(cfg)
+        self.encoder = Encoder(cfg, self.token_embedder)
+        self.decoder = Decoder(cfg, self.token_embedder, causal=False)
+        self.length_predictor = nn.Dense(cfg.max_target_length + 1, dtype=jnp.float32, name="length_predictor")
+        if cfg.length_token:  # the reference's [LENGTH] token: a learned query the encoder reads with the source
+            self.length_query = self.param("length_query", nn.initializers.normal(1.0), (cfg.d_model,))
 
     def encode(self, inputs: Array, enable_dropout: bool = False) -> Array:
-        return self.encoder(inputs, enable_dropout)                                  # [b, s, d]
+        """[b, s, d] (with ``length_token``: [b, 1 + s, d], the [LENGTH] query's output first; the
+        other methods take the encoding as it comes from here)."""
+        return self.encoder(inputs, enable_dropout, self.length_query if self.config.length_token else None)
+
+    def _source(self, encoded: Array) -> Array:
+        """The encoding of the source tokens alone: [b, s, d]."""
+        return encoded[:, 1:] if self.config.length_token else encoded
 
     def predict_length(self, encoded: Array, inputs: Array) -> Array:
-        """Logits [b, max_target_length + 1] over target lengths (EOS included) from the masked mean
-        of the encoder output."""
+        """Logits [b, max_target_length + 1] over target lengths (EOS included), from the [LENGTH]
+        query's encoding, else from the masked mean of the encoder output."""
         assert encoded.ndim == 3 and inputs.ndim == 2, (encoded.shape, inputs.shape)
+        if self.config.length_token:
+            return self.length_predictor(encoded[:, 0].astype(jnp.float32))
         mask = (inputs > 0).astype(jnp.float32)[:, :, None]                          # [b, s, 1]
         pooled = (encoded.astype(jnp.float32) * mask).sum(1) / jnp.maximum(mask.sum(1), 1.0)  # [b, d]
         return self.length_predictor(pooled)
@@ -217,7 +234,8 @@ class PaDIR(nn.Module):
     def refine(self, encoded: Array, inputs: Array, hypothesis_tokens: Array, hypothesis_mask: Array,
                enable_dropout: bool = False) -> Array:
         """One parallel decoder pass: token logits [b, n, V] for every hypothesis position."""
-        return self.decoder(encoded, inputs, hypothesis_tokens, hypothesis_mask, enable_dropout=enable_dropout)
+        return self.decoder(self._source(encoded), inputs, hypothesis_tokens, hypothesis_mask,
+                            enable_dropout=enable_dropout)
 
     def __call__(self, inputs: Array, hypothesis: Array, hypothesis_mask: Array, enable_dropout: bool = False):
         encoded = self.encode(inputs, enable_dropout)

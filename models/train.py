@@ -24,9 +24,10 @@ import optax
 
 from narbench_core.defaults import TRAIN_BUCKETS
 from narbench_core.errors import UserError
-from models import checkpoint, losses, sharding
+from models import checkpoint, losses, refine, sharding
+from narbench_core.tokens import EOS_ID
 from models.batching import BucketedBatches, TokenPairs
-from models.config import ModelConfig
+from models.config import ModelConfig, added_field, identity_dict, setting_field
 
 
 @dataclass(frozen=True)
@@ -44,7 +45,13 @@ class TrainConfig:
     max_length: int = 128             # longer examples are truncated (counted in narbench.json)
     buckets: tuple[int, ...] = TRAIN_BUCKETS
     checkpoint_every: int = 500
+    eval_every: int = setting_field(0, "steps between learning-curve points (dev NLL and BLEU, "
+                                     "models/curves.py); 0: none")
     optimizer: str = "adafactor"      # "adafactor" (paper, t5x defaults) or "adam" (clip 1.0, b2 0.98)
+    # PaDIR recipe detail of the reference implementation (google-research padir/), off by default only
+    # because checkpoints trained before it existed had it off (see also ModelConfig.fixed_eos):
+    stage_remask: bool = added_field(False, "PaDIR: stage s > 1 sees stage s-1's argmax with stutter "
+                                            "re-masked, as refinement step t + 1 does at inference")
 
     def __post_init__(self):
         checks = {"steps": self.steps >= 1, "batch_tokens": self.batch_tokens >= self.max_length,
@@ -54,6 +61,7 @@ class TrainConfig:
                   "length_loss_weight": self.length_loss_weight >= 0,
                   "label_smoothing": 0.0 <= self.label_smoothing < 1.0,
                   "max_length": self.max_length >= 2, "checkpoint_every": self.checkpoint_every >= 1,
+                  "eval_every": self.eval_every >= 0,
                   "optimizer": self.optimizer in OPTIMIZERS}
         bad = [name for name, ok in checks.items() if not ok]
         if bad:
@@ -65,7 +73,7 @@ class TrainConfig:
         return dataclasses.replace(self, **changes)
 
     def to_dict(self) -> dict[str, Any]:
-        return {**dataclasses.asdict(self), "buckets": list(self.buckets)}
+        return {**identity_dict(self), "buckets": list(self.buckets)}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "TrainConfig":
@@ -146,7 +154,8 @@ def _padir_loss(params, batch, rng, *, model, model_config: ModelConfig, cfg: Tr
     length_acc = ((jnp.argmax(length_logits, -1) == lengths) * row).sum() / rows
 
     real = targets != 0                                                  # [B, L]
-    hyp = losses.padir_noise(noise_rng, targets, cfg.unmask_rate, model_config.vocab_size)
+    hyp = losses.padir_noise(noise_rng, targets, cfg.unmask_rate, model_config.vocab_size,
+                              model_config.fixed_eos)
     token_loss, metrics = 0.0, {}
     for s, srng in enumerate(jax.random.split(stage_rng, cfg.stages)):
         logits = model.apply(variables, encoded, inputs, hyp, real, enable_dropout=True,
@@ -157,8 +166,14 @@ def _padir_loss(params, batch, rng, *, model, model_config: ModelConfig, cfg: Tr
         metrics[f"accuracy_stage{s + 1}"] = ce["correct_sum"] / denom
         metrics[f"nll_stage{s + 1}"] = ce["nll_sum"] / denom
         # Next stage's hypothesis: this stage's argmax, as refinement step t + 1 sees it at inference
-        # (the mask stays the target mask); no gradient through the choice.
-        best = jax.lax.stop_gradient(jnp.argmax(logits, axis=-1))
+        # (the mask stays the target mask; with stage_remask, stutter re-masked with random tokens;
+        # with fixed_eos, EOS stays where it is); no gradient through the choice.
+        best = jax.lax.stop_gradient(jnp.argmax(logits, axis=-1)).astype(jnp.int32)
+        if cfg.stage_remask:
+            replacement = losses.random_tokens(jax.random.fold_in(srng, 1), best.shape, model_config.vocab_size)
+            best = refine.remask_stutter(best, real, replacement)
+        if model_config.fixed_eos:
+            best = jnp.where(targets == EOS_ID, EOS_ID, best)
         hyp = jnp.where(real, best, 0).astype(jnp.int32)
     loss = token_loss + cfg.length_loss_weight * length_loss
     metrics.update(loss=loss, token_loss=token_loss, length_loss=length_loss,
@@ -193,11 +208,51 @@ def make_train_step(model_config: ModelConfig, cfg: TrainConfig, model=None):
     return jax.jit(step, donate_argnums=(0,)), tx
 
 
-def init_state(model_config: ModelConfig, cfg: TrainConfig, tx, mesh) -> TrainState:
-    """Seeded params + optimizer state, replicated over the mesh."""
+WARM_START_FRESH = ("decoder/relpos_bias/",)   # the AR decoder's relative bias is causal: PaDIR's starts fresh
+
+
+def warm_start_params(params: Any, source: Any, fresh: tuple[str, ...] = WARM_START_FRESH) -> tuple[Any, dict]:
+    """``params`` with every leaf that ``source`` has at the same path and shape copied over, except
+    paths starting with one of ``fresh``. For PaDIR from an AR checkpoint: the token embeddings, the
+    encoder and each decoder layer's self- and cross-attention, MLP and norms are copied; positional
+    attention, position embeddings, the length predictor and the decoder's relative bias start fresh.
+    Returns the params and ``{"copied": [...], "fresh": [...]}`` (paths)."""
+    flat_source = {_path(p): x for p, x in jax.tree_util.tree_flatten_with_path(source)[0]}
+    copied, kept = [], []
+
+    def pick(path, leaf):
+        name = _path(path)
+        other = flat_source.get(name)
+        if other is not None and other.shape == leaf.shape and not name.startswith(fresh):
+            copied.append(name)
+            return jnp.asarray(other, leaf.dtype)
+        kept.append(name)
+        return leaf
+
+    return jax.tree_util.tree_map_with_path(pick, params), {"copied": sorted(copied), "fresh": sorted(kept)}
+
+
+def _path(path) -> str:
+    return "/".join(str(getattr(k, "key", k)) for k in path)
+
+
+def seeded_params(model_config: ModelConfig, cfg: TrainConfig, init_from: Path | None = None
+                  ) -> tuple[Any, dict | None]:
+    """Fresh seeded params, warm-started from the checkpoint ``init_from`` if given; and the warm
+    start's report (None without one)."""
     from models import t5
 
     params = t5.init_params(model_config, jax.random.PRNGKey(cfg.seed))
+    if init_from is None:
+        return params, None
+    _, source, meta = checkpoint.load(init_from)
+    params, report = warm_start_params(params, source)
+    return params, {"from": checkpoint.identity(meta), "copied": len(report["copied"]), "fresh": report["fresh"]}
+
+
+def init_state(model_config: ModelConfig, cfg: TrainConfig, tx, mesh, params: Any = None) -> TrainState:
+    """Params (default: fresh, seeded) + optimizer state, replicated over the mesh."""
+    params = seeded_params(model_config, cfg)[0] if params is None else params
     state = TrainState(jnp.zeros((), jnp.int32), params, tx.init(params))
     return sharding.replicate(state, mesh)
 
@@ -207,16 +262,28 @@ def _digest(obj: Any) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
 
-def checkpoint_dir_for(task: str, model_config: ModelConfig, train_config: TrainConfig) -> Path:
-    """``checkpoints/<task>-<kind>-<hash>``; the hash covers the task, both configs, the vocabulary
-    and the training data's identity (so two distillation teachers never share a folder)."""
+def checkpoint_dir_for(task: str, model_config: ModelConfig, train_config: TrainConfig,
+                       init_from: Path | None = None) -> Path:
+    """``checkpoints/<task>-<kind>-<hash>``; the hash covers the task, both configs, the vocabulary,
+    the training data's identity (so two distillation teachers never share a folder) and, for a warm
+    start, the source checkpoint's identity."""
     from models.batching import task_identity
     from narbench_core.paths import subdir
 
     train_config = effective_config(model_config, train_config)
     key = {"task": task, "model": model_config.to_dict(), "train": train_config.to_dict(),
            **task_identity(task)}
+    if init_from is not None:
+        key["init_from"] = _source_identity(init_from)
     return subdir("checkpoints") / f"{task}-{model_config.kind}-{_digest(key)}"
+
+
+def _source_identity(init_from: Path) -> dict:
+    meta = checkpoint.read_meta(Path(init_from))
+    if meta is None or not meta.get("complete"):
+        raise UserError(f"no finished checkpoint in {init_from} to warm-start from; train it first "
+                        "(`narbench train --model ar`)")
+    return checkpoint.identity(meta)
 
 
 def _diverged(step: int, reason: str, out_dir: Path) -> UserError:
@@ -241,14 +308,20 @@ def _all_finite(tree) -> jax.Array:
 
 def train(task: str, model_config: ModelConfig, train_config: TrainConfig, out_dir: Path | None = None,
           progress: bool = True, *, data: TokenPairs | None = None, mesh=None,
-          on_step: Callable[[int, dict], None] | None = None) -> Path:
+          on_step: Callable[[int, dict], None] | None = None, init_from: Path | None = None,
+          dev=None) -> Path:
     """Train ``model_config`` on ``task``'s train split; returns the checkpoint folder.
 
     Skips when the folder holds a finished run, resumes an interrupted one from its last checkpoint
     (same batch order and dropout keys as an uninterrupted run), raises ``UserError`` on a NaN/inf
     loss or gradient keeping the last good checkpoint. ``data`` trains on in-memory token pairs
     instead of the task's split (``task`` is then only a label; pass ``out_dir``). ``on_step(step,
-    metrics)`` is called after every step (host floats). ``mesh``: default all devices.
+    metrics)`` is called after every step (host floats). ``mesh``: default all devices. ``init_from``:
+    warm-start from that checkpoint (``warm_start_params``). With ``eval_every``, every that many
+    steps and at the last one, a learning-curve point goes to ``curve.jsonl`` (``models.curves``;
+    ``dev``: a ``curves.DevSet``, default the task's dev sample; evaluation time is not training
+    time). ``narbench.json`` records ``train_flops``: per step, XLA's cost analysis of the compiled
+    step of that step's batch shape (``step_flops``), summed.
     """
     from models.batching import load_task_tokens, task_identity
     from tqdm.auto import tqdm
@@ -261,7 +334,7 @@ def train(task: str, model_config: ModelConfig, train_config: TrainConfig, out_d
         identity = {"vocab_path": None, "vocab_hash": None, "data": data.fingerprint()}
         if out_dir is None:
             raise UserError("training on in-memory data needs an explicit out_dir")
-    out_dir = Path(out_dir) if out_dir is not None else checkpoint_dir_for(task, model_config, train_config)
+    out_dir = Path(out_dir) if out_dir is not None else checkpoint_dir_for(task, model_config, train_config, init_from)
     out_dir.mkdir(parents=True, exist_ok=True)
     meta = checkpoint.read_meta(out_dir)
     if meta and meta.get("complete"):
@@ -274,7 +347,8 @@ def train(task: str, model_config: ModelConfig, train_config: TrainConfig, out_d
                               num_shards=mesh.devices.size)
     model = build_model(model_config)
     step_fn, tx = make_train_step(model_config, cfg, model)
-    state = init_state(model_config, cfg, tx, mesh)
+    params, warm = seeded_params(model_config, cfg, init_from)
+    state = init_state(model_config, cfg, tx, mesh, params)
     num_params = int(sum(x.size for x in jax.tree_util.tree_leaves(state.params)))
     start = checkpoint.latest_step(out_dir) or 0
     if start:
@@ -289,9 +363,14 @@ def train(task: str, model_config: ModelConfig, train_config: TrainConfig, out_d
         "wall_seconds": prev.get("wall_seconds", 0.0), "compile_seconds": prev.get("compile_seconds", 0.0),
         "train_seconds": prev.get("train_seconds", 0.0), "target_tokens": prev.get("target_tokens", 0),
         "checkpoint_seconds": prev.get("checkpoint_seconds", 0.0),
+        "train_flops": prev.get("train_flops", 0.0), "step_flops": dict(prev.get("step_flops", {})),
+        "eval_seconds": prev.get("eval_seconds", 0.0),
+        "init": warm,
     }
     rng = sharding.replicate(jax.random.PRNGKey(cfg.seed), mesh)
     compiled: dict[tuple, Any] = {}
+    step_flops: dict[tuple, float] = {}
+    evaluate, curve = _curve_setup(task, model_config, cfg, out_dir, start, dev, in_memory=identity["vocab_path"] is None)
     t_session = time.perf_counter()
     t_base = {k: record[k] for k in ("wall_seconds",)}
     metrics_host: dict = {}
@@ -305,15 +384,25 @@ def train(task: str, model_config: ModelConfig, train_config: TrainConfig, out_d
                 t0 = time.perf_counter()
                 compiled[shape] = step_fn.lower(state, batch, rng).compile()
                 record["compile_seconds"] += time.perf_counter() - t0
+                step_flops[shape] = cost_flops(compiled[shape])
+                record["step_flops"][f"{shape[0]}x{shape[1]}"] = step_flops[shape]
             t0 = time.perf_counter()
             state, metrics = compiled[shape](state, batch, rng)
             metrics_host = {k: float(v) for k, v in metrics.items()}     # syncs: the step is done
             record["train_seconds"] += time.perf_counter() - t0
             _check_finite(metrics_host, step + 1, out_dir)
             record["target_tokens"] += int(metrics_host["target_tokens"])
+            record["train_flops"] += step_flops[shape]
             done = step + 1
             if on_step is not None:
                 on_step(step, metrics_host)
+            if evaluate is not None and (done % cfg.eval_every == 0 or done == cfg.steps):
+                t0 = time.perf_counter()
+                point = {"step": done, "seconds": record["train_seconds"], **evaluate(state.params)}
+                point["eval_seconds"] = time.perf_counter() - t0
+                record["eval_seconds"] += point["eval_seconds"]
+                curve.append(point)
+                _write_curve(out_dir, curve)
             if done % cfg.checkpoint_every == 0 or done == cfg.steps:
                 t0 = time.perf_counter()
                 if not bool(_all_finite(state.params)):
@@ -338,3 +427,85 @@ def _write_record(out_dir: Path, record: dict, t_base: dict, t_session: float) -
     record["target_tokens_per_second"] = record["target_tokens"] / max(record["train_seconds"], 1e-9)
     record["padding_share"] = record["batching"]["target_padding_share"]
     checkpoint.write_meta(out_dir, record)
+
+
+# -- learning curves --------------------------------------------------------------------------------
+def _curve_setup(task: str, model_config: ModelConfig, cfg: TrainConfig, out_dir: Path, start: int, dev,
+                 in_memory: bool) -> tuple[Callable | None, list[dict]]:
+    """The dev evaluator (None without ``eval_every``) and the curve points kept from before ``start``."""
+    if not cfg.eval_every:
+        return None, []
+    from models import curves
+
+    if dev is None:
+        if in_memory:
+            raise UserError("training on in-memory data with eval_every needs a dev set (dev=curves.DevSet(...))")
+        dev = curves.dev_set(task)
+    kept = [p for p in curves.read_curve(out_dir) if p["step"] <= start]
+    return curves.DevEvaluator(model_config, cfg, dev), kept
+
+
+def _write_curve(out_dir: Path, points: list[dict]) -> None:
+    from models import curves
+
+    curves.write_curve(out_dir, points)
+
+
+# -- training budgets -------------------------------------------------------------------------------
+def cost_flops(compiled) -> float:
+    """FLOPs of one run of a compiled XLA computation (its cost analysis; 0 when the backend gives none)."""
+    analysis = compiled.cost_analysis()
+    if isinstance(analysis, (list, tuple)):          # older jax: one dict per device program
+        analysis = analysis[0] if analysis else {}
+    return float((analysis or {}).get("flops", 0.0))
+
+
+def _compiled_shapes(task: str, model_config: ModelConfig, train_config: TrainConfig, data: TokenPairs | None,
+                     mesh) -> tuple[TrainState, Any, list[tuple[Any, dict, int]]]:
+    """Fresh state, the rng and, per batch shape of the training data, ``(compiled step, an example
+    batch, batches of that shape per epoch)``, exactly as ``train`` compiles them."""
+    from models.batching import load_task_tokens
+
+    cfg = effective_config(model_config, train_config)
+    data = load_task_tokens(task, "train") if data is None else data
+    mesh = sharding.make_mesh() if mesh is None else mesh
+    batches = BucketedBatches(data, cfg.batch_tokens, cfg.max_length, cfg.buckets, cfg.seed,
+                              num_shards=mesh.devices.size)
+    step_fn, tx = make_train_step(model_config, cfg)
+    state = init_state(model_config, cfg, tx, mesh)
+    rng = sharding.replicate(jax.random.PRNGKey(cfg.seed), mesh)
+    out = []
+    for (_, length), count in batches.batches_per_shape():
+        batch = sharding.shard_batch(batches.example_batch(length), mesh)
+        out.append((step_fn.lower(state, batch, rng).compile(), batch, count))
+    return state, rng, out
+
+
+def flops_per_step(task: str, model_config: ModelConfig, train_config: TrainConfig, *,
+                   data: TokenPairs | None = None, mesh=None) -> float:
+    """Mean training FLOPs per step: the compiled step's cost analysis for each batch shape, weighted
+    by how many batches of that shape an epoch has (what ``train`` adds up in ``train_flops``)."""
+    _, _, shapes = _compiled_shapes(task, model_config, train_config, data, mesh)
+    flops = sum(cost_flops(c) * n for c, _, n in shapes) / sum(n for *_, n in shapes)
+    if flops <= 0:
+        raise UserError("XLA's cost analysis gives no FLOPs on this backend; match budgets by seconds instead")
+    return flops
+
+
+def seconds_per_step(task: str, model_config: ModelConfig, train_config: TrainConfig, *,
+                     data: TokenPairs | None = None, mesh=None, repeats: int = 3) -> float:
+    """Mean seconds per training step, measured: per batch shape (compiled first, one untimed run),
+    the median of ``repeats`` timed steps, weighted by how many batches of that shape an epoch has."""
+    state, rng, shapes = _compiled_shapes(task, model_config, train_config, data, mesh)
+    total = 0.0
+    for compiled, batch, count in shapes:
+        state, metrics = compiled(state, batch, rng)
+        float(metrics["loss"])
+        times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            state, metrics = compiled(state, batch, rng)
+            float(metrics["loss"])                     # syncs: the step is done
+            times.append(time.perf_counter() - t0)
+        total += sorted(times)[len(times) // 2] * count
+    return total / sum(n for *_, n in shapes)

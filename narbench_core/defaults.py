@@ -11,15 +11,35 @@ LENGTH_PENALTY = 0.6           # GNMT / t5x brevity penalty alpha for beam searc
 LENGTH_HYPS = 5                # length hypotheses refined in parallel (the paper's k)
 REMASK = "stutter"             # re-mask the later copies of consecutive repeats between passes
 REMASK_MODES = ("none", "stutter", "mask-predict")
-INIT = "random"                # initial hypothesis: uniform random regular tokens
-INIT_MODES = ("random", "mask")
+START = "random"                # initial hypothesis: uniform random regular tokens
+START_MODES = ("random", "mask")
 UNMASK_RATE = 0.15             # share of target tokens kept correct in training noise
 STAGES = 2                     # training stages (stage 2 refines stage 1's argmax)
+INIT = "random"                # PaDIR parameters: "random", or "ar": warm-started from the suite's AR model
+INIT_MODES = ("random", "ar")
+RECIPE = "reference"           # "reference": google-research padir/'s fixed EOS, [LENGTH] query and stage-2
+RECIPES = ("first", "reference")   # remasking; "first": narbench's first recipe, without them
 POSITIONAL_ATTENTION = True    # the positional-attention sublayer
 
 # -- distillation ------------------------------------------------------------------------------------
-DISTILL_BEAM_SIZE = BEAM_SIZE  # the teacher's beam
-DISTILL_MAX_EXAMPLES = None    # training sources the teacher decodes (None: all)
+DISTILL_DECODER = f"beam:{BEAM_SIZE}"  # the teacher's search: "greedy" or "beam:K"
+DISTILL_MAX_EXAMPLES = None    # training sources the teacher decodes (None: all but the held-aside slice)
+DISTILL_HELDOUT = 500          # training pairs held aside (never distilled) to score the teacher's BLEU
+# Sentences per teacher batch (sources sorted by length). Measured 2026-11-24 on this 2-core machine
+# while a `narbench run --suite default` used ~1.2 cores (load 5-6): greedy with the default suite's
+# `small` AR checkpoint (1,500 steps) over 500 seeded bible_de_en training sources, median of 3
+# interleaved rounds after compiling, sentences/s at batch 16 / 32 / 64 / 128 / 256 / 512:
+# 15.8 / 16.9 / 13.7 / 10.4 / 6.9 / 5.9. Larger batches lose because a batch decodes until its longest
+# row ends and a few rows never emit EOS (15 of the 500 ran >= 100 of the 128 steps; mean 33): every
+# row computes 2.10x the steps it needs at batch 32, 2.76x at 128, 3.87x at 512.
+DISTILL_BATCH_SIZE = 32
+
+# -- learning curves (every training evaluates on the dev split at regular intervals) -----------------
+CURVE_POINTS = 5               # a suite's default: evaluate every steps // CURVE_POINTS steps
+CURVE_SENTENCES = 200          # dev sentences per point (a seeded sample of the dev split)
+CURVE_REFINE_STEPS = 4         # PaDIR points decode with refine:CURVE_REFINE_STEPS (AR: greedy)
+CURVE_RISE = 0.5               # "still improving": dev BLEU rose by more than this ...
+CURVE_TAIL = 0.2               # ... over this last share of the training steps
 
 # -- shapes ------------------------------------------------------------------------------------------
 DECODE_BUCKETS = (16, 32, 64, 128)                 # source-length shape buckets of a decoder

@@ -40,6 +40,8 @@ MODEL_OVERRIDE_KEYS = (
     "max_target_length", "dtype",
 )
 PHASES = ("end_to_end", "device")
+BUDGET_MATCHES = ("flops", "seconds")   # [train.<family>] match: give it the baseline model's training budget
+TEACHER_DECODER_RE = re.compile(r"^(?:greedy|beam:[1-9][0-9]*)$")   # the distillation teacher's search
 TEST_SET_RE = re.compile(r"^(?:(?P<task>[A-Za-z0-9_]+):)?(?P<split>[A-Za-z0-9_]+)(?P<refs>\+refs)?$")
 
 
@@ -84,22 +86,25 @@ class TrainBudget:
     buckets: tuple[int, ...] | None = None    # sequence-length buckets of the batcher
     checkpoint_every: int | None = None
     optimizer: str | None = None              # "adafactor" (paper) or "adam"
+    eval_every: int | None = None             # steps between learning-curve points (None: the family's default)
+    match: str | None = None                  # "flops" | "seconds": as much as the baseline (AR) model, steps a cap
 
     def train_kwargs(self) -> dict[str, Any]:
-        """The fields that are set (None means: keep TrainConfig's default)."""
-        return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
+        """The ``TrainConfig`` fields that are set (None means: keep its default; ``match`` is the
+        grid's, resolved into ``steps`` before training)."""
+        return {k: v for k, v in dataclasses.asdict(self).items() if v is not None and k != "match"}
 
 
 @dataclass(frozen=True)
 class DistillSpec:
     """How the AR teacher decodes the training sources for distilled students."""
 
-    beam_size: int = defaults.DISTILL_BEAM_SIZE
-    max_examples: int | None = defaults.DISTILL_MAX_EXAMPLES   # training sources decoded (None: all)
+    decoder: str = defaults.DISTILL_DECODER                    # the teacher's search: greedy or beam:K
+    max_examples: int | None = defaults.DISTILL_MAX_EXAMPLES   # size of the seeded sample (None: all)
     length_penalty: float = defaults.LENGTH_PENALTY
 
     def kwargs(self) -> dict[str, Any]:
-        """Keyword arguments of ``models.distill.distill_task``."""
+        """Keyword arguments of ``models.distill.distill_task`` (the caller adds the seed)."""
         return dataclasses.asdict(self)
 
 
@@ -312,6 +317,8 @@ def _budget(r: Reader) -> TrainBudget:
         buckets=r.get("buckets", list_of(integer(1), "positive integers"), None),
         checkpoint_every=r.get("checkpoint_every", integer(1), None),
         optimizer=r.get("optimizer", string(choices=("adafactor", "adam")), None),
+        eval_every=r.get("eval_every", integer(0), None),
+        match=r.get("match", string(choices=BUDGET_MATCHES), None),
     )
     r.done()
     return b
@@ -396,7 +403,12 @@ def parse_spec(data: dict[str, Any], source: str = "<spec>",
     tr.done()
     ds = top.sub("distill")
     d = DistillSpec()
-    distill = DistillSpec(beam_size=ds.get("beam_size", integer(1), d.beam_size),
+    # `beam_size = K` is what `decoder = "beam:K"` replaced: still read from the spec.toml of earlier runs.
+    legacy = ds.get("beam_size", integer(1), None)
+    if legacy is not None and "decoder" in ds.table:
+        ds.fail("beam_size", 'give decoder only (decoder = "beam:K" replaces beam_size = K)')
+    teacher = string(TEACHER_DECODER_RE, what='"greedy" or "beam:K" (K >= 1)')
+    distill = DistillSpec(decoder=ds.get("decoder", teacher, d.decoder if legacy is None else f"beam:{legacy}"),
                           max_examples=ds.get("max_examples", integer(1), d.max_examples),
                           length_penalty=ds.get("length_penalty", number(0.0), d.length_penalty))
     ds.done()

@@ -191,10 +191,15 @@ def get_vocabulary(name: str) -> seqio.SentencePieceVocabulary:
 
 
 # ------------------------------------------------------------------------------------- metrics
+def bleu_tokenizer(target_lang: str) -> str:
+    """SacreBLEU tokenizer for a task's target language: ``zh`` for Chinese, else ``13a``."""
+    return "zh" if target_lang == "zh" else "13a"
+
+
 def _metric_fns(target_lang: str) -> list[Callable]:
     import sacrebleu
 
-    tokenize = "zh" if target_lang == "zh" else "13a"
+    tokenize = bleu_tokenizer(target_lang)
 
     def bleu(targets, predictions):
         return {"bleu": sacrebleu.corpus_bleu(list(predictions), [list(targets)], tokenize=tokenize).score}

@@ -1,7 +1,7 @@
 """The model hook of the attention analysis: decode with a PaDIR checkpoint, read its attention.
 
 The checkpoint's own decoder (``models.decoders``, ``refine:T`` with the run's length hypotheses,
-remask and init options) decodes each batch through ``PaDIRDecoder.refine_with_history``: the same
+remask and start options) decodes each batch through ``PaDIRDecoder.refine_with_history``: the same
 jitted refinement as ``narbench run``, which also keeps every pass of the best length hypothesis.
 From the final pass of each sentence (the one that produced its output) the analysis takes the tokens
 BEFORE repeats are dropped (stutter is what we study) and the last decoder layer's attention weights
@@ -35,7 +35,7 @@ class AttentionJob:
     steps: int = 4
     length_hyps: int = defaults.LENGTH_HYPS
     remask: str = defaults.REMASK
-    init: str = defaults.INIT
+    start: str = defaults.START
     max_sentences: int = 300
     seed: int = 0
 
@@ -74,7 +74,7 @@ def job_from_run(run_dir: str, system: str | None = None, test_set: str | None =
     opts = row.decoder_options
     return AttentionJob(checkpoint=str(resolve(row.checkpoint)), sources=tuple(s["source"] for s in picked),
                         origin=f"run {run.path.name}, system {row.system}, test set {row.test_set}",
-                        steps=row.steps, length_hyps=opts["length_hyps"], remask=opts["remask"], init=opts["init"],
+                        steps=row.steps, length_hyps=opts["length_hyps"], remask=opts["remask"], start=opts["start"],
                         seed=opts["seed"])
 
 
@@ -101,7 +101,7 @@ def analyse(job: AttentionJob, batch_size: int = 16):
     from models.decoders import load_decoder
 
     decoder = load_decoder(job.checkpoint, f"refine:{job.steps}", length_hyps=job.length_hyps, remask=job.remask,
-                           init=job.init, seed=job.seed)
+                           start=job.start, seed=job.seed)
     stats, info = analyse_model(decoder, job.sources[: job.max_sentences], batch_size=batch_size)
     info.update(origin=job.origin, checkpoint=job.checkpoint, task=(read_meta(Path(job.checkpoint)) or {}).get("task"))
     return stats, info
@@ -136,7 +136,7 @@ def analyse_model(decoder, sources, batch_size=16):
     stats = attention.concat(parts)
     info = dict(sentences=len(parts), total_pairs=int(stats.stutter.size), stutter_pairs=int(stats.stutter.sum()),
                 passes_mean=float(np.mean(passes_all)), converged_share=float(np.mean(np.array(passes_all) < steps)),
-                steps=steps, length_hyps=decoder.length_hyps, remask=decoder.remask, init=decoder.init,
+                steps=steps, length_hyps=decoder.length_hyps, remask=decoder.remask, start=decoder.start,
                 seed=decoder.seed)
     return stats, info
 
@@ -144,7 +144,7 @@ def analyse_model(decoder, sources, batch_size=16):
 def describe(info: dict) -> str:
     return (f"Model outputs: {info.get('origin', 'in-memory model')}; {info['sentences']} sentences, "
             f"{info['total_pairs']} adjacent pairs of which {info['stutter_pairs']} stutter; refine:{info['steps']}, "
-            f"{info['length_hyps']} length hypotheses, remask {info['remask']}, init {info['init']}; "
+            f"{info['length_hyps']} length hypotheses, remask {info['remask']}, start {info['start']}; "
             f"mean passes {info['passes_mean']:.2f}; refinement converged before T for "
             f"{100 * info['converged_share']:.0f}% of sentences; the analysed pass is each sentence's final "
             "one, which produced its output. Entries: mean ± std.\n")

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from bench.rows import Column
+from narbench_core import defaults
 from narbench_core.errors import UserError
 
 
@@ -24,11 +25,18 @@ class TrainCell:
     seed: int
     axes: tuple[tuple[str, Any], ...] = ()     # the family's training axes, e.g. (("unmask_rate", 0.15),)
     teacher: "TrainCell | None" = None         # distillation teacher: its outputs replace the references
+    warm_start: "TrainCell | None" = None      # the cell whose checkpoint initialises this one's parameters
 
     @property
     def label(self) -> str:
         axes = "".join(f" {k} {v:g}" if isinstance(v, float) else f" {k} {v}" for k, v in self.axes)
-        return f"{self.family} {self.task}{axes}{' distill' if self.teacher else ''} seed {self.seed}"
+        return (f"{self.family} {self.task}{axes}{' distill' if self.teacher else ''}"
+                f"{' init ' + self.warm_start.family if self.warm_start else ''} seed {self.seed}")
+
+    @property
+    def sources(self) -> tuple["TrainCell", ...]:
+        """The cells this one needs trained first (teacher, warm-start source)."""
+        return tuple(c for c in (self.teacher, self.warm_start) if c is not None)
 
 
 @dataclass(frozen=True)
@@ -79,14 +87,17 @@ class Family:
     def configs(self, preset: str, vocab_size: int, model_overrides: Mapping[str, Any],
                 train_kwargs: Mapping[str, Any], axes: Mapping[str, Any]) -> tuple[Any, Any]:
         """``(ModelConfig, TrainConfig)`` of a cell: the preset sized to the vocabulary with the
-        suite's overrides, and the budget with the cell's training axes."""
+        suite's overrides, and the budget with the cell's training axes; learning-curve points every
+        ``steps // CURVE_POINTS`` steps unless the budget sets ``eval_every``."""
         from models.config import preset as make_preset
         from models.train import TrainConfig
 
         model_extra, train_extra = self.axes_configs(dict(axes))
         model = make_preset(preset, kind=self.model_kind, vocab_size=vocab_size,
                             **{**dict(model_overrides), **model_extra})
-        return model, TrainConfig(**{**dict(train_kwargs), **train_extra})
+        kwargs = {**dict(train_kwargs), **train_extra}
+        kwargs.setdefault("eval_every", max(1, kwargs.get("steps", TrainConfig.steps) // defaults.CURVE_POINTS))
+        return model, TrainConfig(**kwargs)
 
     def axes_configs(self, axes: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
         """Split a cell's training axes into ModelConfig and TrainConfig fields."""

@@ -6,14 +6,18 @@ Spec section (each key is an axis; the systems are the Cartesian product)::
     steps = [1, 2, 4, 10]          # refinement steps T (decoding)
     length_hyps = [5]              # length hypotheses k (decoding)
     remask = ["stutter"]           # none | stutter | mask-predict (decoding)
-    init = ["random"]              # initial hypothesis: random | mask (decoding)
+    start = ["random"]             # initial hypothesis: random | mask (decoding)
     unmask_rate = [0.15]           # training noise: share of target tokens kept correct
     stages = [2]                   # training stages
     positional_attention = [true]  # the positional-attention sublayer (model)
     distill = [false, true]        # train on the AR teacher's outputs
+    init = ["random"]              # parameters: random, or "ar": warm-started from the suite's AR model
+    recipe = ["reference"]         # "reference": fixed EOS, [LENGTH] query, stage-2 remasking
+                                   # (google-research padir/); "first": without them
 
 A system is named ``padir-s{T}-u{rate}[-distill]`` plus a suffix for every axis that differs from
-the paper's default (``-k3``, ``-remask-none``, ``-init-mask``, ``-nopos``, ``-st1``).
+the paper's default (``-k3``, ``-remask-none``, ``-start-mask``, ``-nopos``, ``-st1``, ``-init-ar``,
+``-recipe-first``).
 """
 from __future__ import annotations
 
@@ -35,18 +39,23 @@ class PaDIRSection:
     distill: tuple[bool, ...] = (False, True)
     length_hyps: tuple[int, ...] = (d.LENGTH_HYPS,)
     remask: tuple[str, ...] = (d.REMASK,)
-    init: tuple[str, ...] = (d.INIT,)
+    start: tuple[str, ...] = (d.START,)
     positional_attention: tuple[bool, ...] = (d.POSITIONAL_ATTENTION,)
     stages: tuple[int, ...] = (d.STAGES,)
+    init: tuple[str, ...] = (d.INIT,)
+    recipe: tuple[str, ...] = (d.RECIPE,)
 
 
-def _suffix(length_hyps: int, remask: str, init: str, positional_attention: bool, stages: int) -> str:
+def _suffix(length_hyps: int, remask: str, start: str, positional_attention: bool, stages: int, init: str,
+            recipe: str) -> str:
     """One name part per axis that differs from the paper's default."""
     return ((f"-k{length_hyps}" if length_hyps != d.LENGTH_HYPS else "")
             + (f"-remask-{remask}" if remask != d.REMASK else "")
-            + (f"-init-{init}" if init != d.INIT else "")
+            + (f"-start-{start}" if start != d.START else "")
             + ("" if positional_attention else "-nopos")
-            + (f"-st{stages}" if stages != d.STAGES else ""))
+            + (f"-st{stages}" if stages != d.STAGES else "")
+            + (f"-init-{init}" if init != d.INIT else "")
+            + (f"-recipe-{recipe}" if recipe != d.RECIPE else ""))
 
 
 class PaDIRFamily(Family):
@@ -55,8 +64,10 @@ class PaDIRFamily(Family):
         Column("steps", "Steps", doc="refinement steps T"),
         Column("unmask_rate", "unmask rate", fixed(2)),
         Column("length_hyps", "k", doc="length hypotheses"),
-        Column("remask"), Column("init", doc="initial hypothesis: random | mask"),
+        Column("remask"), Column("start", doc="initial hypothesis: random | mask"),
         Column("positional_attention"), Column("stages"),
+        Column("init", "init", align="left", doc="parameters: random, or warm-started from the AR model"),
+        Column("recipe", align="left", doc="reference (fixed EOS, [LENGTH] query, stage-2 remasking) or first"),
     )
 
     def parse(self, table) -> PaDIRSection:
@@ -70,42 +81,52 @@ class PaDIRFamily(Family):
             length_hyps=table.get("length_hyps", positive, s.length_hyps),
             remask=table.get("remask", list_of(string(choices=d.REMASK_MODES), f"one of {', '.join(d.REMASK_MODES)}"),
                              s.remask),
-            init=table.get("init", list_of(string(choices=d.INIT_MODES), f"one of {', '.join(d.INIT_MODES)}"),
+            start=table.get("start", list_of(string(choices=d.START_MODES), f"one of {', '.join(d.START_MODES)}"),
                            s.init),
             positional_attention=table.get("positional_attention", flags, s.positional_attention),
             stages=table.get("stages", positive, s.stages),
+            init=table.get("init", list_of(string(choices=d.INIT_MODES), f"one of {', '.join(d.INIT_MODES)}"), s.init),
+            recipe=table.get("recipe", list_of(string(choices=d.RECIPES), f"one of {', '.join(d.RECIPES)}"),
+                             s.recipe),
         )
         table.done()
         return section
 
     def expand(self, section: PaDIRSection, ctx: Context) -> list[System]:
         out = []
-        for rate, distill, pos, stages in itertools.product(section.unmask_rate, section.distill,
-                                                            section.positional_attention, section.stages):
-            axes = (("positional_attention", pos), ("stages", stages), ("unmask_rate", rate))
-            cell = TrainCell(ctx.task, self.name, ctx.seed, axes, ctx.teacher if distill else None)
-            for steps, k, remask, init in itertools.product(section.steps, section.length_hyps, section.remask,
-                                                            section.init):
-                variant = f"padir-u{rate:g}" + ("-distill" if distill else "") + _suffix(k, remask, init, pos, stages)
+        for rate, distill, pos, stages, init, recipe in itertools.product(
+                section.unmask_rate, section.distill, section.positional_attention, section.stages, section.init,
+                section.recipe):
+            axes = (("positional_attention", pos), ("recipe", recipe), ("stages", stages), ("unmask_rate", rate))
+            cell = TrainCell(ctx.task, self.name, ctx.seed, axes, ctx.teacher if distill else None,
+                             ctx.teacher if init == "ar" else None)
+            for steps, k, remask, start in itertools.product(section.steps, section.length_hyps, section.remask,
+                                                             section.start):
+                variant = (f"padir-u{rate:g}" + ("-distill" if distill else "")
+                           + _suffix(k, remask, start, pos, stages, init, recipe))
                 name = variant.replace("padir-", f"padir-s{steps}-", 1)
-                options = {**ctx.shapes, "length_hyps": k, "remask": remask, "init": init, "seed": ctx.seed}
+                options = {**ctx.shapes, "length_hyps": k, "remask": remask, "start": start, "seed": ctx.seed}
                 info = {"steps": steps, "unmask_rate": rate, "length_hyps": k, "hypotheses": k, "remask": remask,
-                        "init": init, "positional_attention": pos, "stages": stages,
-                        "decoder": f"refine:{steps}", "variant": variant}
+                        "start": start, "positional_attention": pos, "stages": stages, "init": init,
+                        "recipe": recipe, "decoder": f"refine:{steps}", "variant": variant}
                 out.append(System(name, self.name, f"refine:{steps}", cell, tuple(sorted(options.items())),
                                   tuple(info.items())))
         return out
 
     def axes_configs(self, axes: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-        return ({"positional_attention": axes.pop("positional_attention", d.POSITIONAL_ATTENTION)},
-                {"unmask_rate": axes.pop("unmask_rate", d.UNMASK_RATE), "stages": axes.pop("stages", d.STAGES)})
+        reference = axes.pop("recipe", d.RECIPE) == "reference"
+        return ({"positional_attention": axes.pop("positional_attention", d.POSITIONAL_ATTENTION),
+                 "fixed_eos": reference, "length_token": reference},
+                {"unmask_rate": axes.pop("unmask_rate", d.UNMASK_RATE), "stages": axes.pop("stages", d.STAGES),
+                 "stage_remask": reference})
 
     def sort_key(self, row) -> tuple:
         return (row.distill, row.unmask_rate, row.steps, row.system)
 
     def point_label(self, row) -> str:
         rate = "" if row.unmask_rate == d.UNMASK_RATE else f" u{row.unmask_rate:g}"
-        rest = _suffix(row.length_hyps, row.remask, row.init, row.positional_attention, row.stages)
+        rest = _suffix(row.length_hyps, row.remask, row.start, row.positional_attention, row.stages, row.init,
+                       row.recipe)
         return f"T={row.steps}{rate}{rest.replace('-', ' ')}"
 
     def style(self, row) -> dict[str, Any]:

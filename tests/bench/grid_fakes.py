@@ -121,24 +121,65 @@ class FakeTrainer:
     root: Path
     calls: list[tuple[str, str]] = field(default_factory=list)
 
-    def __call__(self, task: str, model_config: dict, train_config: dict, progress: bool = True) -> Path:
-        key = json.dumps([task, model_config, train_config], sort_keys=True)
+    def __call__(self, task: str, model_config: dict, train_config: dict, progress: bool = True,
+                 init_from: Path | None = None) -> Path:
+        key = json.dumps([task, model_config, train_config, str(init_from)], sort_keys=True)
         self.calls.append((task, key))
         out = self.root / f"ckpt-{abs(hash(key)) % 10**10}"
         out.mkdir(parents=True, exist_ok=True)
-        meta = {"task": task, "distill": task.endswith("_distilled"), **model_config}
+        if init_from is not None:
+            assert (Path(init_from) / "narbench.json").is_file(), "the warm-start source must be trained first"
+        meta = {"task": task, "distill": task.endswith("_distilled"), **model_config, "train_config": train_config,
+                "init_from": None if init_from is None else str(init_from)}
         (out / "narbench.json").write_text(json.dumps(meta))
         return out
 
 
 @dataclass
 class FakeDistiller:
-    calls: list[tuple[str, str]] = field(default_factory=list)
+    """Returns the distilled task's name and a fake ``distill.json`` record of the settings it got."""
 
-    def __call__(self, teacher_dir, task: str, beam_size: int = 5, **kwargs) -> str:
+    calls: list[tuple[str, str]] = field(default_factory=list)
+    settings: list[dict] = field(default_factory=list)
+
+    def __call__(self, teacher_dir, task: str, decoder: str = "beam:5", max_examples: int | None = None, *,
+                 seed: int = 0, progress: bool = True, **kwargs) -> tuple[str, dict]:
         assert (Path(teacher_dir) / "narbench.json").is_file(), "teacher must be trained first"
         self.calls.append((str(teacher_dir), task))
-        return f"{task}_distilled"
+        self.settings.append({"decoder": decoder, "max_examples": max_examples, "seed": seed, **kwargs})
+        record = {"task": task, "seed": seed, "examples": max_examples or 100, "teacher_decoder": decoder,
+                  "teacher_bleu": 42.0, "length_ratio": 0.98, "sentences_per_second": 50.0, "seconds": 2.0}
+        return f"{task}_distilled", record
+
+
+STEP_COST = {"ar": {"flops": 1e9, "seconds": 0.5}, "padir": {"flops": 2.5e9, "seconds": 0.8}}   # per step
+TOKENS_PER_STEP = 200
+
+
+def fake_train_record(checkpoint_dir) -> dict:
+    """The training record of a fake checkpoint: its steps at the family's fixed cost per step."""
+    meta = json.loads((Path(checkpoint_dir) / "narbench.json").read_text())
+    steps, cost = meta["train_config"]["steps"], STEP_COST.get(meta["family"], STEP_COST["padir"])
+    return {"steps_done": steps, "target_tokens": TOKENS_PER_STEP * steps, "train_seconds": cost["seconds"] * steps,
+            "train_flops": cost["flops"] * steps}
+
+
+def fake_train_curve(checkpoint_dir) -> list[dict]:
+    """Five points: AR's dev BLEU rises by 2 per fifth of training (still improving), the others' is flat."""
+    meta = json.loads((Path(checkpoint_dir) / "narbench.json").read_text())
+    steps, rising = meta["train_config"]["steps"], meta["family"] == "ar"
+    cost = STEP_COST.get(meta["family"], STEP_COST["padir"])["seconds"]
+    return [{"step": steps * k // 5 or 1, "seconds": cost * (steps * k // 5), "dev_nll": 4.0 - 0.1 * k,
+             "dev_bleu": 2.0 * k if rising else 3.0, "eval_seconds": 0.1} for k in range(1, 6)]
+
+
+@dataclass
+class FakeStepCost:
+    calls: list[tuple[str, str, str]] = field(default_factory=list)   # (match, task, family)
+
+    def __call__(self, match: str, task: str, model_config: dict, train_config: dict) -> float:
+        self.calls.append((match, task, model_config["family"]))
+        return STEP_COST[model_config["family"]][match]
 
 
 def fake_configs(spec, cell) -> tuple[dict, dict]:
@@ -154,5 +195,6 @@ def fake_deps(root: Path, factory: FakeFactory | None = None, n_sentences: int =
         return fake_text(n_sentences, seed=hash((task, split)) % 1000)
 
     deps = Deps(train=FakeTrainer(root), distill=FakeDistiller(), load_decoder=factory or FakeFactory(),
-                load_text=load_text, target_lang=lambda task: "en", configs=fake_configs)
+                load_text=load_text, target_lang=lambda task: "en", configs=fake_configs,
+                train_record=fake_train_record, train_curve=fake_train_curve, step_cost=FakeStepCost())
     return deps

@@ -18,8 +18,9 @@ def recorded(monkeypatch, tmp_path):
         calls["distill"].append((str(teacher), task, kwargs))
         return task
 
-    def train(task, model_config, train_config, out_dir=None, progress=True):
+    def train(task, model_config, train_config, out_dir=None, progress=True, init_from=None):
         calls["train"].append((task, model_config, train_config))
+        calls.setdefault("init_from", []).append(init_from)
         return tmp_path / f"ckpt-{len(calls['train'])}"
 
     monkeypatch.setattr("models.distill.distill_task", distill_task)
@@ -30,7 +31,8 @@ def recorded(monkeypatch, tmp_path):
 def test_distill_settings_come_from_the_suite_then_the_flags():
     assert cli_models.distill_settings() == DistillSpec()
     assert cli_models.distill_settings("smoke") == load_suite("smoke").distill
-    assert cli_models.distill_settings("smoke", max_examples=7, beam_size=None) == DistillSpec(2, 7, 0.6)
+    assert cli_models.distill_settings("smoke", max_examples=7, decoder=None) == DistillSpec("beam:2", 7, 0.6)
+    assert cli_models.distill_settings(decoder="greedy").decoder == "greedy"
 
 
 def test_train_distill_passes_the_suite_settings(recorded, tmp_path, capsys):
@@ -39,21 +41,40 @@ def test_train_distill_passes_the_suite_settings(recorded, tmp_path, capsys):
                  "--distill", "--suite", "smoke", "--teacher", str(teacher), "--unmask-rate", "0.3", "--quiet"])
     assert code == 0
     smoke = load_suite("smoke").distill
-    assert recorded["distill"] == [(str(teacher), "synthetic_d0", smoke.kwargs())]
+    assert recorded["distill"] == [(str(teacher), "synthetic_d0", {**smoke.kwargs(), "seed": 0})]
     (task, model, train), = recorded["train"]
     assert model.kind == "padir" and train.unmask_rate == 0.3 and train.steps == 3
 
 
 def test_train_distill_without_teacher_trains_the_ar_teacher_first(recorded, capsys):
     assert main(["train", "--task", "synthetic_d0", "--model", "padir", "--preset", "tiny", "--steps", "3",
-                 "--distill", "--distill-beam-size", "3", "--quiet"]) == 0
+                 "--distill", "--distill-decoder", "greedy", "--seed", "4", "--quiet"]) == 0
     assert [m.kind for _, m, _ in recorded["train"]] == ["ar", "padir"]
-    assert recorded["distill"][0][2] == DistillSpec(beam_size=3).kwargs()
+    assert recorded["train"][0][2].seed == 4                        # the teacher's seed draws the sample
+    assert recorded["distill"][0][2] == {**DistillSpec(decoder="greedy").kwargs(), "seed": 4}
+
+
+def test_train_warm_start_and_recipe(recorded, tmp_path, capsys):
+    source = tmp_path / "ar"
+    assert main(["train", "--task", "synthetic_d0", "--model", "padir", "--preset", "tiny", "--steps", "3",
+                 "--init", "ar", "--init-from", str(source), "--recipe", "first", "--quiet"]) == 0
+    (_, model, train), = recorded["train"]
+    assert recorded["init_from"] == [source]
+    assert not model.fixed_eos and not model.length_token and not train.stage_remask
+    assert main(["train", "--task", "synthetic_d0", "--model", "padir", "--preset", "tiny", "--steps", "3",
+                 "--init", "ar", "--quiet"]) == 0                        # the AR model trains first, then warms it
+    assert [m.kind for _, m, _ in recorded["train"][1:]] == ["ar", "padir"]
+    assert recorded["init_from"] == [source, None, tmp_path / "ckpt-2"]     # the AR checkpoint it just trained
+    _, model, train = recorded["train"][-1]
+    assert model.fixed_eos and model.length_token and train.stage_remask     # the reference recipe by default
 
 
 @pytest.mark.parametrize("argv, message", [
     (["--model", "ar", "--unmask-rate", "0.3"], "do not apply to AR models"),
     (["--model", "padir", "--suite", "smoke"], "only apply with --distill"),
+    (["--model", "padir", "--init-from", "x"], "--init-from only applies with --init ar"),
+    (["--model", "padir", "--distill-decoder", "greedy"], "only apply with --distill"),
+    (["--model", "padir", "--distill", "--distill-decoder", "refine:4"], "--distill-decoder must be greedy or beam:K"),
 ])
 def test_train_flag_errors(recorded, capsys, argv, message):
     assert main(["train", "--task", "synthetic_d0", "--preset", "tiny", *argv]) == 2

@@ -61,10 +61,10 @@ def test_ablation_expansion_trains_each_model_once():
 def test_padir_names_follow_design(tmp_path):
     path = tmp_path / "names.toml"
     path.write_text(SPEC.replace("length_hyps = [3]", 'length_hyps = [5, 3]\nremask = ["mask-predict"]\n'
-                                 'init = ["mask"]\npositional_attention = [false]\nstages = [1]\nunmask_rate = [0.5]'))
+                                 'start = ["mask"]\npositional_attention = [false]\nstages = [1]\nunmask_rate = [0.5]'))
     names = {s.name for s in expand(load_spec(path)).systems}
-    assert {"padir-s4-u0.5-distill-remask-mask-predict-init-mask-nopos-st1",
-            "padir-s1-u0.5-k3-remask-mask-predict-init-mask-nopos-st1"} <= names
+    assert {"padir-s4-u0.5-distill-remask-mask-predict-start-mask-nopos-st1",
+            "padir-s1-u0.5-k3-remask-mask-predict-start-mask-nopos-st1"} <= names
     assert "padir-s4-u0.15-distill" in {s.name for s in expand(load_spec("default")).systems}
 
 
@@ -181,3 +181,50 @@ def test_multi_ref_without_extra_references_is_a_user_error(tmp_path, spec):
     deps.load_text = lambda task, split: (["a b"], [["A B"]])
     with pytest.raises(UserError, match="no extra references"):
         Runner(spec, deps, new_store(tmp_path, spec), progress=False).run()
+
+
+RECORD_FIELDS = ("examples", "teacher_decoder", "teacher_bleu", "length_ratio", "sentences_per_second", "seconds")
+
+
+def test_run_folder_gets_the_distillation_record(tmp_path, spec):
+    deps = fake_deps(tmp_path / "ckpt")
+    run = new_store(tmp_path, spec)
+    Runner(spec, deps, run, progress=False).run()
+    # The suite's [distill] settings and its seed reach the distiller; its record is copied verbatim.
+    assert deps.distill.settings == [{**spec.distill.kwargs(), "seed": 0}]
+    record = json.loads((run.path / st.DISTILL).read_text())
+    assert record["task"] == "fake_task" and record["teacher_decoder"] == spec.distill.decoder
+    assert set(RECORD_FIELDS) <= set(record)
+
+
+def test_several_distillations_are_keyed_by_task_and_seed(tmp_path):
+    path = tmp_path / "seeds.toml"
+    path.write_text(SPEC.replace("seeds = [0]", "seeds = [0, 3]"))
+    spec = load_spec(path)
+    deps = fake_deps(tmp_path / "ckpt")
+    run = new_store(tmp_path, spec)
+    Runner(spec, deps, run, progress=False).run()
+    records = json.loads((run.path / st.DISTILL).read_text())
+    assert sorted(records) == ["fake_task-seed0", "fake_task-seed3"]
+    assert [records[k]["seed"] for k in sorted(records)] == [0, 3]
+    assert all(set(RECORD_FIELDS) <= set(r) for r in records.values())
+
+
+def test_warm_started_cells_train_after_their_source(tmp_path):
+    path = tmp_path / "warm.toml"
+    path.write_text(SPEC.replace("length_hyps = [3]", 'length_hyps = [3]\ninit = ["random", "ar"]\n'
+                                 'recipe = ["reference", "first"]'))
+    spec = load_spec(path)
+    plan = expand(spec)
+    warm = [c for c in plan.train_cells if c.warm_start is not None]
+    assert len(warm) == 4 and all(c.warm_start == plan.train_cells[0] for c in warm)   # the AR cell
+    names = {s.name for s in plan.systems}
+    assert {"padir-s1-u0.15-k3-init-ar", "padir-s4-u0.15-distill-k3-init-ar-recipe-first"} <= names
+    deps = fake_deps(tmp_path / "ckpt")
+    run = new_store(tmp_path, spec)
+    Runner(spec, deps, run, progress=False).run()
+    rows = {r.system: r for r in run.rows()}
+    assert rows["padir-s1-u0.15-k3-init-ar"].init == "ar" and rows["padir-s1-u0.15-k3"].init == "random"
+    assert rows["padir-s1-u0.15-k3"].recipe == "reference"
+    assert len(deps.train.calls) == 1 + 8                 # the AR model, then 2 x 2 x 2 PaDIR models
+    assert verify_run(run.path) == []

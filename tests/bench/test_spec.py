@@ -110,6 +110,11 @@ def test_test_set_syntax(tmp_path):
     ("steps = [1, 2]", 'steps = [1, 2]\n[ar]\ndecoders = ["beam:5"]', 'x.toml: ar.decoders: must include "greedy"'),
     ("steps = [1, 2]", 'steps = [1, 2]\n[ar]\ndecoders = ["greedy", "beam:0"]', "x.toml: ar.decoders: expected"),
     ("steps = [1, 2]", 'steps = [1, 2]\n[timing]\nphase = "wall"', "x.toml: timing.phase: expected one of end_to_end, device"),
+    ("steps = [1, 2]", 'steps = [1, 2]\n[distill]\ndecoder = "refine:4"',
+     'x.toml: distill.decoder: expected "greedy" or "beam:K" (K >= 1), got "refine:4"'),
+    ("steps = [1, 2]", 'steps = [1, 2]\n[distill]\ndecoder = "beam:0"', "x.toml: distill.decoder: expected"),
+    ("steps = [1, 2]", 'steps = [1, 2]\n[distill]\ndecoder = 5', "x.toml: distill.decoder: expected"),
+    ("steps = [1, 2]", 'steps = [1, 2]\n[distill]\ndecoder = "greedy"\nbeam_size = 5', "x.toml: distill.beam_size: give decoder only"),
 ])
 def test_bad_values_name_the_key(tmp_path, old, new, message):
     assert old in GOOD
@@ -119,6 +124,15 @@ def test_bad_values_name_the_key(tmp_path, old, new, message):
     text = str(err.value)
     assert text.startswith(str(tmp_path)) and message in text, text
     assert "\n" not in text
+
+
+def test_distill_decoder(tmp_path):
+    assert load_spec(write(tmp_path, GOOD)).distill.decoder == "beam:5"                 # the shared default
+    spec = load_spec(write(tmp_path, GOOD + '\n[distill]\ndecoder = "greedy"\nmax_examples = 9\n'))
+    assert spec.distill.kwargs() == {"decoder": "greedy", "max_examples": 9, "length_penalty": 0.6}
+    # `beam_size = K` (the spec.toml of runs before `decoder`) still reads as beam:K.
+    assert load_spec(write(tmp_path, GOOD + "\n[distill]\nbeam_size = 3\n")).distill.decoder == "beam:3"
+    assert load_spec("smoke").distill.decoder == "beam:2" and load_spec("default").distill.decoder == "beam:5"
 
 
 def test_missing_sections(tmp_path):

@@ -62,10 +62,10 @@ def test_warmed_batch_size_pads_small_batches(ar_greedy):
     assert len(ar_greedy.finish(ar_greedy.run(prepared), prepared).hypotheses) == 3
 
 
-@pytest.mark.parametrize("remask,init", [("stutter", "random"), ("mask-predict", "mask")])
-def test_padir_refine_roundtrip(padir_config, padir_params, tiny_vocab, remask, init):
+@pytest.mark.parametrize("remask,start", [("stutter", "random"), ("mask-predict", "mask")])
+def test_padir_refine_roundtrip(padir_config, padir_params, tiny_vocab, remask, start):
     dec = decoders.make_decoder(padir_config, padir_params, tiny_vocab, "refine:3", length_hyps=2,
-                                remask=remask, init=init, **OPTS)
+                                remask=remask, start=start, **OPTS)
     assert dec.parsed.k == 3 and dec.length_hyps == 2 and dec.remask == remask
     warm = dec.warmup_inputs(1)
     assert {w.target_bucket for w in warm} == {16}

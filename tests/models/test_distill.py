@@ -1,10 +1,14 @@
-"""Distillation end to end on a registered task: a (briefly trained) tiny AR teacher trained through
-the real data pipeline beam-decodes training sources into a cached, resumable TSV exposed as
-``<task>_distilled``, on which PaDIR then trains."""
+"""Distillation: a seeded sample across the training split with a held-aside slice (pure), the cache
+key, and end to end on a registered task: a (briefly trained) tiny AR teacher trained through the real
+data pipeline decodes the sample into a cached, resumable TSV exposed as ``<task>_distilled`` with its
+``distill.json`` record, on which PaDIR then trains."""
 from __future__ import annotations
 
+import json
+import math
 import shutil
 
+import numpy as np
 import pytest
 
 from narbench_core.errors import UserError
@@ -29,58 +33,116 @@ def teacher(tmp_path_factory):
     return out
 
 
+def test_sample_is_seeded_spans_the_split_and_holds_a_slice_aside():
+    n = 1000
+    picked, held = distill.sample_indices(n, 50, 20, seed=0)
+    assert len(picked) == 50 and len(held) == 20 and not set(picked) & set(held)
+    assert list(picked) == sorted(picked) and list(held) == sorted(held)
+    # Not a prefix: every quarter of the split (for the Bible: its books in canonical order) is drawn from.
+    assert all(((picked >= q * n // 4) & (picked < (q + 1) * n // 4)).any() for q in range(4))
+    again, held_again = distill.sample_indices(n, 50, 20, seed=0)
+    assert np.array_equal(again, picked) and np.array_equal(held_again, held)
+    other, other_held = distill.sample_indices(n, 50, 20, seed=1)
+    assert not np.array_equal(other, picked) and not np.array_equal(other_held, held)
+    # By default (and when asked for more than there is) all but the held-aside slice.
+    everything, held = distill.sample_indices(n, None, 20, seed=0)
+    assert len(everything) == n - 20 and sorted(set(everything) | set(held)) == list(range(n))
+    assert np.array_equal(distill.sample_indices(n, 5000, 20, seed=0)[0], everything)
+    with pytest.raises(UserError, match="not more than the 20 held aside"):
+        distill.sample_indices(20, None, 20, seed=0)
+
+
+def test_cache_key_covers_decoder_sample_and_seed(tmp_path):
+    checkpoint.write_meta(tmp_path, {"kind": "ar", "complete": True, "task": TASK, "steps_done": 3})
+    base = distill.distill_dir_for(tmp_path, TASK, "beam:5", 100, seed=0)
+    assert base.name.startswith(f"{TASK}-")
+    assert distill.distill_dir_for(tmp_path, TASK, "beam:05", 100, seed=0) == base       # canonical form
+    changed = [distill.distill_dir_for(tmp_path, TASK, "greedy", 100, seed=0),
+               distill.distill_dir_for(tmp_path, TASK, "beam:4", 100, seed=0),
+               distill.distill_dir_for(tmp_path, TASK, "beam:5", 200, seed=0),
+               distill.distill_dir_for(tmp_path, TASK, "beam:5", None, seed=0),
+               distill.distill_dir_for(tmp_path, TASK, "beam:5", 100, seed=1),
+               distill.distill_dir_for(tmp_path, TASK, "beam:5", 100, seed=0, heldout=10),
+               distill.distill_dir_for(tmp_path, TASK, "beam:5", 100, seed=0, length_penalty=1.0),
+               distill.distill_dir_for(tmp_path, "synthetic_d50", "beam:5", 100, seed=0)]
+    assert len({base, *changed}) == 1 + len(changed)
+    checkpoint.write_meta(tmp_path, {"kind": "ar", "complete": True, "task": TASK, "steps_done": 4})
+    assert distill.distill_dir_for(tmp_path, TASK, "beam:5", 100, seed=0) != base       # another teacher
+    for bad in ("refine:4", "sampling", "beam:0"):
+        with pytest.raises(UserError, match="greedy\" or \"beam:K"):
+            distill.distill_dir_for(tmp_path, TASK, bad)
+
+
 @pytest.mark.slow
-def test_distill_caches_resumes_and_registers(teacher, monkeypatch):
+def test_distill_samples_records_caches_resumes_and_registers(teacher, monkeypatch):
     from suites import tasks
 
-    n = 20
-    shutil.rmtree(distill.distill_dir_for(teacher, TASK, beam_size=2, max_examples=n), ignore_errors=True)
-    name = distill.distill_task(teacher, TASK, beam_size=2, batch_size=4, max_examples=n,
-                                chunk_size=8, progress=False)
-    assert name == f"{TASK}_distilled"
-    folder = distill.distill_dir_for(teacher, TASK, beam_size=2, max_examples=n)
-    lines = (folder / distill.TSV_NAME).read_text(encoding="utf-8").splitlines()
-    sources, _ = tasks.load_text(TASK, "train")
-    assert [line.split("\t")[0] for line in lines] == sources[:n]   # the split's order
-    dist_sources, dist_refs = tasks.load_text(name, "train")
-    assert dist_sources == sources[:n] and dist_refs[0] == [line.split("\t")[1] for line in lines]
-    assert tasks.load_text(name, "test") == tasks.load_text(TASK, "test")
+    n, held_n = 20, 16
+    settings = dict(decoder="beam:2", max_examples=n, seed=0, heldout=held_n)
+    run = dict(settings, batch_size=4, chunk_size=8, progress=False)
+    shutil.rmtree(distill.distill_dir_for(teacher, TASK, **settings), ignore_errors=True)
+    done = distill.distill(teacher, TASK, **run)
+    assert done.task == f"{TASK}_distilled" and done.folder == distill.distill_dir_for(teacher, TASK, **settings)
+    sources, refs = tasks.load_text(TASK, "train")
+    picked, held = distill.sample_indices(len(sources), n, held_n, 0)
+    lines = (done.folder / distill.TSV_NAME).read_text(encoding="utf-8").splitlines()
+    assert [line.split("\t")[0] for line in lines] == [sources[i] for i in picked]   # the sample, in the split's order
+    assert not {sources[i] for i in held} & {line.split("\t")[0] for line in lines}  # held aside: not distilled
+    dist_sources, dist_refs = tasks.load_text(done.task, "train")
+    assert dist_sources == [sources[i] for i in picked] and dist_refs[0] == [line.split("\t")[1] for line in lines]
+    assert tasks.load_text(done.task, "test") == tasks.load_text(TASK, "test")
+
+    # The record: written with the TSV, every field plausible.
+    record = json.loads((done.folder / distill.RECORD_NAME).read_text())
+    assert record == done.record and set(distill.RECORD_FIELDS) <= set(record)
+    assert record["examples"] == n and record["teacher_decoder"] == "beam:2" and record["heldout"] == held_n
+    assert 0.0 <= record["teacher_bleu"] <= 100.0 and record["bleu_tokenize"] == "13a"
+    words = lambda texts: sum(len(t.split()) for t in texts)  # noqa: E731
+    assert record["length_ratio"] == pytest.approx(words(dist_refs[0]) / words([refs[0][i] for i in picked]))
+    assert record["sentences_per_second"] > 0 and math.isfinite(record["sentences_per_second"])
+    assert record["seconds"] >= n / record["sentences_per_second"]      # decoding is part of the wall time
 
     # Cached: a second call decodes nothing.
     import models.decoders
     monkeypatch.setattr(models.decoders, "load_decoder", lambda *a, **k: pytest.fail("decoded again"))
-    assert distill.distill_task(teacher, TASK, beam_size=2, batch_size=4, max_examples=n,
-                                chunk_size=8, progress=False) == name
+    assert distill.distill_task(teacher, TASK, **run) == done.task
     monkeypatch.undo()
 
-    # Resumable: with one finished chunk on disk only the missing ones are decoded.
-    (folder / distill.TSV_NAME).unlink()
-    decoded = []
+    # Resumable: with one finished chunk (and its time) on disk only the missing ones are decoded, then
+    # the held-aside slice with the same teacher decoder; the record counts the earlier run's time.
+    (done.folder / distill.TSV_NAME).unlink()
+    (done.folder / distill.RECORD_NAME).unlink()
+    decoded, specs = [], []
     real = models.decoders.load_decoder
 
-    def counting(*args, **kwargs):
-        dec = real(*args, **kwargs)
+    def counting(checkpoint_dir, spec, **kwargs):
+        specs.append(spec)
+        dec = real(checkpoint_dir, spec, **kwargs)
         prepare = dec.prepare
         dec.prepare = lambda batch: decoded.extend(batch) or prepare(batch)
         return dec
     monkeypatch.setattr(models.decoders, "load_decoder", counting)
-    part = folder / "part-00000.tsv"
-    part.write_text("".join(f"{i}\tx\tcached {i}\n" for i in sorted(
-        sorted(range(n), key=lambda i: len(sources[i]))[:8])), encoding="utf-8")
-    distill.distill_task(teacher, TASK, beam_size=2, batch_size=4, max_examples=n, chunk_size=8,
-                         progress=False)
-    assert len(decoded) == n - 8
+    first = picked[np.argsort([len(sources[i]) for i in picked], kind="stable")][:8]
+    (done.folder / "part-00000.tsv").write_text("".join(f"{i}\tx\tcached {i}\n" for i in first), encoding="utf-8")
+    (done.folder / distill.TIMING_NAME).write_text(json.dumps({"decoded": 8, "decode_seconds": 1000.0,
+                                                               "seconds": 2000.0}))
+    resumed = distill.distill(teacher, TASK, **run)
+    assert specs == ["beam:2"]
+    assert len(decoded) == n - 8 + held_n and set(decoded[n - 8:]) == {sources[i] for i in held}
     assert sum(line.split("\t")[1].startswith("cached ") for line in
-               (folder / distill.TSV_NAME).read_text(encoding="utf-8").splitlines()) == 8
+               (done.folder / distill.TSV_NAME).read_text(encoding="utf-8").splitlines()) == 8
+    assert resumed.record["seconds"] > 2000.0 and resumed.record["sentences_per_second"] < n / 1000.0
+    assert resumed.record["teacher_bleu"] == record["teacher_bleu"]
+    assert not list(done.folder.glob("part-*")) and not (done.folder / distill.TIMING_NAME).exists()
     monkeypatch.undo()
 
     # PaDIR trains on the distilled task through the same pipeline.
     config = preset("tiny", kind="padir", vocab_size=tasks.get_vocabulary(TASK).vocab_size)
     cfg = TrainConfig(steps=2, batch_tokens=512, warmup_steps=1)
-    shutil.rmtree(checkpoint_dir_for(name, config, cfg), ignore_errors=True)
-    out = train(name, config, cfg, progress=False)
+    shutil.rmtree(checkpoint_dir_for(done.task, config, cfg), ignore_errors=True)
+    out = train(done.task, config, cfg, progress=False)
     meta = checkpoint.read_meta(out)
-    assert meta["complete"] and meta["task"] == name and meta["batching"]["examples"] == n
+    assert meta["complete"] and meta["task"] == done.task and meta["batching"]["examples"] == n
 
 
 def test_teacher_must_be_a_finished_ar_checkpoint(tmp_path):

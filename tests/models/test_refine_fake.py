@@ -92,7 +92,7 @@ def test_stutter_remask_feeds_masks_to_the_next_pass():
         return jax.nn.one_hot(jnp.array([[5, 5, 5, 6, 1]]), V) * 5.0
     start = jnp.array([[4, 4, 4, 4, 4]])
     out = refine.iterative_refinement(fn, start, jnp.ones((1, 5), jnp.int32), 3, jax.random.key(0),
-                                      remask="stutter", init="mask")
+                                      remask="stutter", start="mask")
     np.testing.assert_array_equal(seen[1], [[5, 3, 3, 6, 1]])
     assert int(out.passes[0]) == 2
 

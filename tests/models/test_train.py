@@ -43,8 +43,8 @@ def toy_config(steps: int, **changes) -> TrainConfig:
     return TrainConfig(**{**base, **changes})
 
 
-def tiny(kind: str):
-    return preset("tiny", kind=kind, vocab_size=VOCAB, dropout_rate=0.0)
+def tiny(kind: str, **changes):
+    return preset("tiny", kind=kind, vocab_size=VOCAB, dropout_rate=0.0, **changes)
 
 
 def exact_match(ckpt_dir, mode: str) -> float:
@@ -62,7 +62,8 @@ def exact_match(ckpt_dir, mode: str) -> float:
         lengths = refine.top_k_lengths(model.apply(variables, encoded, x, method="predict_length"), 1, MAX_LEN)
         refine_fn = lambda tok, mask: model.apply(variables, encoded, x, tok, mask, method="refine")
         out = jax.jit(lambda: refine.refine_length_hypotheses(
-            refine_fn, lengths, MAX_LEN, 4, jax.random.PRNGKey(0), remask="none", vocab_size=VOCAB).tokens)()
+            refine_fn, lengths, MAX_LEN, 4, jax.random.PRNGKey(0), remask="none", vocab_size=VOCAB,
+            fixed_eos=config.fixed_eos).tokens)()
     out = np.asarray(out)[:, :MAX_LEN]
     return float(np.mean([(out[i] == y[i]).all() for i in range(len(y))]))
 
@@ -81,9 +82,13 @@ def test_ar_learns_reversal(tmp_path):
 
 
 @pytest.mark.slow
-def test_padir_learns_copy(tmp_path):
+@pytest.mark.parametrize("recipe", ["first", "reference"])
+def test_padir_learns_copy(tmp_path, recipe):
+    """Both the first recipe and the reference one (fixed EOS, [LENGTH] query, stage-2 remasking)."""
     data = TokenPairs.from_lists(*toy_pairs(4000, "copy", seed=0))
-    out = train("toy_copy", tiny("padir"), toy_config(400), tmp_path / "padir", progress=False, data=data)
+    ref = recipe == "reference"
+    config = tiny("padir", fixed_eos=ref, length_token=ref)
+    out = train("toy_copy", config, toy_config(400, stage_remask=ref), tmp_path / "padir", progress=False, data=data)
     assert exact_match(out, "copy") >= 0.95
     meta = checkpoint.read_meta(out)
     assert meta["last_metrics"]["length_accuracy"] > 0.9

@@ -40,7 +40,7 @@ def test_pairs_and_bookkeeping(analysed):
     assert info["total_pairs"] == stats.stutter.size >= info["sentences"]
     assert info["stutter_pairs"] == int(stats.stutter.sum())
     assert 0.0 <= info["converged_share"] <= 1.0 and 1.0 <= info["passes_mean"] <= 2.0
-    assert (info["steps"], info["length_hyps"], info["remask"], info["init"], info["seed"]) == (2, 2, "none",
+    assert (info["steps"], info["length_hyps"], info["remask"], info["start"], info["seed"]) == (2, 2, "none",
                                                                                                 "random", 0)
     heads = 4
     assert stats.self_scores.shape == (info["total_pairs"], 2, heads)
@@ -91,7 +91,7 @@ def test_cli_attention_from_a_run_folder(tmp_path):
 
     row = Row({**{c.name: None for c in columns()}, "schema_version": SCHEMA_VERSION, "family": "padir",
                "paradigm": "nar", "system": "padir-s2", "test_set": "test", "checkpoint": str(ckpt), "steps": 2,
-               "decoder": "refine:2", "decoder_options": {"length_hyps": 2, "remask": "stutter", "init": "random",
+               "decoder": "refine:2", "decoder_options": {"length_hyps": 2, "remask": "stutter", "start": "random",
                                                           "seed": 0}})
     (run / "rows.jsonl").write_text(json.dumps(dict(row)) + "\n")
     (run / "samples.jsonl").write_text("".join(
@@ -120,7 +120,7 @@ def test_job_from_run_picks_most_steps_then_best_bleu(tmp_path):
                          "family": "padir" if nar else "ar", "paradigm": "nar" if nar else "ar",
                          "test_set": test_set, "checkpoint": checkpoint, "steps": steps, "bleu": bleu,
                          "decoder": f"refine:{steps}" if nar else "greedy",
-                         "decoder_options": {"length_hyps": 5, "remask": "stutter", "init": "random", "seed": 0}}))
+                         "decoder_options": {"length_hyps": 5, "remask": "stutter", "start": "random", "seed": 0}}))
 
     rows = [row("ar-greedy", "test", "ar", None, 30.0), row("padir-s4", "test", "c4", 4, 9.0),
             row("padir-s10", "test", "c10", 10, 1.5), row("padir-s10-distill", "test", "c10d", 10, 2.9),

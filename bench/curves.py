@@ -1,0 +1,44 @@
+"""Learning curves in a run folder: ``curves.jsonl`` and the "still improving" rule.
+
+Every trained model's checkpoint folder holds its curve (``models.curves``: dev NLL and dev BLEU at
+regular training steps); the grid copies it into the run folder's ``curves.jsonl``, one record per
+point: ``model`` (the training cell's label, also the rows' ``model`` column), ``family``, ``step``,
+``seconds`` (training seconds so far), ``dev_nll``, ``dev_bleu``. ``bench.report`` draws
+``learning_curves.png`` from it.
+"""
+from __future__ import annotations
+
+from typing import Any, Iterable, Mapping
+
+from narbench_core import defaults
+
+FIELDS = ("model", "family", "step", "seconds", "dev_nll", "dev_bleu")
+
+
+def records(model: str, family: str, points: Iterable[Mapping[str, Any]]) -> list[dict]:
+    """The run-folder records of one model's curve points, by step."""
+    return [{"model": model, "family": family, "step": int(p["step"]), "seconds": float(p["seconds"]),
+             "dev_nll": float(p["dev_nll"]), "dev_bleu": float(p["dev_bleu"])}
+            for p in sorted(points, key=lambda p: p["step"])]
+
+
+def still_improving(points: Iterable[Mapping[str, Any]], rise: float = defaults.CURVE_RISE,
+                    tail: float = defaults.CURVE_TAIL) -> bool | None:
+    """Did dev BLEU rise by more than ``rise`` over the last ``tail`` share of training (by steps)?
+
+    The rise is the last point's BLEU minus the BLEU at step ``(1 - tail) x`` the last point's step
+    (linearly interpolated between the points around it). None when the curve does not reach back
+    that far (no point at or before that step), or has no points.
+    """
+    pts = sorted((int(p["step"]), float(p["dev_bleu"])) for p in points)
+    if not pts:
+        return None
+    last_step, last_bleu = pts[-1]
+    at = (1.0 - tail) * last_step
+    if at < pts[0][0]:
+        return None
+    for (s0, b0), (s1, b1) in zip(pts, pts[1:]):
+        if s0 <= at <= s1:
+            start = b0 if s1 == s0 else b0 + (b1 - b0) * (at - s0) / (s1 - s0)
+            return last_bleu - start > rise
+    return False                       # one point (at == its step): no rise

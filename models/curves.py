@@ -1,0 +1,137 @@
+"""Learning curves: dev NLL and dev BLEU of a model while it trains.
+
+``models.train.train`` evaluates every ``TrainConfig.eval_every`` steps and at its last step with a
+``DevEvaluator`` on a ``DevSet`` (by default ``CURVE_SENTENCES`` dev sentences of the task, a sample
+seeded by ``DEV_SEED``, so every model of a suite is scored on the same sentences), and appends a
+point to ``curve.jsonl`` in the checkpoint folder::
+
+    {"step": 300, "seconds": 181.2, "dev_nll": 3.91, "dev_bleu": 7.4, "eval_seconds": 6.3}
+
+``seconds`` is the training time so far (``train_seconds`` of ``narbench.json``: evaluation time is
+not in it; ``eval_seconds`` is the point's own). A resumed training keeps the points up to the step it
+resumes from. ``dev_nll``: the training loss's token NLL (mean per target token, no label smoothing,
+no dropout; PaDIR: its last stage, on seeded training noise). ``dev_bleu``: SacreBLEU (tokenizer
+``13a``, ``zh`` for Chinese targets) of the decoder in ``CURVE_DECODERS`` against the task's own
+references, decoder options at their defaults.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import jax
+import numpy as np
+
+from narbench_core import defaults
+from narbench_core.errors import UserError
+from narbench_core.io import read_jsonl, write_jsonl
+from narbench_core.tokens import EOS_ID
+
+CURVE_FILE = "curve.jsonl"
+DEV_SEED = 0                         # the dev sample, the NLL noise and PaDIR's decoding seed
+EVAL_BATCH = 32                      # sentences per evaluation batch (NLL and decoding)
+CURVE_DECODERS = {"ar": "greedy", "padir": f"refine:{defaults.CURVE_REFINE_STEPS}"}   # model kind -> decoder
+
+
+@dataclass(frozen=True)
+class DevSet:
+    """The dev sentences a curve is measured on."""
+
+    sources: tuple[str, ...]
+    references: tuple[str, ...]      # one reference per source (the task's own)
+    vocab: Any                       # the SentencePiece vocabulary the model was trained with
+    tokenize: str = "13a"            # SacreBLEU tokenizer: "zh" for Chinese targets
+
+    def __post_init__(self):
+        if not self.sources or len(self.sources) != len(self.references):
+            raise UserError(f"a dev set needs sources with one reference each, got {len(self.sources)} sources "
+                            f"and {len(self.references)} references")
+
+
+def dev_set(task: str, n: int = defaults.CURVE_SENTENCES, seed: int = DEV_SEED) -> DevSet:
+    """``n`` sentences of the dev split of ``task`` (of its source task if distilled), seeded."""
+    from suites import tasks
+
+    base = tasks.source_task(task)
+    sources, references = tasks.load_text(base, "dev")
+    if not sources:
+        raise UserError(f"task {base} has an empty dev split; learning curves need one (check `narbench tasks`)")
+    idx = np.arange(len(sources))
+    if n < len(sources):
+        idx = np.sort(np.random.default_rng(seed).choice(len(sources), size=n, replace=False))
+    return DevSet(tuple(sources[i] for i in idx), tuple(references[0][i] for i in idx),
+                  tasks.get_vocabulary(base), tasks.bleu_tokenizer(tasks.task_info(base).target_lang))
+
+
+class DevEvaluator:
+    """Scores parameters of one model on a ``DevSet``; compiles once per training (the decoder and
+    the NLL function are built on first use and reused with new parameters)."""
+
+    def __init__(self, model_config, train_config, dev: DevSet, seed: int = DEV_SEED):
+        from models.batching import BucketedBatches, TokenPairs
+        from models.train import build_model, loss_fn
+
+        if model_config.kind not in CURVE_DECODERS:
+            raise UserError(f"no learning-curve decoder for {model_config.kind} models")
+        self.model_config, self.dev, self.seed = model_config, dev, seed
+        # No dropout: the same parameters, a model built with rate 0.
+        quiet = model_config.replace(dropout_rate=0.0)
+        loss = loss_fn(quiet, train_config.replace(label_smoothing=0.0), build_model(quiet))
+        self._nll = jax.jit(lambda params, batch, rng: loss(params, batch, rng)[1])
+        inputs = [list(dev.vocab.encode(s)) + [EOS_ID] for s in dev.sources]
+        targets = [list(dev.vocab.encode(r)) + [EOS_ID] for r in dev.references]
+        limit = train_config.max_length
+        longest = min(limit, max(max(len(x), len(y)) for x, y in zip(inputs, targets)))
+        length = min([b for b in train_config.buckets if b >= longest] + [limit])
+        # One bucket, EVAL_BATCH rows: one compiled shape; truncation as in training.
+        batches = BucketedBatches(TokenPairs.from_lists(inputs, targets), EVAL_BATCH * length, length,
+                                  (length,), seed)
+        self._batches = [batches.batch(i) for i in range(batches.batches_per_epoch)]
+        self._decoder = None
+
+    def nll(self, params) -> float:
+        """Mean token NLL over the dev set."""
+        total, tokens = 0.0, 0.0
+        for i, batch in enumerate(self._batches):
+            m = self._nll(params, batch, jax.random.fold_in(jax.random.PRNGKey(self.seed), i))
+            n = float(m["target_tokens"])
+            total, tokens = total + float(m["nll"]) * n, tokens + n
+        return total / max(tokens, 1.0)
+
+    def hypotheses(self, params) -> list[str]:
+        from models.decoders import make_decoder
+
+        spec = CURVE_DECODERS[self.model_config.kind]
+        if self._decoder is None:
+            options = {"seed": self.seed} if spec.startswith("refine") else {}
+            self._decoder = make_decoder(self.model_config, params, self.dev.vocab, spec, name="dev", **options)
+            self._decoder.warmup_inputs(EVAL_BATCH)   # fixes the batch size: the last batch pads up to it
+        # Parameters are arguments of the decoder's jitted functions: new ones reuse its compilations.
+        self._decoder.params = jax.device_put(params)
+        out = []
+        try:
+            for start in range(0, len(self.dev.sources), EVAL_BATCH):
+                prepared = self._decoder.prepare(list(self.dev.sources[start:start + EVAL_BATCH]))
+                out.extend(self._decoder.finish(self._decoder.run(prepared), prepared).hypotheses)
+        finally:
+            self._decoder.params = None     # the training step donates these buffers next
+        return out
+
+    def bleu(self, hypotheses: Sequence[str]) -> float:
+        import sacrebleu
+
+        return float(sacrebleu.corpus_bleu(list(hypotheses), [list(self.dev.references)],
+                                           tokenize=self.dev.tokenize).score)
+
+    def __call__(self, params) -> dict[str, float]:
+        return {"dev_nll": self.nll(params), "dev_bleu": self.bleu(self.hypotheses(params))}
+
+
+def read_curve(ckpt_dir: str | Path) -> list[dict]:
+    """The points of a checkpoint folder's ``curve.jsonl`` ([] without one), by step."""
+    return sorted(read_jsonl(Path(ckpt_dir) / CURVE_FILE), key=lambda p: p["step"])
+
+
+def write_curve(ckpt_dir: str | Path, points: list[dict]) -> None:
+    write_jsonl(Path(ckpt_dir) / CURVE_FILE, points)

@@ -1,0 +1,190 @@
+"""Training budgets and learning curves on fakes: rows carry each model's budget, the run folder gets
+curves.jsonl, a `match` budget resolves its steps from the AR model's record, the rule and the report."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from bench import curves, report, store as st
+from bench.costs import MachinePeaks
+from bench.families import load_suite
+from bench.grid import Runner, expand
+from bench.rows import CORE, SCHEMA_VERSION, Row
+from grid_fakes import STEP_COST, TOKENS_PER_STEP, FakeStepCost, fake_deps, fake_row, fake_spec
+from narbench_core.errors import UserError
+
+SPEC = fake_spec("budgets", test=["test"], ar_decoders=["greedy"], padir_steps=[2], max_test_sentences=10)
+
+
+@pytest.fixture(autouse=True)
+def fixed_peaks(monkeypatch):
+    monkeypatch.setattr("bench.costs.machine_peaks", lambda: MachinePeaks("t", 1e11, 1e10, "x", 8, 8))
+
+
+def load(tmp_path, text: str, name: str = "budgets.toml"):
+    path = tmp_path / name
+    path.write_text(text)
+    return load_suite(path)
+
+
+def run(tmp_path, spec, deps=None):
+    store, _ = st.open_run(tmp_path / "results", spec.name, spec.spec_hash(), spec.to_toml(), "narbench run")
+    deps = deps or fake_deps(tmp_path / "ckpt")
+    Runner(spec, deps, store, progress=False).run()
+    return store, deps
+
+
+def models(spec) -> tuple[str, str, str]:
+    """The labels of the AR model, the PaDIR one and the distilled PaDIR one."""
+    cells = expand(spec).train_cells
+    pick = lambda family, distilled: next(c.label for c in cells  # noqa: E731
+                                          if c.family == family and (c.teacher is not None) == distilled)
+    return pick("ar", False), pick("padir", False), pick("padir", True)
+
+
+def padir_calls(deps) -> list[dict]:
+    return [json.loads(key)[2] for task, key in deps.train.calls if json.loads(key)[1]["family"] == "padir"]
+
+
+def test_rows_carry_the_budget_of_their_model_and_the_run_gets_curves(tmp_path):
+    spec = load(tmp_path, SPEC)
+    AR_MODEL, PADIR_MODEL, DISTILLED_MODEL = models(spec)
+    store, _ = run(tmp_path, spec)
+    rows = {r.system: r for r in store.rows()}
+    ar, padir, distilled = rows["ar-greedy"], rows["padir-s2-u0.15"], rows["padir-s2-u0.15-distill"]
+    assert (ar.model, ar.train_steps, ar.train_tokens) == (AR_MODEL, 5, 5 * TOKENS_PER_STEP)
+    assert (ar.train_seconds, ar.train_flops) == (5 * STEP_COST["ar"]["seconds"], 5 * STEP_COST["ar"]["flops"])
+    assert padir.train_flops == 5 * STEP_COST["padir"]["flops"] and padir.model == PADIR_MODEL
+    assert ar.distill_seconds is None and padir.distill_seconds is None
+    assert distilled.distill_seconds == 2.0 and distilled.model == DISTILLED_MODEL
+    # The fake AR curve rises by 2 BLEU per fifth, the PaDIR ones are flat.
+    assert ar.still_improving is True and padir.still_improving is False and distilled.still_improving is False
+    points = store.curves()
+    assert len(points) == 3 * 5 and all(set(p) == set(curves.FIELDS) for p in points)
+    assert [p["step"] for p in points if p["model"] == AR_MODEL] == [1, 2, 3, 4, 5]
+    assert {p["family"] for p in points if p["model"] == PADIR_MODEL} == {"padir"}
+    # Re-running a finished grid (or resuming one) replaces a model's points, never duplicates them.
+    store.save_curve(AR_MODEL, curves.records(AR_MODEL, "ar", [{"step": 9, "seconds": 1.0, "dev_nll": 2.0,
+                                                                "dev_bleu": 5.0}]))
+    assert [p["step"] for p in store.curves() if p["model"] == AR_MODEL] == [9]
+    assert len(store.curves()) == 2 * 5 + 1
+
+
+@pytest.mark.parametrize("match, cap, steps", [("flops", 100, 2), ("seconds", 100, 3), ("flops", 1, 1)])
+def test_a_matched_budget_resolves_its_steps_from_the_ar_model(tmp_path, match, cap, steps):
+    # AR: 5 steps at 1e9 FLOPs / 0.5 s; PaDIR: 2.5e9 FLOPs / 0.8 s per step -> floor(5e9 / 2.5e9) = 2 steps,
+    # floor(2.5 / 0.8) = 3 steps; the budget's steps cap it.
+    spec = load(tmp_path, SPEC.replace("[train.padir]\nsteps = 5", f'[train.padir]\nmatch = "{match}"\nsteps = {cap}'))
+    store, deps = run(tmp_path, spec)
+    assert [c["steps"] for c in padir_calls(deps)] == [steps, steps]
+    assert all("match" not in c for c in padir_calls(deps))
+    assert sorted(deps.step_cost.calls) == [(match, "fake_task", "padir"), (match, "fake_task_distilled", "padir")]
+    rows = {r.system: r for r in store.rows()}
+    assert rows["padir-s2-u0.15"].train_steps == steps and rows["padir-s2-u0.15-distill"].train_steps == steps
+    assert rows["ar-greedy"].train_steps == 5
+    if match == "flops" and cap > steps:
+        assert rows["padir-s2-u0.15"].train_flops <= rows["ar-greedy"].train_flops
+        assert rows["padir-s2-u0.15"].train_flops > rows["ar-greedy"].train_flops - STEP_COST["padir"]["flops"]
+    resolved = store.info["matched_budgets"][models(spec)[1]]
+    assert (resolved["match"], resolved["steps"], resolved["per_step"]) == (match, steps, STEP_COST["padir"][match])
+    # A resumed run keeps the resolution: nothing is measured again, the same model is trained.
+    deps.step_cost = FakeStepCost()
+    rows_file = store.path / st.ROWS
+    rows_file.write_text("")
+    Runner(spec, deps, store, progress=False).run()
+    assert deps.step_cost.calls == [] and [c["steps"] for c in padir_calls(deps)][-2:] == [steps, steps]
+
+
+def test_matched_budgets_are_validated(tmp_path):
+    with pytest.raises(UserError, match="train.padir.match: expected one of flops, seconds"):
+        load(tmp_path, SPEC.replace("[train.padir]\n", '[train.padir]\nmatch = "tokens"\n'))
+    spec = load(tmp_path, SPEC.replace("[train.ar]\n", '[train.ar]\nmatch = "flops"\n'))
+    with pytest.raises(UserError, match="train.ar: match"):
+        run(tmp_path, spec)
+    spec = load(tmp_path, SPEC.replace("[train.padir]\nsteps = 5", '[train.padir]\nmatch = "flops"\nsteps = 5'))
+    deps = fake_deps(tmp_path / "ckpt2")
+    deps.train_record = lambda path: {"steps_done": 5}                 # an AR model trained before train_flops
+    with pytest.raises(UserError, match="records no train_flops"):
+        run(tmp_path / "old", spec, deps)
+
+
+def test_new_budget_keys_leave_other_specs_and_configs_alone(tmp_path):
+    plain = load(tmp_path, SPEC)
+    assert all("match" not in b and "eval_every" not in b for b in plain.to_dict()["train"].values())
+    matched = load(tmp_path, SPEC.replace("[train.padir]\n", '[train.padir]\nmatch = "seconds"\neval_every = 3\n'),
+                   "matched.toml")
+    assert matched.spec_hash() != plain.spec_hash()
+    assert matched.to_dict()["train"]["padir"]["match"] == "seconds"
+    kwargs = matched.budget("padir").train_kwargs()
+    assert "match" not in kwargs and kwargs["eval_every"] == 3
+
+
+def test_families_default_to_five_curve_points():
+    from bench import families
+
+    family = families.get("padir")
+    budget = {"steps": 1500, "batch_tokens": 2048, "learning_rate": 3e-2, "warmup_steps": 10}
+    _, train_config = family.configs("tiny", 64, {}, budget, {})
+    assert train_config.eval_every == 300
+    _, train_config = family.configs("tiny", 64, {}, {**budget, "eval_every": 0}, {})
+    assert train_config.eval_every == 0
+
+
+@pytest.mark.parametrize("points, expected", [
+    ([(100, 10.0), (200, 12.0), (300, 13.0), (400, 13.2), (500, 13.8)], True),     # +0.6 over steps 400-500
+    ([(100, 10.0), (200, 12.0), (300, 13.0), (400, 13.2), (500, 13.6)], False),    # +0.4
+    ([(100, 10.0), (200, 12.0), (300, 13.0), (400, 13.0), (500, 13.5)], False),    # exactly 0.5 is not more
+    ([(500, 13.8), (300, 13.0), (100, 10.0), (400, 13.2), (200, 12.0)], True),     # any order
+    ([(100, 10.0), (300, 11.0), (500, 12.1)], True),        # at step 400 interpolated 11.5: +0.6
+    ([(100, 10.0), (300, 11.0), (500, 12.0)], False),       # +0.5
+    ([(100, 20.0), (300, 11.0), (500, 12.0)], False),       # falling before the last fifth does not count
+    ([(450, 1.0), (500, 9.0)], None),                       # no point at or before step 400
+    ([], None),
+])
+def test_still_improving_rule(points, expected):
+    assert curves.still_improving([{"step": s, "dev_bleu": b} for s, b in points]) is expected
+
+
+def test_report_draws_learning_curves_and_a_budget_table(tmp_path):
+    spec = load(tmp_path, SPEC)
+    AR_MODEL, PADIR_MODEL, DISTILLED_MODEL = models(spec)
+    store, _ = run(tmp_path, spec)
+    st.finish_run(store)
+    written = report.write_report(store.path)
+    png = store.path / "learning_curves.png"
+    assert png in written and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    board = (store.path / "leaderboard.md").read_text()
+    assert "| BLEU | train steps | train s | train FLOPs | still improving |" in board
+    ar_line = next(ln for ln in board.splitlines() if "| ar-greedy |" in ln)
+    assert "| 5 | 2 | 5.00G | yes |" in ar_line
+    assert "![learning_curves.png](learning_curves.png)" in board and "[curves.jsonl](curves.jsonl)" in board
+    table = (store.path / "table.md").read_text().split("## Training budgets")[1].split("##")[0]
+    lines = [ln for ln in table.splitlines() if ln.startswith("| ") and "| model |" not in ln]
+    assert lines == [f"| {AR_MODEL} | AR | 5 | 1.00k | 2 | 5.00G | 100% | – | yes |",
+                     f"| {PADIR_MODEL} | PaDIR | 5 | 1.00k | 4 | 12.50G | 250% | – | no |",
+                     f"| {DISTILLED_MODEL} | PaDIR | 5 | 1.00k | 4 | 12.50G | 250% | 2 | no |"]
+
+
+def test_plot_learning_curves_from_points(tmp_path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    points = (curves.records("a", "ar", [{"step": s, "seconds": s * 0.5, "dev_nll": 5 - s / 10, "dev_bleu": s}
+                                         for s in (10, 20, 30)])
+              + curves.records("b", "padir", [{"step": 5, "seconds": 1.0, "dev_nll": 6.0, "dev_bleu": 0.5}]))
+    report.plot_learning_curves(points, tmp_path / "lc.png")
+    assert (tmp_path / "lc.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_rows_written_before_the_budget_columns_still_load():
+    record = dict(fake_row("ar-greedy"))
+    added = [c.name for c in CORE if c.added]
+    assert {"train_steps", "train_flops", "still_improving", "model"} <= set(added)
+    for name in added:
+        del record[name]
+    row = Row.load({**record, "schema_version": SCHEMA_VERSION})
+    assert row.train_flops is None and row.still_improving is None
+    del record["bleu"]
+    with pytest.raises(UserError, match="lacks columns"):
+        Row.load(record)
