@@ -74,7 +74,8 @@ def job_from_run(run_dir: str, system: str | None = None, test_set: str | None =
     opts = row.decoder_options
     return AttentionJob(checkpoint=str(resolve(row.checkpoint)), sources=tuple(s["source"] for s in picked),
                         origin=f"run {run.path.name}, system {row.system}, test set {row.test_set}",
-                        steps=row.steps, length_hyps=opts["length_hyps"], remask=opts["remask"], start=opts["start"],
+                        steps=row.steps, length_hyps=opts["length_hyps"], remask=opts["remask"],
+                        start=opts.get("start", defaults.START),      # runs before the option existed: the default
                         seed=opts["seed"])
 
 
@@ -103,7 +104,7 @@ def analyse(job: AttentionJob, batch_size: int = 16):
     decoder = load_decoder(job.checkpoint, f"refine:{job.steps}", length_hyps=job.length_hyps, remask=job.remask,
                            start=job.start, seed=job.seed)
     stats, info = analyse_model(decoder, job.sources[: job.max_sentences], batch_size=batch_size)
-    info.update(origin=job.origin, checkpoint=job.checkpoint, task=(read_meta(Path(job.checkpoint)) or {}).get("task"))
+    info.update(origin=job.origin, checkpoint=portable(job.checkpoint), task=(read_meta(Path(job.checkpoint)) or {}).get("task"))
     return stats, info
 
 
