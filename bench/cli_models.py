@@ -37,12 +37,16 @@ def register(sub) -> None:
     p.add_argument("--stages", type=int, help="PaDIR: training stages (2)")
     p.add_argument("--recipe", choices=defaults.RECIPES,
                    help=f"PaDIR: reference (fixed EOS, [LENGTH] query, stage-2 remasking) or first (default {defaults.RECIPE})")
+    p.add_argument("--glancing", action="store_true", default=None,
+                   help=f"PaDIR: glancing training (GLAT; ratio {defaults.GLANCE_START:g} -> {defaults.GLANCE_END:g})")
     p.add_argument("--init", choices=defaults.INIT_MODES, default=defaults.INIT,
                    help="PaDIR parameters: random, or ar: warm-started from an AR checkpoint (--init-from DIR, else "
                         "the one `--model ar` with the same flags gives, trained first if needed)")
     p.add_argument("--init-from", type=Path, help="AR checkpoint folder to warm-start from (with --init ar)")
     p.add_argument("--seed", type=int)
     p.add_argument("--checkpoint-every", type=int)
+    p.add_argument("--eval-every", type=int,
+                   help="steps between learning-curve points (dev NLL and BLEU in curve.jsonl; default: none)")
     p.add_argument("--distill", action="store_true", help="train on <task>_distilled (see above)")
     p.add_argument("--teacher", type=Path, help="AR checkpoint folder used as the distillation teacher")
     p.add_argument("--suite", help="take the distillation settings from this suite's [distill] section")
@@ -144,10 +148,11 @@ def _train_command(args: argparse.Namespace) -> int:
         raise UserError("--suite, --distill-decoder and --distill-max-examples only apply with --distill")
     out = train_model(args.task, args.model, args.preset, distill=distill, teacher=args.teacher,
                       out=args.out, progress=not args.quiet, init=args.init, init_from=args.init_from,
-                      axes={"unmask_rate": args.unmask_rate, "stages": args.stages, "recipe": args.recipe},
+                      axes={"unmask_rate": args.unmask_rate, "stages": args.stages, "recipe": args.recipe,
+                            "glancing": args.glancing},
                       steps=args.steps, batch_tokens=args.batch_tokens, learning_rate=args.learning_rate,
                       warmup_steps=args.warmup_steps, seed=args.seed, checkpoint_every=args.checkpoint_every,
-                      optimizer=args.optimizer)
+                      eval_every=args.eval_every, optimizer=args.optimizer)
     print(out)
     return 0
 

@@ -307,8 +307,11 @@ class Runner:
         return {"model": cell.label, "train_steps": record.get("steps_done"),
                 "train_tokens": record.get("target_tokens"), "train_seconds": record.get("train_seconds"),
                 "train_flops": record.get("train_flops"),
+                "warm_start_seconds": (record.get("init") or {}).get("source_train_seconds"),
                 "distill_seconds": None if distilled is None else distilled.get("seconds"),
-                "still_improving": curves.still_improving(points)}
+                "still_improving": curves.still_improving(points),
+                "dev_length_exact": points[-1].get("dev_length_exact") if points else None,
+                "dev_length_within2": points[-1].get("dev_length_within2") if points else None}
 
     def _save_distillation(self, cell: TrainCell, record: dict) -> None:
         """Copy the distillation's record into the run folder (``distill.json``), keyed by task (plus

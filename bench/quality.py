@@ -198,13 +198,22 @@ class QualityScores:
     chrf_signature: str
     stutter_per_1k_words: float
     stutter_sentence_share: float
+    length_ratio: float
+
+
+def length_ratio(hypotheses: Sequence[str], references: Sequence[str], chinese: bool = False) -> float:
+    """Hypothesis words / reference words over the corpus (words as for stutter); 0.0 for empty references."""
+    ref_words = sum(len(words(r, chinese)) for r in references)
+    return sum(len(words(h, chinese)) for h in hypotheses) / ref_words if ref_words else 0.0
 
 
 def score_corpus(hypotheses: Sequence[str], references: Sequence[Sequence[str]], target_lang: str) -> QualityScores:
-    """BLEU, chrF and stutter of one system on one test set (stutter against the first reference)."""
+    """BLEU, chrF, stutter and length ratio of one system on one test set (stutter and length ratio
+    against the first reference)."""
     tok = tokenizer_for(target_lang)
     bleu = corpus_bleu(hypotheses, references, tok)
     chrf = corpus_chrf(hypotheses, references)
-    st = stutter(hypotheses, list(references[0]), chinese=is_chinese(target_lang))
+    chinese = is_chinese(target_lang)
+    st = stutter(hypotheses, list(references[0]), chinese=chinese)
     return QualityScores(bleu.score, bleu.signature, chrf.score, chrf.signature,
-                         st.per_1k_words, st.sentence_share)
+                         st.per_1k_words, st.sentence_share, length_ratio(hypotheses, references[0], chinese))

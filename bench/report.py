@@ -22,10 +22,12 @@ CURVE_PLOT = "learning_curves.png"       # drawn when the run has curves.jsonl (
 # The tables, each a list of columns (``bench.rows.VIEWS`` adds composite cells such as "p50 [CI]").
 SUMMARY = ("system", "family", "hypotheses", "steps_view")
 LATENCY_TABLE = ("system", "hypotheses", "steps_view", "bleu", "bleu_delta_vs_ar", "p50_view", "latency_p99_ms",
-                 "speedup_p50_vs_ar", "passes_view", "stutter_per_1k_words", "stutter_sentence_share", "compile_s")
+                 "speedup_p50_vs_ar", "passes_view", "stutter_per_1k_words", "stutter_sentence_share", "length_ratio",
+                 "compile_s")
 LEADERBOARD = ("system", "family", "hypotheses", "steps_view", "bleu", "train_steps", "train_seconds", "train_flops",
                "still_improving", "bleu_delta_vs_ar", "chrf", "bleurt",
-               "latency_p50_ms", "latency_p99_ms", "speedup_p50_vs_ar", "stutter_per_1k_words")
+               "latency_p50_ms", "latency_p99_ms", "speedup_p50_vs_ar", "stutter_per_1k_words", "length_ratio")
+STUTTER_CLAIM = 2.0        # the paper: non-autoregressive outputs stutter 2x or more as often as AR ones
 RESULTS = ("system", "test_set", "family", "steps_view", "bleu", "chrf", "bleurt", "latency_p50_ms",
            "latency_p99_ms", "speedup_p50_vs_ar", "passes_mean", "stutter_per_1k_words", "n_sentences")
 
@@ -121,7 +123,7 @@ def render_budgets(rows: Sequence[Row]) -> list[str]:
     by_system = {(r.task, r.system): r for r in rows}
     base_label = families.get(families.BASELINE).label
     names = ("family", "train_steps", "train_tokens", "train_seconds", "train_flops")
-    tail = ("distill_seconds", "still_improving")
+    tail = ("warm_start_seconds", "distill_seconds", "still_improving", "dev_length_exact", "dev_length_within2")
     lines = ["## Training budgets", "",
              "| model | " + " | ".join(column(n).header for n in names) + f" | FLOPs / {base_label} | "
              + " | ".join(column(n).header for n in tail) + " |",
@@ -134,12 +136,39 @@ def render_budgets(rows: Sequence[Row]) -> list[str]:
                      + f" | {'–' if share is None else f'{100 * share:.0f}%'} | "
                      + " | ".join(column(n).cell(r) for n in tail) + " |")
     lines.extend(["", "Seconds: in train steps only (compiling, checkpoints and dev evaluation excluded). FLOPs: XLA's "
-                  "cost analysis of each step's compiled train step, summed. Distill s: the teacher's decoding of "
-                  "the distilled training data. Curves: learning_curves.png.", ""])
+                  "cost analysis of each step's compiled train step, summed. Warm-start s: the train s of the model "
+                  "a warm-started one starts from (its total budget is both). Distill s: the teacher's decoding of "
+                  "the distilled training data. Len exact / ±2: dev sentences whose top predicted length is exact "
+                  "or within 2 tokens (models with a length predictor). Curves: learning_curves.png.", ""])
     return lines
 
 
 # ---------------------------------------------------------------------------------------- leaderboard
+
+def stutter_verdict(rows: Sequence[Row]) -> str | None:
+    """One line on the paper's claim that non-autoregressive outputs stutter ``STUTTER_CLAIM`` x or more
+    as often as autoregressive ones: each row on the other side of the comparison from its baseline
+    (AR greedy) against the baseline's stutter per 1k words on the same test set. None without such rows."""
+    by_key = {(r.test_set, r.system): r for r in rows}
+    ratios, base_values = [], set()
+    for r in rows:
+        base = by_key.get((r.test_set, r.baseline_system))
+        if base is None or r.paradigm == base.paradigm or None in (r.stutter_per_1k_words, base.stutter_per_1k_words):
+            continue
+        base_values.add(round(base.stutter_per_1k_words, 2))
+        ratios.append(math.inf if base.stutter_per_1k_words == 0 else r.stutter_per_1k_words / base.stutter_per_1k_words)
+    if not ratios:
+        return None
+    held = sum(x >= STUTTER_CLAIM for x in ratios)
+    n = len(ratios)
+    verdict = (f"holds for all {n}" if held == n else f"holds for none of the {n}" if held == 0
+               else f"holds for {held} of {n}")
+    finite = [x for x in ratios if math.isfinite(x)]
+    spread = (f"{min(finite):.1f}x to {max(finite):.1f}x" if finite else "AR greedy has none")
+    base = ", ".join(f"{b:.2f}" for b in sorted(base_values))
+    return (f"**Stutter** (the paper: {STUTTER_CLAIM:g}x or more the AR's): the claim {verdict} non-autoregressive "
+            f"row{'s' if n > 1 else ''} here: {spread} AR greedy's stutter ({base} per 1k words).")
+
 
 def _theory_links(run_dir: Path) -> list[str]:
     """Relative links to theory pages under ``<results>/theory`` (latest run of each, if any)."""
@@ -176,8 +205,12 @@ def render_leaderboard(rows: list[Row], info: dict, env: dict, run_dir: Path) ->
         lines.extend([f"## {ts}", "", *markdown_table(ts_rows, names, rank=True), ""])
     if not has_bleurt:
         lines.extend([f"BLEURT: {NO_BLEURT} (pass `--bleurt-checkpoint DIR` or set NARBENCH_BLEURT).", ""])
+    verdict = stutter_verdict(rows)
+    if verdict:
+        lines.extend([verdict, ""])
     lines.extend(["ΔBLEU: paired bootstrap against AR greedy; * p < 0.05, ** p < 0.01. Bold: the best value of a "
-                  "column. Full tables with CIs, passes and stutter: [table.md](table.md).", "",
+                  "column. Len ratio: hypothesis words / reference words. Full tables with CIs, passes and stutter: "
+                  "[table.md](table.md).", "",
                   "Train steps, seconds and FLOPs: the training budget of the system's model (seconds in train "
                   "steps only; FLOPs from XLA's cost analysis of the compiled train step, summed over steps; "
                   f"per model in table.md). Still improving: {column('still_improving').doc}; the curves are in "

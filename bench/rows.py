@@ -152,6 +152,8 @@ FIGURES = (
     C("bleu_delta_ci"), C("bleu_delta_p_value"),
     C("stutter_per_1k_words", "stutter /1k words", fixed(2), False),
     C("stutter_sentence_share", "stutter sentences", fixed(3), False, _share),
+    C("length_ratio", "len ratio", fixed(2), doc="hypothesis words / words of the first reference, over the test set",
+      added=True),
     C("latency_p50_ms", "p50 ms", ms, False),
     C("latency_p90_ms", "p90 ms", ms, False),
     C("latency_p99_ms", "p99 ms", ms, False, _p99),
@@ -180,8 +182,15 @@ TRAINING = (                                         # the system's trained mode
       added=True),
     C("train_flops", "train FLOPs", si, doc="XLA cost analysis of each step's compiled train step, summed",
       added=True),
+    C("warm_start_seconds", "warm-start s", fixed(0),
+      doc="train s of the model this one was warm-started from (its budget adds to train s)", added=True),
     C("distill_seconds", "distill s", fixed(0), doc="seconds the teacher spent making the distilled data",
       added=True),
+    C("dev_length_exact", "len exact", fixed(3), True,
+      doc="dev sentences whose top predicted length is exact (models with a length predictor; last curve point)",
+      added=True),
+    C("dev_length_within2", "len ±2", fixed(3), True,
+      doc="dev sentences whose top predicted length is within 2 tokens (last curve point)", added=True),
     C("still_improving", "still improving", yes_no,
       doc=f"dev BLEU rose by more than {defaults.CURVE_RISE:g} over the last {defaults.CURVE_TAIL:.0%} of the "
           "training steps (bench.curves.still_improving)", added=True),
@@ -295,7 +304,7 @@ def figures(hypotheses: Sequence[str], references: Sequence[Sequence[str]], late
         "passes_mean": float(p.mean()), "passes_p99": float(np.percentile(p, 99)),
         "speedup_p50_vs_ar": None, "speedup_p50_ci": None, "speedup_share_faster": None,
         "bleu": None, "bleu_signature": None, "chrf": None, "chrf_signature": None,
-        "stutter_per_1k_words": None, "stutter_sentence_share": None,
+        "stutter_per_1k_words": None, "stutter_sentence_share": None, "length_ratio": None,
         "bleu_delta_vs_ar": None, "bleu_delta_ci": None, "bleu_delta_p_value": None,
     }
     if baseline_latencies_ms is not None:
@@ -305,7 +314,8 @@ def figures(hypotheses: Sequence[str], references: Sequence[Sequence[str]], late
         return out
     q = quality.score_corpus(hypotheses, references, target_lang)
     out.update(bleu=q.bleu, bleu_signature=q.bleu_signature, chrf=q.chrf, chrf_signature=q.chrf_signature,
-               stutter_per_1k_words=q.stutter_per_1k_words, stutter_sentence_share=q.stutter_sentence_share)
+               stutter_per_1k_words=q.stutter_per_1k_words, stutter_sentence_share=q.stutter_sentence_share,
+               length_ratio=q.length_ratio)
     if baseline_hypotheses is not None:
         if list(baseline_hypotheses) == list(hypotheses):
             out.update(bleu_delta_vs_ar=0.0, bleu_delta_ci=[0.0, 0.0], bleu_delta_p_value=1.0)
@@ -350,6 +360,7 @@ def verify_run(run_dir) -> list[str]:
     for g in groups.values():
         g.sort(key=lambda s: s["index"])
     problems = [] if rows else ["rows.jsonl has no rows"]
+    predates = {c.name for c in CORE if c.added}
     for row in rows:
         g = groups.get(row.key)
         if not g:
@@ -371,6 +382,8 @@ def verify_run(run_dir) -> list[str]:
             [s["hypothesis"] for s in base] if base_ok and row.bleu_delta_vs_ar is not None else None,
             settings["bootstrap_resamples"], settings["seed"], score=row.bleu is not None)
         for name, value in recomputed.items():
+            if row[name] is None and name in predates:      # a figure added after the row was written
+                continue
             if not _close(row[name], value):
                 problems.append(f"{row.key}: {name} = {row[name]!r} in rows.jsonl but {value!r} from samples")
     extra = set(groups) - {r.key for r in rows}

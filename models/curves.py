@@ -7,6 +7,9 @@ point to ``curve.jsonl`` in the checkpoint folder::
 
     {"step": 300, "seconds": 181.2, "dev_nll": 3.91, "dev_bleu": 7.4, "eval_seconds": 6.3}
 
+(PaDIR points also hold ``dev_length_exact`` and ``dev_length_within2``: the share of dev sentences
+whose top predicted length is exact, or within 2 tokens.)
+
 ``seconds`` is the training time so far (``train_seconds`` of ``narbench.json``: evaluation time is
 not in it; ``eval_seconds`` is the point's own). A resumed training keeps the points up to the step it
 resumes from. ``dev_nll``: the training loss's token NLL (mean per target token, no label smoothing,
@@ -90,14 +93,30 @@ class DevEvaluator:
         self._batches = [batches.batch(i) for i in range(batches.batches_per_epoch)]
         self._decoder = None
 
-    def nll(self, params) -> float:
-        """Mean token NLL over the dev set."""
-        total, tokens = 0.0, 0.0
+    def losses(self, params) -> dict[str, float]:
+        """Mean token NLL over the dev set (``dev_nll``); for models with a length predictor also the
+        share of sentences whose predicted length (top 1, EOS included) is exact
+        (``dev_length_exact``) and within 2 tokens (``dev_length_within2``)."""
+        sums: dict[str, float] = {}
         for i, batch in enumerate(self._batches):
             m = self._nll(params, batch, jax.random.fold_in(jax.random.PRNGKey(self.seed), i))
             n = float(m["target_tokens"])
-            total, tokens = total + float(m["nll"]) * n, tokens + n
-        return total / max(tokens, 1.0)
+            sums["nll"] = sums.get("nll", 0.0) + float(m["nll"]) * n
+            sums["tokens"] = sums.get("tokens", 0.0) + n
+            if "length_accuracy" in m:
+                rows = float(m["sentences"])
+                for key, metric in (("exact", "length_accuracy"), ("within2", "length_within2")):
+                    sums[key] = sums.get(key, 0.0) + float(m[metric]) * rows
+                sums["sentences"] = sums.get("sentences", 0.0) + rows
+        out = {"dev_nll": sums["nll"] / max(sums["tokens"], 1.0)}
+        if "sentences" in sums:
+            for key in ("exact", "within2"):
+                out[f"dev_length_{key}"] = sums[key] / max(sums["sentences"], 1.0)
+        return out
+
+    def nll(self, params) -> float:
+        """Mean token NLL over the dev set."""
+        return self.losses(params)["dev_nll"]
 
     def hypotheses(self, params) -> list[str]:
         from models.decoders import make_decoder
@@ -109,11 +128,15 @@ class DevEvaluator:
             self._decoder.warmup_inputs(EVAL_BATCH)   # fixes the batch size: the last batch pads up to it
         # Parameters are arguments of the decoder's jitted functions: new ones reuse its compilations.
         self._decoder.params = jax.device_put(params)
-        out = []
+        # Batches of similar source length (fewer padded positions, smaller shape buckets).
+        order = sorted(range(len(self.dev.sources)), key=lambda i: (len(self.dev.sources[i]), i))
+        out: list[str] = [""] * len(order)
         try:
-            for start in range(0, len(self.dev.sources), EVAL_BATCH):
-                prepared = self._decoder.prepare(list(self.dev.sources[start:start + EVAL_BATCH]))
-                out.extend(self._decoder.finish(self._decoder.run(prepared), prepared).hypotheses)
+            for start in range(0, len(order), EVAL_BATCH):
+                idx = order[start:start + EVAL_BATCH]
+                prepared = self._decoder.prepare([self.dev.sources[i] for i in idx])
+                for i, hyp in zip(idx, self._decoder.finish(self._decoder.run(prepared), prepared).hypotheses):
+                    out[i] = hyp
         finally:
             self._decoder.params = None     # the training step donates these buffers next
         return out
@@ -125,7 +148,7 @@ class DevEvaluator:
                                            tokenize=self.dev.tokenize).score)
 
     def __call__(self, params) -> dict[str, float]:
-        return {"dev_nll": self.nll(params), "dev_bleu": self.bleu(self.hypotheses(params))}
+        return {**self.losses(params), "dev_bleu": self.bleu(self.hypotheses(params))}
 
 
 def read_curve(ckpt_dir: str | Path) -> list[dict]:

@@ -50,11 +50,12 @@ def random_tokens(rng: jax.Array, shape: tuple[int, ...], vocab_size: int) -> ja
 
 
 def padir_noise(rng: jax.Array, targets: jax.Array, unmask_rate: float, vocab_size: int,
-                fixed_eos: bool = False) -> jax.Array:
+                fixed_eos: bool = False, n_keep: jax.Array | None = None) -> jax.Array:
     """PaDIR's initial hypothesis X(0) for training: per sentence, round(unmask_rate * n) of its
     n target tokens (chosen uniformly) stay correct, the others become random tokens; pad stays pad.
     With ``fixed_eos`` (the reference implementation) EOS is never noised and not among the n: at
-    inference the decoder places it at the predicted length.
+    inference the decoder places it at the predicted length. ``n_keep`` [B] (glancing training)
+    gives each sentence's count of correct tokens instead of the rate.
 
     targets [B, L] int -> [B, L] int32.
     """
@@ -63,9 +64,29 @@ def padir_noise(rng: jax.Array, targets: jax.Array, unmask_rate: float, vocab_si
     eos = (targets == EOS_ID) if fixed_eos else jnp.zeros(targets.shape, bool)    # [B, L]
     real = (targets != PAD_ID) & ~eos                                             # [B, L] noisable
     n = real.sum(axis=-1, keepdims=True)                                          # [B, 1]
-    n_keep = jnp.round(unmask_rate * n).astype(jnp.int32)                         # [B, 1]
+    if n_keep is None:
+        n_keep = jnp.round(unmask_rate * n).astype(jnp.int32)                     # [B, 1]
+    else:
+        n_keep = jnp.minimum(n_keep.reshape(-1, 1).astype(jnp.int32), n)          # [B, 1]
     scores = jnp.where(real, jax.random.uniform(keep_rng, targets.shape), 2.0)   # pads rank last
     rank = jnp.argsort(jnp.argsort(scores, axis=-1), axis=-1)                     # [B, L] 0 = first
     keep = (real & (rank < n_keep)) | eos
     noise = random_tokens(token_rng, targets.shape, vocab_size)
     return jnp.where(keep, targets, jnp.where(real, noise, PAD_ID)).astype(jnp.int32)
+
+
+def glancing_ratio(step: jax.Array, total_steps: int, start: float, end: float) -> jax.Array:
+    """GLAT's glancing ratio at ``step``: linear from ``start`` to ``end`` over ``total_steps``."""
+    frac = jnp.clip(step.astype(jnp.float32) / max(total_steps, 1), 0.0, 1.0)
+    return start + (end - start) * frac
+
+
+def glancing_counts(predicted: jax.Array, targets: jax.Array, ratio: jax.Array, fixed_eos: bool = False) -> jax.Array:
+    """GLAT (Qian et al. 2021): per sentence, how many reference tokens to reveal, ``ratio`` x the
+    Hamming distance between a no-gradient prediction and the reference (rounded; EOS not counted
+    with ``fixed_eos``). predicted, targets [B, L] -> [B] int32."""
+    real = targets != PAD_ID
+    if fixed_eos:
+        real = real & (targets != EOS_ID)
+    wrong = ((predicted != targets) & real).sum(axis=-1)                          # [B]
+    return jnp.round(ratio * wrong).astype(jnp.int32)

@@ -22,6 +22,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from narbench_core import defaults
 from narbench_core.defaults import TRAIN_BUCKETS
 from narbench_core.errors import UserError
 from models import checkpoint, losses, refine, sharding
@@ -52,6 +53,9 @@ class TrainConfig:
     # because checkpoints trained before it existed had it off (see also ModelConfig.fixed_eos):
     stage_remask: bool = added_field(False, "PaDIR: stage s > 1 sees stage s-1's argmax with stutter "
                                             "re-masked, as refinement step t + 1 does at inference")
+    glancing: bool = added_field(False, "PaDIR: glancing training (GLAT): stage 1's correct tokens are "
+                                        "glance_ratio x the errors of a no-gradient pass from pure noise, "
+                                        "instead of unmask_rate")
 
     def __post_init__(self):
         checks = {"steps": self.steps >= 1, "batch_tokens": self.batch_tokens >= self.max_length,
@@ -124,7 +128,7 @@ def effective_config(model_config: ModelConfig, train_config: TrainConfig) -> Tr
     return train_config
 
 
-def _ar_loss(params, batch, rng, *, model, cfg: TrainConfig):
+def _ar_loss(params, batch, rng, step=None, *, model, cfg: TrainConfig):
     """Teacher-forced cross-entropy; decoder inputs = targets shifted right (0 first)."""
     inputs, targets = batch["inputs"], batch["targets"]                  # [B, Ls], [B, L]
     logits = model.apply({"params": params}, inputs, losses.shift_right(targets),
@@ -136,8 +140,10 @@ def _ar_loss(params, batch, rng, *, model, cfg: TrainConfig):
                   "accuracy": ce["correct_sum"] / denom, "target_tokens": ce["weight_sum"]}
 
 
-def _padir_loss(params, batch, rng, *, model, model_config: ModelConfig, cfg: TrainConfig):
-    """Multi-stage refinement loss (averaged over stages) + weighted length cross-entropy."""
+def _padir_loss(params, batch, rng, step=None, *, model, model_config: ModelConfig, cfg: TrainConfig):
+    """Multi-stage refinement loss (averaged over stages) + weighted length cross-entropy. With
+    ``cfg.glancing`` (and the optimizer ``step``) stage 1's input keeps a glanced number of
+    reference tokens (``losses.glancing_counts``) instead of ``unmask_rate`` of them."""
     inputs, targets = batch["inputs"], batch["targets"]                  # [B, Ls], [B, L]
     variables = {"params": params}
     enc_rng, noise_rng, stage_rng = jax.random.split(rng, 3)
@@ -151,11 +157,21 @@ def _padir_loss(params, batch, rng, *, model, model_config: ModelConfig, cfg: Tr
     length_nll = -jnp.take_along_axis(length_lp, lengths[:, None], axis=-1)[:, 0]
     rows = jnp.maximum(row.sum(), 1)
     length_loss = (length_nll * row).sum() / rows
-    length_acc = ((jnp.argmax(length_logits, -1) == lengths) * row).sum() / rows
+    length_err = jnp.abs(jnp.argmax(length_logits, -1) - lengths)       # [B] |predicted - true|
+    length_acc = ((length_err == 0) * row).sum() / rows
+    length_within2 = ((length_err <= 2) * row).sum() / rows
 
     real = targets != 0                                                  # [B, L]
+    n_keep = None
+    if cfg.glancing and step is not None:
+        glance_rng, noise_rng = jax.random.split(noise_rng)
+        pure = losses.padir_noise(glance_rng, targets, 0.0, model_config.vocab_size, model_config.fixed_eos)
+        glance = model.apply(variables, encoded, inputs, pure, real, method="refine")   # [B, L, V], no dropout
+        predicted = jax.lax.stop_gradient(jnp.argmax(glance, axis=-1))
+        ratio = losses.glancing_ratio(step, cfg.steps, defaults.GLANCE_START, defaults.GLANCE_END)
+        n_keep = losses.glancing_counts(predicted, targets, ratio, model_config.fixed_eos)   # [B]
     hyp = losses.padir_noise(noise_rng, targets, cfg.unmask_rate, model_config.vocab_size,
-                              model_config.fixed_eos)
+                              model_config.fixed_eos, n_keep)
     token_loss, metrics = 0.0, {}
     for s, srng in enumerate(jax.random.split(stage_rng, cfg.stages)):
         logits = model.apply(variables, encoded, inputs, hyp, real, enable_dropout=True,
@@ -177,7 +193,8 @@ def _padir_loss(params, batch, rng, *, model, model_config: ModelConfig, cfg: Tr
         hyp = jnp.where(real, best, 0).astype(jnp.int32)
     loss = token_loss + cfg.length_loss_weight * length_loss
     metrics.update(loss=loss, token_loss=token_loss, length_loss=length_loss,
-                   length_accuracy=length_acc, nll=metrics[f"nll_stage{cfg.stages}"],
+                   length_accuracy=length_acc, length_within2=length_within2, sentences=rows.astype(jnp.float32),
+                   nll=metrics[f"nll_stage{cfg.stages}"],
                    accuracy=metrics[f"accuracy_stage{cfg.stages}"],
                    target_tokens=real.sum().astype(jnp.float32))
     return loss, metrics
@@ -193,7 +210,7 @@ def train_step(state: TrainState, batch: dict, rng: jax.Array, *, loss: Callable
                tx: optax.GradientTransformation) -> tuple[TrainState, dict]:
     """One optimizer update. Pure; bind ``loss``/``tx`` with functools.partial, then jit."""
     step_rng = jax.random.fold_in(rng, state.step)
-    (_, metrics), grads = jax.value_and_grad(loss, has_aux=True)(state.params, batch, step_rng)
+    (_, metrics), grads = jax.value_and_grad(loss, has_aux=True)(state.params, batch, step_rng, state.step)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
     metrics = dict(metrics, grad_norm=optax.tree.norm(grads))
@@ -247,7 +264,8 @@ def seeded_params(model_config: ModelConfig, cfg: TrainConfig, init_from: Path |
         return params, None
     _, source, meta = checkpoint.load(init_from)
     params, report = warm_start_params(params, source)
-    return params, {"from": checkpoint.identity(meta), "copied": len(report["copied"]), "fresh": report["fresh"]}
+    return params, {"from": checkpoint.identity(meta), "copied": len(report["copied"]), "fresh": report["fresh"],
+                    "source_train_seconds": meta.get("train_seconds"), "source_train_flops": meta.get("train_flops")}
 
 
 def init_state(model_config: ModelConfig, cfg: TrainConfig, tx, mesh, params: Any = None) -> TrainState:

@@ -14,10 +14,11 @@ Spec section (each key is an axis; the systems are the Cartesian product)::
     init = ["random"]              # parameters: random, or "ar": warm-started from the suite's AR model
     recipe = ["reference"]         # "reference": fixed EOS, [LENGTH] query, stage-2 remasking
                                    # (google-research padir/); "first": without them
+    glancing = [false]             # glancing training (GLAT): reveal a share of a no-gradient pass's errors
 
 A system is named ``padir-s{T}-u{rate}[-distill]`` plus a suffix for every axis that differs from
 the paper's default (``-k3``, ``-remask-none``, ``-start-mask``, ``-nopos``, ``-st1``, ``-init-ar``,
-``-recipe-first``).
+``-recipe-first``, ``-glat``).
 """
 from __future__ import annotations
 
@@ -44,10 +45,11 @@ class PaDIRSection:
     stages: tuple[int, ...] = (d.STAGES,)
     init: tuple[str, ...] = (d.INIT,)
     recipe: tuple[str, ...] = (d.RECIPE,)
+    glancing: tuple[bool, ...] = (d.GLANCING,)
 
 
 def _suffix(length_hyps: int, remask: str, start: str, positional_attention: bool, stages: int, init: str,
-            recipe: str) -> str:
+            recipe: str, glancing: bool = d.GLANCING) -> str:
     """One name part per axis that differs from the paper's default."""
     return ((f"-k{length_hyps}" if length_hyps != d.LENGTH_HYPS else "")
             + (f"-remask-{remask}" if remask != d.REMASK else "")
@@ -55,7 +57,8 @@ def _suffix(length_hyps: int, remask: str, start: str, positional_attention: boo
             + ("" if positional_attention else "-nopos")
             + (f"-st{stages}" if stages != d.STAGES else "")
             + (f"-init-{init}" if init != d.INIT else "")
-            + (f"-recipe-{recipe}" if recipe != d.RECIPE else ""))
+            + (f"-recipe-{recipe}" if recipe != d.RECIPE else "")
+            + (("-glat" if glancing else "-noglat") if glancing != d.GLANCING else ""))
 
 
 class PaDIRFamily(Family):
@@ -68,6 +71,7 @@ class PaDIRFamily(Family):
         Column("positional_attention"), Column("stages"),
         Column("init", "init", align="left", doc="parameters: random, or warm-started from the AR model"),
         Column("recipe", align="left", doc="reference (fixed EOS, [LENGTH] query, stage-2 remasking) or first"),
+        Column("glancing", doc="glancing training (GLAT)", added=True),
     )
 
     def parse(self, table) -> PaDIRSection:
@@ -82,33 +86,36 @@ class PaDIRFamily(Family):
             remask=table.get("remask", list_of(string(choices=d.REMASK_MODES), f"one of {', '.join(d.REMASK_MODES)}"),
                              s.remask),
             start=table.get("start", list_of(string(choices=d.START_MODES), f"one of {', '.join(d.START_MODES)}"),
-                           s.init),
+                           s.start),
             positional_attention=table.get("positional_attention", flags, s.positional_attention),
             stages=table.get("stages", positive, s.stages),
             init=table.get("init", list_of(string(choices=d.INIT_MODES), f"one of {', '.join(d.INIT_MODES)}"), s.init),
             recipe=table.get("recipe", list_of(string(choices=d.RECIPES), f"one of {', '.join(d.RECIPES)}"),
                              s.recipe),
+            glancing=table.get("glancing", flags, s.glancing),
         )
         table.done()
         return section
 
     def expand(self, section: PaDIRSection, ctx: Context) -> list[System]:
         out = []
-        for rate, distill, pos, stages, init, recipe in itertools.product(
+        for rate, distill, pos, stages, init, recipe, glancing in itertools.product(
                 section.unmask_rate, section.distill, section.positional_attention, section.stages, section.init,
-                section.recipe):
+                section.recipe, section.glancing):
             axes = (("positional_attention", pos), ("recipe", recipe), ("stages", stages), ("unmask_rate", rate))
+            if glancing != d.GLANCING:            # cells without it keep their labels
+                axes = (("glancing", glancing),) + axes
             cell = TrainCell(ctx.task, self.name, ctx.seed, axes, ctx.teacher if distill else None,
                              ctx.teacher if init == "ar" else None)
             for steps, k, remask, start in itertools.product(section.steps, section.length_hyps, section.remask,
                                                              section.start):
                 variant = (f"padir-u{rate:g}" + ("-distill" if distill else "")
-                           + _suffix(k, remask, start, pos, stages, init, recipe))
+                           + _suffix(k, remask, start, pos, stages, init, recipe, glancing))
                 name = variant.replace("padir-", f"padir-s{steps}-", 1)
                 options = {**ctx.shapes, "length_hyps": k, "remask": remask, "start": start, "seed": ctx.seed}
                 info = {"steps": steps, "unmask_rate": rate, "length_hyps": k, "hypotheses": k, "remask": remask,
                         "start": start, "positional_attention": pos, "stages": stages, "init": init,
-                        "recipe": recipe, "decoder": f"refine:{steps}", "variant": variant}
+                        "recipe": recipe, "glancing": glancing, "decoder": f"refine:{steps}", "variant": variant}
                 out.append(System(name, self.name, f"refine:{steps}", cell, tuple(sorted(options.items())),
                                   tuple(info.items())))
         return out
@@ -118,7 +125,7 @@ class PaDIRFamily(Family):
         return ({"positional_attention": axes.pop("positional_attention", d.POSITIONAL_ATTENTION),
                  "fixed_eos": reference, "length_token": reference},
                 {"unmask_rate": axes.pop("unmask_rate", d.UNMASK_RATE), "stages": axes.pop("stages", d.STAGES),
-                 "stage_remask": reference})
+                 "stage_remask": reference, "glancing": axes.pop("glancing", d.GLANCING)})
 
     def sort_key(self, row) -> tuple:
         return (row.distill, row.unmask_rate, row.steps, row.system)
@@ -126,7 +133,7 @@ class PaDIRFamily(Family):
     def point_label(self, row) -> str:
         rate = "" if row.unmask_rate == d.UNMASK_RATE else f" u{row.unmask_rate:g}"
         rest = _suffix(row.length_hyps, row.remask, row.start, row.positional_attention, row.stages, row.init,
-                       row.recipe)
+                       row.recipe, bool(row.glancing))
         return f"T={row.steps}{rate}{rest.replace('-', ' ')}"
 
     def style(self, row) -> dict[str, Any]:

@@ -160,8 +160,12 @@ def fake_train_record(checkpoint_dir) -> dict:
     """The training record of a fake checkpoint: its steps at the family's fixed cost per step."""
     meta = json.loads((Path(checkpoint_dir) / "narbench.json").read_text())
     steps, cost = meta["train_config"]["steps"], STEP_COST.get(meta["family"], STEP_COST["padir"])
-    return {"steps_done": steps, "target_tokens": TOKENS_PER_STEP * steps, "train_seconds": cost["seconds"] * steps,
-            "train_flops": cost["flops"] * steps}
+    record = {"steps_done": steps, "target_tokens": TOKENS_PER_STEP * steps, "train_seconds": cost["seconds"] * steps,
+              "train_flops": cost["flops"] * steps}
+    if meta.get("init_from"):
+        source = fake_train_record(meta["init_from"])
+        record["init"] = {"source_train_seconds": source["train_seconds"], "source_train_flops": source["train_flops"]}
+    return record
 
 
 def fake_train_curve(checkpoint_dir) -> list[dict]:
@@ -169,8 +173,9 @@ def fake_train_curve(checkpoint_dir) -> list[dict]:
     meta = json.loads((Path(checkpoint_dir) / "narbench.json").read_text())
     steps, rising = meta["train_config"]["steps"], meta["family"] == "ar"
     cost = STEP_COST.get(meta["family"], STEP_COST["padir"])["seconds"]
+    lengths = {} if rising else {"dev_length_exact": 0.25, "dev_length_within2": 0.75}
     return [{"step": steps * k // 5 or 1, "seconds": cost * (steps * k // 5), "dev_nll": 4.0 - 0.1 * k,
-             "dev_bleu": 2.0 * k if rising else 3.0, "eval_seconds": 0.1} for k in range(1, 6)]
+             "dev_bleu": 2.0 * k if rising else 3.0, "eval_seconds": 0.1, **lengths} for k in range(1, 6)]
 
 
 @dataclass

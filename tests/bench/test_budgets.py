@@ -58,6 +58,9 @@ def test_rows_carry_the_budget_of_their_model_and_the_run_gets_curves(tmp_path):
     assert padir.train_flops == 5 * STEP_COST["padir"]["flops"] and padir.model == PADIR_MODEL
     assert ar.distill_seconds is None and padir.distill_seconds is None
     assert distilled.distill_seconds == 2.0 and distilled.model == DISTILLED_MODEL
+    assert (ar.dev_length_exact, ar.dev_length_within2) == (None, None)      # no length predictor
+    assert (padir.dev_length_exact, padir.dev_length_within2) == (0.25, 0.75)
+    assert ar.warm_start_seconds is None
     # The fake AR curve rises by 2 BLEU per fifth, the PaDIR ones are flat.
     assert ar.still_improving is True and padir.still_improving is False and distilled.still_improving is False
     points = store.curves()
@@ -161,9 +164,9 @@ def test_report_draws_learning_curves_and_a_budget_table(tmp_path):
     assert "![learning_curves.png](learning_curves.png)" in board and "[curves.jsonl](curves.jsonl)" in board
     table = (store.path / "table.md").read_text().split("## Training budgets")[1].split("##")[0]
     lines = [ln for ln in table.splitlines() if ln.startswith("| ") and "| model |" not in ln]
-    assert lines == [f"| {AR_MODEL} | AR | 5 | 1.00k | 2 | 5.00G | 100% | – | yes |",
-                     f"| {PADIR_MODEL} | PaDIR | 5 | 1.00k | 4 | 12.50G | 250% | – | no |",
-                     f"| {DISTILLED_MODEL} | PaDIR | 5 | 1.00k | 4 | 12.50G | 250% | 2 | no |"]
+    assert lines == [f"| {AR_MODEL} | AR | 5 | 1.00k | 2 | 5.00G | 100% | – | – | yes | – | – |",
+                     f"| {PADIR_MODEL} | PaDIR | 5 | 1.00k | 4 | 12.50G | 250% | – | – | no | 0.250 | 0.750 |",
+                     f"| {DISTILLED_MODEL} | PaDIR | 5 | 1.00k | 4 | 12.50G | 250% | – | 2 | no | 0.250 | 0.750 |"]
 
 
 def test_plot_learning_curves_from_points(tmp_path):

@@ -52,10 +52,11 @@ def test_expand_unique_cells_and_teacher_first(spec):
 
 def test_ablation_expansion_trains_each_model_once():
     plan = expand(load_spec("ablation"))
-    assert len(plan.train_cells) == len(set(plan.train_cells)) == 6 * (1 + 2 * 2 * 2)
+    assert len(plan.train_cells) == len(set(plan.train_cells)) == 6 * (1 + 2 * 2 * 2 * 2)   # x rate, distill, pos, init
     for i, cell in enumerate(plan.train_cells):
-        if cell.teacher is not None:
-            assert plan.train_cells.index(cell.teacher) < i
+        for source in (cell.teacher, cell.warm_start):
+            if source is not None:
+                assert plan.train_cells.index(source) < i
 
 
 def test_padir_names_follow_design(tmp_path):
@@ -65,7 +66,7 @@ def test_padir_names_follow_design(tmp_path):
     names = {s.name for s in expand(load_spec(path)).systems}
     assert {"padir-s4-u0.5-distill-remask-mask-predict-start-mask-nopos-st1",
             "padir-s1-u0.5-k3-remask-mask-predict-start-mask-nopos-st1"} <= names
-    assert "padir-s4-u0.15-distill" in {s.name for s in expand(load_spec("default")).systems}
+    assert "padir-s4-u0.15-distill-init-ar" in {s.name for s in expand(load_spec("default")).systems}
 
 
 def test_run_writes_every_field_and_verifies(tmp_path, spec):
@@ -169,9 +170,14 @@ def test_verify_run_catches_tampering(tmp_path, spec):
     target = next(s for s in samples if s["system"] == rows[1]["system"] and s["test_set"] == rows[1]["test_set"])
     target["latency_ms"] *= 100
     write_jsonl(run.path / st.SAMPLES, samples)
+    rows[2]["length_ratio"] *= 2
+    rows[3]["length_ratio"] = None       # a row written before the column: nothing to compare
+    write_jsonl(run.path / st.ROWS, rows)
     problems = verify_run(run.path)
     assert any("bleu =" in p and rows[0]["system"] in p for p in problems)
     assert any("latency_" in p and rows[1]["system"] in p for p in problems)
+    assert any("length_ratio =" in p and rows[2]["system"] in p for p in problems)
+    assert not any(rows[3]["system"] in p and rows[3]["test_set"] in p for p in problems)
 
 
 def test_multi_ref_without_extra_references_is_a_user_error(tmp_path, spec):
@@ -226,5 +232,8 @@ def test_warm_started_cells_train_after_their_source(tmp_path):
     rows = {r.system: r for r in run.rows()}
     assert rows["padir-s1-u0.15-k3-init-ar"].init == "ar" and rows["padir-s1-u0.15-k3"].init == "random"
     assert rows["padir-s1-u0.15-k3"].recipe == "reference"
+    ar_seconds = rows["ar-greedy"].train_seconds
+    assert rows["padir-s1-u0.15-k3-init-ar"].warm_start_seconds == ar_seconds > 0
+    assert rows["padir-s1-u0.15-k3"].warm_start_seconds is None
     assert len(deps.train.calls) == 1 + 8                 # the AR model, then 2 x 2 x 2 PaDIR models
     assert verify_run(run.path) == []

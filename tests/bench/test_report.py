@@ -47,7 +47,7 @@ def test_table_has_paper_layout_and_latency_columns(run_dir):
     text = (run_dir / "table.md").read_text()
     assert "| System | Family | # Hyp. | Steps | bible_de_en:test | bible_de_en:test+refs |" in text
     assert "| ar-beam5 | AR | 5 | N | 100.00 | 100.00 |" in text
-    assert "| padir-s4-u0.15-distill | PaDIR | 5 | 4 |" in text
+    assert "| padir-s4-u0.15-distill-init-ar | PaDIR | 5 | 4 |" in text
     assert "n too small (30 < 459)" in text  # no p99 from 30 sentences
     assert "speedup p50 vs AR greedy" in text and "1.00x" in text
     assert "no BLEURT checkpoint" in text
@@ -55,7 +55,7 @@ def test_table_has_paper_layout_and_latency_columns(run_dir):
     lines = text.splitlines()
     # AR rows come first, then PaDIR by distillation and steps.
     order = [ln.split("|")[1].strip() for ln in lines if ln.startswith("| ar-") or ln.startswith("| padir-")][:10]
-    assert order[:3] == ["ar-greedy", "ar-beam5", "padir-s1-u0.15"]
+    assert order[:3] == ["ar-greedy", "ar-beam5", "padir-s1-u0.15-init-ar"]
 
 
 def test_leaderboard_sorted_with_signature_env_command_and_links(run_dir):
@@ -67,6 +67,8 @@ def test_leaderboard_sorted_with_signature_env_command_and_links(run_dir):
     assert "narbench run --suite default" in text
     assert "Test CPU" in text and "abc123" in text
     assert "BLEURT: no BLEURT checkpoint" in text
+    assert "**Stutter** (the paper: 2x or more the AR's): the claim holds for" in text
+    assert "| len ratio |" in text
     assert "![pareto.png](pareto.png)" in text
     assert "(../../theory/ising/20240101T000000Z-aaaa/ising.md)" in text
 
@@ -82,3 +84,19 @@ def test_report_of_an_empty_run_is_a_user_error(tmp_path):
     run, _ = st.open_run(tmp_path, "s", "f" * 64, "", "cmd")
     with pytest.raises(UserError, match="no finished cells"):
         report.write_report(run.path)
+
+
+def test_stutter_verdict_compares_each_nar_row_with_its_baseline():
+    from types import SimpleNamespace as R
+
+    def row(system, paradigm, stutter, test_set="t"):
+        return R(test_set=test_set, system=system, baseline_system="ar-greedy", paradigm=paradigm,
+                 stutter_per_1k_words=stutter)
+
+    ar = row("ar-greedy", "ar", 2.0)
+    assert report.stutter_verdict([ar, row("ar-beam5", "ar", 9.0)]) is None
+    line = report.stutter_verdict([ar, row("p1", "nar", 8.0), row("p4", "nar", 3.0)])
+    assert "holds for 1 of 2" in line and "1.5x to 4.0x" in line and "(2.00 per 1k words)" in line
+    assert "holds for all 1 " in report.stutter_verdict([ar, row("p1", "nar", 4.0)])
+    assert "holds for none of the 1 " in report.stutter_verdict([ar, row("p1", "nar", 3.9)])
+    assert "AR greedy has none" in report.stutter_verdict([row("ar-greedy", "ar", 0.0), row("p1", "nar", 1.0)])

@@ -132,7 +132,7 @@ def test_distill_decoder(tmp_path):
     assert spec.distill.kwargs() == {"decoder": "greedy", "max_examples": 9, "length_penalty": 0.6}
     # `beam_size = K` (the spec.toml of runs before `decoder`) still reads as beam:K.
     assert load_spec(write(tmp_path, GOOD + "\n[distill]\nbeam_size = 3\n")).distill.decoder == "beam:3"
-    assert load_spec("smoke").distill.decoder == "beam:2" and load_spec("default").distill.decoder == "beam:5"
+    assert load_spec("smoke").distill.decoder == "beam:2" and load_spec("default").distill.decoder == "greedy"
 
 
 def test_missing_sections(tmp_path):

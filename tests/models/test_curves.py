@@ -63,6 +63,10 @@ def test_train_flops_sum_the_compiled_step_per_batch_shape(tmp_path, copy_data, 
     # One learning-curve point, at the last step, decoded with the kind's curve decoder.
     (point,) = curves.read_curve(out)
     assert point["step"] == 6 and 0.0 <= point["dev_bleu"] <= 100.0 and math.isfinite(point["dev_nll"])
+    if kind == "padir":      # length accuracy on dev: exact <= within 2 tokens, both shares
+        assert 0.0 <= point["dev_length_exact"] <= point["dev_length_within2"] <= 1.0
+    else:
+        assert "dev_length_exact" not in point
 
 
 class _Interrupt(Exception):

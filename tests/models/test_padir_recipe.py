@@ -1,5 +1,6 @@
 """The reference PaDIR recipe details: fixed EOS, stage-2 remasking, no special tokens emitted, the
-[LENGTH] query, warm start from an AR checkpoint, and config fields that keep old checkpoint hashes."""
+[LENGTH] query, warm start from an AR checkpoint, glancing training, and config fields that keep old
+checkpoint hashes."""
 from __future__ import annotations
 
 import jax
@@ -10,7 +11,7 @@ import pytest
 from models import checkpoint, losses, refine, t5
 from models.batching import TokenPairs
 from models.config import ModelConfig, preset
-from models.train import TrainConfig, checkpoint_dir_for, seeded_params, train, warm_start_params
+from models.train import TrainConfig, checkpoint_dir_for, loss_fn, seeded_params, train, warm_start_params
 from narbench_core.tokens import EOS_ID, FIRST_REGULAR_ID, MASK_ID, PAD_ID, UNK_ID
 
 V = 16
@@ -118,3 +119,36 @@ def test_checkpoint_hash_covers_the_warm_start_source(tmp_path, monkeypatch):
     assert plain != warm
     checkpoint.write_meta(src, {"task": "t", "model_config": {}, "train_config": {}, "steps_done": 6, "complete": True})
     assert checkpoint_dir_for("t", cfg, tc, src) != warm
+
+
+def test_glancing_reveals_a_share_of_the_errors_annealed_over_training():
+    assert float(losses.glancing_ratio(jnp.asarray(0), 100, 0.5, 0.3)) == pytest.approx(0.5)
+    assert float(losses.glancing_ratio(jnp.asarray(50), 100, 0.5, 0.3)) == pytest.approx(0.4)
+    assert float(losses.glancing_ratio(jnp.asarray(500), 100, 0.5, 0.3)) == pytest.approx(0.3)
+    targets = jnp.asarray([[5, 6, 7, 8, 9, 10, 11, 12, 13, 14, EOS_ID, 0],
+                           [5, 6, 7, EOS_ID, 0, 0, 0, 0, 0, 0, 0, 0]])
+    predicted = jnp.asarray([[5, 6, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4],                # 8 wrong + a wrong EOS
+                             [5, 6, 7, EOS_ID, 9, 9, 9, 9, 9, 9, 9, 9]])           # all right (pads ignored)
+    np.testing.assert_array_equal(losses.glancing_counts(predicted, targets, 1.0), [9, 0])
+    np.testing.assert_array_equal(losses.glancing_counts(predicted, targets, 1.0, fixed_eos=True), [8, 0])
+    np.testing.assert_array_equal(losses.glancing_counts(predicted, targets, 0.3), [3, 0])      # round(2.7)
+    for seed in range(5):     # the glanced count of reference tokens survives the noise, no more and no less
+        noisy = losses.padir_noise(jax.random.key(seed), targets, 0.15, 10_000, True, jnp.asarray([4, 0]))
+        same = (np.asarray(noisy) == np.asarray(targets)) & (np.asarray(targets) > EOS_ID)
+        assert same.sum(axis=1).tolist() == [4, 0]
+
+
+def test_glancing_loss_depends_on_the_step_and_stays_finite():
+    cfg = preset("tiny", kind="padir", vocab_size=V, dropout_rate=0.0, fixed_eos=True, length_token=True,
+                 max_target_length=16)
+    params = t5.init_params(cfg, jax.random.key(0))
+    tc = TrainConfig(steps=10, glancing=True, stage_remask=True)
+    assert TrainConfig(glancing=True).to_dict()["glancing"] is True and "glancing" not in TrainConfig().to_dict()
+    batch = {"inputs": jnp.asarray([[5, 6, 7, 8, EOS_ID, 0]] * 4, jnp.int32),
+             "targets": jnp.asarray([[9, 10, 11, 12, 13, 14, EOS_ID, 0]] * 4, jnp.int32)}
+    loss = jax.jit(loss_fn(cfg, tc, t5.make_model(cfg)))
+    first, _ = loss(params, batch, jax.random.key(1), jnp.asarray(0))
+    last, metrics = loss(params, batch, jax.random.key(1), jnp.asarray(10))
+    assert np.isfinite(float(first)) and np.isfinite(float(last)) and float(first) != float(last)
+    plain, _ = jax.jit(loss_fn(cfg, tc.replace(glancing=False), t5.make_model(cfg)))(params, batch, jax.random.key(1))
+    assert np.isfinite(float(plain))
