@@ -66,7 +66,7 @@ def test_padir_names_follow_design(tmp_path):
     names = {s.name for s in expand(load_spec(path)).systems}
     assert {"padir-s4-u0.5-distill-remask-mask-predict-start-mask-nopos-st1",
             "padir-s1-u0.5-k3-remask-mask-predict-start-mask-nopos-st1"} <= names
-    assert "padir-s4-u0.15-distill-init-ar" in {s.name for s in expand(load_spec("default")).systems}
+    assert "padir-s4-u0.15-distill-init-ar-glat" in {s.name for s in expand(load_spec("default")).systems}
 
 
 def test_run_writes_every_field_and_verifies(tmp_path, spec):
