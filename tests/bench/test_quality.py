@@ -150,6 +150,13 @@ def test_score_corpus_bundles_metrics():
     assert q.bleu == pytest.approx(quality.corpus_bleu(good, [refs, refs2]).score)
     assert q.stutter_per_1k_words == pytest.approx(quality.stutter(good, refs).per_1k_words)
     assert np.isfinite(q.chrf)
+    assert q.length_ratio == pytest.approx(quality.length_ratio(good, refs))      # against the first stream
+
+
+def test_length_ratio_counts_words_or_chinese_characters():
+    assert quality.length_ratio(["a b c", "d"], ["a b", "c d e f"]) == pytest.approx(4 / 6)
+    assert quality.length_ratio(["我们 走"], ["我们走了"], chinese=True) == pytest.approx(3 / 4)
+    assert quality.length_ratio(["a"], [""]) == 0.0
 
 
 def test_metric_registry():
