@@ -379,7 +379,7 @@ def plot_learning_curves(points: list[dict], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     models = list(dict.fromkeys(p["model"] for p in points))
-    legend_rows = math.ceil(len(models) / 2)
+    legend_rows = len(models)                                 # one per row: model names are long
     fig, (bleu_ax, nll_ax) = plt.subplots(1, 2, figsize=(12, 4.6 + 0.22 * legend_rows))
     cmap = plt.get_cmap("tab10")
     for i, model in enumerate(models):
@@ -396,7 +396,7 @@ def plot_learning_curves(points: list[dict], path: Path) -> None:
     bottom = (0.3 + 0.22 * legend_rows) / fig.get_figheight()
     fig.tight_layout(rect=(0, bottom, 1, 1))
     handles, labels = bleu_ax.get_legend_handles_labels()     # below the axes: model names are long
-    fig.legend(handles, labels, loc="lower center", ncol=2 if len(models) > 1 else 1, fontsize=7, frameon=False)
+    fig.legend(handles, labels, loc="lower center", ncol=1, fontsize=7, frameon=False)
     fig.savefig(path, dpi=120)
     plt.close(fig)
 
