@@ -39,6 +39,9 @@ def register(sub) -> None:
                    help=f"PaDIR: reference (fixed EOS, [LENGTH] query, stage-2 remasking) or first (default {defaults.RECIPE})")
     p.add_argument("--glancing", action="store_true", default=None,
                    help=f"PaDIR: glancing training (GLAT; ratio {defaults.GLANCE_START:g} -> {defaults.GLANCE_END:g})")
+    p.add_argument("--length-predictor", choices=defaults.LENGTH_PREDICTORS,
+                   help=f"PaDIR: length classes: absolute lengths or offsets from the source length "
+                        f"(default {defaults.LENGTH_PREDICTOR})")
     p.add_argument("--init", choices=defaults.INIT_MODES, default=defaults.INIT,
                    help="PaDIR parameters: random, or ar: warm-started from an AR checkpoint (--init-from DIR, else "
                         "the one `--model ar` with the same flags gives, trained first if needed)")
@@ -149,7 +152,7 @@ def _train_command(args: argparse.Namespace) -> int:
     out = train_model(args.task, args.model, args.preset, distill=distill, teacher=args.teacher,
                       out=args.out, progress=not args.quiet, init=args.init, init_from=args.init_from,
                       axes={"unmask_rate": args.unmask_rate, "stages": args.stages, "recipe": args.recipe,
-                            "glancing": args.glancing},
+                            "glancing": args.glancing, "length_predictor": args.length_predictor},
                       steps=args.steps, batch_tokens=args.batch_tokens, learning_rate=args.learning_rate,
                       warmup_steps=args.warmup_steps, seed=args.seed, checkpoint_every=args.checkpoint_every,
                       eval_every=args.eval_every, optimizer=args.optimizer)

@@ -62,6 +62,9 @@ class ModelConfig:
                                             "from the mean-pooled encoder output")
     fixed_eos: bool = added_field(False, "PaDIR: EOS sits at each hypothesis' last position: never noised in "
                                          "training, placed there at inference, never emitted elsewhere")
+    length_offset: bool = added_field(False, "PaDIR: the length predictor scores offsets from the source length "
+                                             "(target - source tokens, in [-max_target_length, max_target_length], "
+                                             "as fairseq's NAT models do), not absolute lengths")
 
     def __post_init__(self):
         if self.kind not in KINDS:

@@ -208,7 +208,8 @@ class PaDIR(nn.Module):
         self.token_embedder = _token_embedder(cfg)
         self.encoder = Encoder(cfg, self.token_embedder)
         self.decoder = Decoder(cfg, self.token_embedder, causal=False)
-        self.length_predictor = nn.Dense(cfg.max_target_length + 1, dtype=jnp.float32, name="length_predictor")
+        classes = 2 * cfg.max_target_length + 1 if cfg.length_offset else cfg.max_target_length + 1
+        self.length_predictor = nn.Dense(classes, dtype=jnp.float32, name="length_predictor")
         if cfg.length_token:  # the reference's [LENGTH] token: a learned query the encoder reads with the source
             self.length_query = self.param("length_query", nn.initializers.normal(1.0), (cfg.d_model,))
 
@@ -223,13 +224,19 @@ class PaDIR(nn.Module):
 
     def predict_length(self, encoded: Array, inputs: Array) -> Array:
         """Logits [b, max_target_length + 1] over target lengths (EOS included), from the [LENGTH]
-        query's encoding, else from the masked mean of the encoder output."""
+        query's encoding, else from the masked mean of the encoder output. With ``length_offset`` the
+        predictor scores offsets from the source length and they are laid out here as absolute lengths,
+        so the loss and the decoders never see the difference."""
         assert encoded.ndim == 3 and inputs.ndim == 2, (encoded.shape, inputs.shape)
         if self.config.length_token:
-            return self.length_predictor(encoded[:, 0].astype(jnp.float32))
-        mask = (inputs > 0).astype(jnp.float32)[:, :, None]                          # [b, s, 1]
-        pooled = (encoded.astype(jnp.float32) * mask).sum(1) / jnp.maximum(mask.sum(1), 1.0)  # [b, d]
-        return self.length_predictor(pooled)
+            logits = self.length_predictor(encoded[:, 0].astype(jnp.float32))
+        else:
+            mask = (inputs > 0).astype(jnp.float32)[:, :, None]                      # [b, s, 1]
+            pooled = (encoded.astype(jnp.float32) * mask).sum(1) / jnp.maximum(mask.sum(1), 1.0)  # [b, d]
+            logits = self.length_predictor(pooled)
+        if not self.config.length_offset:
+            return logits                                                            # [b, M + 1]
+        return offset_to_length_logits(logits, (inputs > 0).sum(-1), self.config.max_target_length)
 
     def refine(self, encoded: Array, inputs: Array, hypothesis_tokens: Array, hypothesis_mask: Array,
                enable_dropout: bool = False) -> Array:
@@ -241,6 +248,15 @@ class PaDIR(nn.Module):
         encoded = self.encode(inputs, enable_dropout)
         token_logits = self.refine(encoded, inputs, hypothesis, hypothesis_mask, enable_dropout)
         return token_logits, self.predict_length(encoded, inputs)
+
+
+def offset_to_length_logits(offset_logits: Array, source_lengths: Array, max_length: int) -> Array:
+    """[b, 2M + 1] logits over offsets -M..M (class j = offset j - M) and [b] source lengths (EOS
+    included) -> [b, M + 1] logits over lengths 0..M: length L scores offset L - source length
+    (clipped into -M..M, so a source longer than M still has defined scores)."""
+    lengths = jnp.arange(max_length + 1)[None, :]                                   # [1, M + 1]
+    index = jnp.clip(lengths - source_lengths[:, None] + max_length, 0, 2 * max_length)  # [b, M + 1]
+    return jnp.take_along_axis(offset_logits, index, axis=1)
 
 
 def make_model(config: ModelConfig) -> nn.Module:

@@ -20,6 +20,8 @@ INIT_MODES = ("random", "ar")
 RECIPE = "reference"           # "reference": google-research padir/'s fixed EOS, [LENGTH] query and stage-2
 RECIPES = ("first", "reference")   # remasking; "first": narbench's first recipe, without them
 POSITIONAL_ATTENTION = True    # the positional-attention sublayer
+LENGTH_PREDICTOR = "absolute"  # PaDIR's length classes: "absolute" lengths (the paper), or "offset" from the
+LENGTH_PREDICTORS = ("absolute", "offset")   # source length (fairseq's NAT models)
 GLANCING = False               # glancing training (GLAT, Qian et al. 2021)
 GLANCE_START, GLANCE_END = 0.5, 0.3   # its glancing ratio, annealed linearly over the training steps
 

@@ -15,10 +15,12 @@ Spec section (each key is an axis; the systems are the Cartesian product)::
     recipe = ["reference"]         # "reference": fixed EOS, [LENGTH] query, stage-2 remasking
                                    # (google-research padir/); "first": without them
     glancing = [false]             # glancing training (GLAT): reveal a share of a no-gradient pass's errors
+    length_predictor = ["absolute"]  # length classes: absolute lengths (the paper), or offsets from the
+                                   # source length (fairseq's NAT models)
 
 A system is named ``padir-s{T}-u{rate}[-distill]`` plus a suffix for every axis that differs from
 the paper's default (``-k3``, ``-remask-none``, ``-start-mask``, ``-nopos``, ``-st1``, ``-init-ar``,
-``-recipe-first``, ``-glat``).
+``-recipe-first``, ``-glat``, ``-lenoff``).
 """
 from __future__ import annotations
 
@@ -46,10 +48,11 @@ class PaDIRSection:
     init: tuple[str, ...] = (d.INIT,)
     recipe: tuple[str, ...] = (d.RECIPE,)
     glancing: tuple[bool, ...] = (d.GLANCING,)
+    length_predictor: tuple[str, ...] = (d.LENGTH_PREDICTOR,)
 
 
 def _suffix(length_hyps: int, remask: str, start: str, positional_attention: bool, stages: int, init: str,
-            recipe: str, glancing: bool = d.GLANCING) -> str:
+            recipe: str, glancing: bool = d.GLANCING, length_predictor: str = d.LENGTH_PREDICTOR) -> str:
     """One name part per axis that differs from the paper's default."""
     return ((f"-k{length_hyps}" if length_hyps != d.LENGTH_HYPS else "")
             + (f"-remask-{remask}" if remask != d.REMASK else "")
@@ -58,7 +61,9 @@ def _suffix(length_hyps: int, remask: str, start: str, positional_attention: boo
             + (f"-st{stages}" if stages != d.STAGES else "")
             + (f"-init-{init}" if init != d.INIT else "")
             + (f"-recipe-{recipe}" if recipe != d.RECIPE else "")
-            + (("-glat" if glancing else "-noglat") if glancing != d.GLANCING else ""))
+            + (("-glat" if glancing else "-noglat") if glancing != d.GLANCING else "")
+            + ({"offset": "-lenoff", "absolute": "-lenabs"}[length_predictor]
+               if length_predictor != d.LENGTH_PREDICTOR else ""))
 
 
 class PaDIRFamily(Family):
@@ -72,6 +77,8 @@ class PaDIRFamily(Family):
         Column("init", "init", align="left", doc="parameters: random, or warm-started from the AR model"),
         Column("recipe", align="left", doc="reference (fixed EOS, [LENGTH] query, stage-2 remasking) or first"),
         Column("glancing", doc="glancing training (GLAT)", added=True),
+        Column("length_predictor", "length classes", align="left", added=True,
+               doc="absolute lengths, or offsets from the source length"),
     )
 
     def parse(self, table) -> PaDIRSection:
@@ -93,29 +100,34 @@ class PaDIRFamily(Family):
             recipe=table.get("recipe", list_of(string(choices=d.RECIPES), f"one of {', '.join(d.RECIPES)}"),
                              s.recipe),
             glancing=table.get("glancing", flags, s.glancing),
+            length_predictor=table.get("length_predictor", list_of(
+                string(choices=d.LENGTH_PREDICTORS), f"one of {', '.join(d.LENGTH_PREDICTORS)}"), s.length_predictor),
         )
         table.done()
         return section
 
     def expand(self, section: PaDIRSection, ctx: Context) -> list[System]:
         out = []
-        for rate, distill, pos, stages, init, recipe, glancing in itertools.product(
+        for rate, distill, pos, stages, init, recipe, glancing, length in itertools.product(
                 section.unmask_rate, section.distill, section.positional_attention, section.stages, section.init,
-                section.recipe, section.glancing):
+                section.recipe, section.glancing, section.length_predictor):
             axes = (("positional_attention", pos), ("recipe", recipe), ("stages", stages), ("unmask_rate", rate))
-            if glancing != d.GLANCING:            # cells without it keep their labels
+            if glancing != d.GLANCING:            # cells without these axes keep their labels
                 axes = (("glancing", glancing),) + axes
+            if length != d.LENGTH_PREDICTOR:
+                axes = (("length_predictor", length),) + axes
             cell = TrainCell(ctx.task, self.name, ctx.seed, axes, ctx.teacher if distill else None,
                              ctx.teacher if init == "ar" else None)
             for steps, k, remask, start in itertools.product(section.steps, section.length_hyps, section.remask,
                                                              section.start):
                 variant = (f"padir-u{rate:g}" + ("-distill" if distill else "")
-                           + _suffix(k, remask, start, pos, stages, init, recipe, glancing))
+                           + _suffix(k, remask, start, pos, stages, init, recipe, glancing, length))
                 name = variant.replace("padir-", f"padir-s{steps}-", 1)
                 options = {**ctx.shapes, "length_hyps": k, "remask": remask, "start": start, "seed": ctx.seed}
                 info = {"steps": steps, "unmask_rate": rate, "length_hyps": k, "hypotheses": k, "remask": remask,
                         "start": start, "positional_attention": pos, "stages": stages, "init": init,
-                        "recipe": recipe, "glancing": glancing, "decoder": f"refine:{steps}", "variant": variant}
+                        "recipe": recipe, "glancing": glancing, "length_predictor": length,
+                        "decoder": f"refine:{steps}", "variant": variant}
                 out.append(System(name, self.name, f"refine:{steps}", cell, tuple(sorted(options.items())),
                                   tuple(info.items())))
         return out
@@ -123,7 +135,8 @@ class PaDIRFamily(Family):
     def axes_configs(self, axes: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
         reference = axes.pop("recipe", d.RECIPE) == "reference"
         return ({"positional_attention": axes.pop("positional_attention", d.POSITIONAL_ATTENTION),
-                 "fixed_eos": reference, "length_token": reference},
+                 "fixed_eos": reference, "length_token": reference,
+                 "length_offset": axes.pop("length_predictor", d.LENGTH_PREDICTOR) == "offset"},
                 {"unmask_rate": axes.pop("unmask_rate", d.UNMASK_RATE), "stages": axes.pop("stages", d.STAGES),
                  "stage_remask": reference, "glancing": axes.pop("glancing", d.GLANCING)})
 
@@ -133,7 +146,7 @@ class PaDIRFamily(Family):
     def point_label(self, row) -> str:
         rate = "" if row.unmask_rate == d.UNMASK_RATE else f" u{row.unmask_rate:g}"
         rest = _suffix(row.length_hyps, row.remask, row.start, row.positional_attention, row.stages, row.init,
-                       row.recipe, bool(row.glancing))
+                       row.recipe, bool(row.glancing), row.length_predictor or d.LENGTH_PREDICTOR)
         return f"T={row.steps}{rate}{rest.replace('-', ' ')}"
 
     def style(self, row) -> dict[str, Any]:

@@ -66,7 +66,24 @@ def test_padir_names_follow_design(tmp_path):
     names = {s.name for s in expand(load_spec(path)).systems}
     assert {"padir-s4-u0.5-distill-remask-mask-predict-start-mask-nopos-st1",
             "padir-s1-u0.5-k3-remask-mask-predict-start-mask-nopos-st1"} <= names
-    assert "padir-s4-u0.15-distill-init-ar-glat" in {s.name for s in expand(load_spec("default")).systems}
+    assert "padir-s4-u0.15-distill-init-ar-glat-lenoff" in {s.name for s in expand(load_spec("default")).systems}
+
+
+def test_length_predictor_axis_names_and_configures_its_cells(tmp_path):
+    from bench import families
+
+    path = tmp_path / "length.toml"
+    path.write_text(SPEC.replace("length_hyps = [3]", 'length_hyps = [3]\nlength_predictor = ["absolute", "offset"]'))
+    plan = expand(load_spec(path))
+    names = {s.name for s in plan.systems}
+    assert {"padir-s1-u0.15-k3", "padir-s1-u0.15-k3-lenoff", "padir-s4-u0.15-distill-k3-lenoff"} <= names
+    padir = families.get("padir")
+    cells = {dict(c.axes).get("length_predictor"): c for c in plan.train_cells if c.family == "padir"}
+    assert set(cells) == {None, "offset"}                  # the default axis value stays out of the identity
+    model, _ = padir.configs("tiny", 32, {}, {"steps": 10}, dict(cells["offset"].axes))
+    assert model.length_offset and model.length_token
+    model, _ = padir.configs("tiny", 32, {}, {"steps": 10}, dict(cells[None].axes))
+    assert not model.length_offset
 
 
 def test_run_writes_every_field_and_verifies(tmp_path, spec):

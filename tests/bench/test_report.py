@@ -47,7 +47,7 @@ def test_table_has_paper_layout_and_latency_columns(run_dir):
     text = (run_dir / "table.md").read_text()
     assert "| System | Family | # Hyp. | Steps | bible_de_en:test | bible_de_en:test+refs |" in text
     assert "| ar-beam5 | AR | 5 | N | 100.00 | 100.00 |" in text
-    assert "| padir-s4-u0.15-distill-init-ar-glat | PaDIR | 5 | 4 |" in text
+    assert "| padir-s4-u0.15-distill-init-ar-glat-lenoff | PaDIR | 5 | 4 |" in text
     assert "n too small (30 < 459)" in text  # no p99 from 30 sentences
     assert "speedup p50 vs AR greedy" in text and "1.00x" in text
     assert "no BLEURT checkpoint" in text
@@ -55,7 +55,7 @@ def test_table_has_paper_layout_and_latency_columns(run_dir):
     lines = text.splitlines()
     # AR rows come first, then PaDIR by distillation and steps.
     order = [ln.split("|")[1].strip() for ln in lines if ln.startswith("| ar-") or ln.startswith("| padir-")][:10]
-    assert order[:3] == ["ar-greedy", "ar-beam5", "padir-s1-u0.15-init-ar-glat"]
+    assert order[:3] == ["ar-greedy", "ar-beam5", "padir-s1-u0.15-init-ar-glat-lenoff"]
 
 
 def test_leaderboard_sorted_with_signature_env_command_and_links(run_dir):

@@ -74,6 +74,36 @@ def test_length_query_reads_the_source():
     assert logits.shape == (2, 5, V)
 
 
+def test_offset_logits_are_laid_out_as_lengths():
+    offsets = jnp.arange(2 * 8 + 1, dtype=jnp.float32)[None].repeat(2, 0)          # class j = offset j - 8
+    lengths = np.asarray(t5.offset_to_length_logits(offsets, jnp.asarray([3, 12]), 8))
+    assert lengths.shape == (2, 9)
+    np.testing.assert_array_equal(lengths[0], np.arange(9) - 3 + 8)                 # length L <- offset L - 3
+    np.testing.assert_array_equal(lengths[1], np.clip(np.arange(9) - 12 + 8, 0, 16))  # source longer than M
+
+
+def test_offset_predictor_follows_the_source_length():
+    """With offsets, a predictor that only learned its bias (all offsets but +1 at -inf) predicts
+    source length + 1 for any source; absolute classes would predict one length for all."""
+    cfg = preset("tiny", kind="padir", vocab_size=V, dropout_rate=0.0, length_token=True, length_offset=True,
+                 max_target_length=16)
+    params = t5.init_params(cfg, jax.random.key(0))
+    assert params["length_predictor"]["kernel"].shape == (cfg.d_model, 2 * 16 + 1)
+    bias = np.full(2 * 16 + 1, -1e4, np.float32)
+    bias[16 + 1] = 0.0
+    params = {**params, "length_predictor": {"kernel": jnp.zeros_like(params["length_predictor"]["kernel"]),
+                                             "bias": jnp.asarray(bias)}}
+    model = t5.make_model(cfg)
+    inputs = jnp.asarray([[5, 6, 7, EOS_ID, 0, 0], [5, 6, 7, 8, 9, EOS_ID]], jnp.int32)
+    encoded = model.apply({"params": params}, inputs, method=t5.PaDIR.encode)
+    logits = model.apply({"params": params}, encoded, inputs, method=t5.PaDIR.predict_length)
+    assert logits.shape == (2, 17)
+    np.testing.assert_array_equal(np.argmax(logits, -1), [5, 7])
+    np.testing.assert_array_equal(refine.top_k_lengths(logits, 1, 16)[:, 0], [5, 7])
+    assert "length_offset" not in ModelConfig(kind="padir").to_dict()
+    assert ModelConfig.from_dict(cfg.to_dict()).length_offset
+
+
 def test_warm_start_copies_the_ar_weights_it_should():
     ar = t5.init_params(preset("tiny", vocab_size=V), jax.random.key(1))
     padir_cfg = preset("tiny", kind="padir", vocab_size=V, length_token=True)
