@@ -1,4 +1,5 @@
-"""Data sub-commands: ``narbench data prepare``, ``narbench data stats TASK``, ``narbench tasks``.
+"""Data sub-commands: ``narbench data prepare``, ``data stats TASK``, ``data check FILES...``,
+``data export TASK``, ``narbench tasks``.
 
 Thin: parse, call ``suites`` functions, print. Heavy imports happen inside the commands so that
 ``narbench --help`` stays fast.
@@ -11,6 +12,12 @@ import time
 from narbench_core.errors import UserError
 
 TASKS_SAMPLE = 5000   # `narbench tasks` averages lengths over at most this many training pairs
+
+
+def files_max_words() -> int:
+    from suites.files import MAX_WORDS
+
+    return MAX_WORDS
 
 
 def _pairs(text: str) -> tuple[str, ...]:
@@ -49,11 +56,41 @@ def register(sub) -> None:
                    help="use at most this many pairs per split (default: all)")
     s.set_defaults(func=cmd_stats)
 
+    c = dsub.add_parser("check", help="check parallel text files (or a suite's own data) for defects",
+                        description="Report line counts, misaligned, empty and over-long lines, encoding "
+                        "errors, dev/test sources repeated from the training data, and length statistics. "
+                        "Each FILE is a TSV (source<TAB>target[<TAB>extra reference...]) or aligned "
+                        "one-sentence-per-line files joined by commas (train.de,train.en). With --spec, "
+                        "every [[tasks]] on files in that suite, checked as `narbench run` checks them "
+                        "(duplicates of training sources in dev/test; token lengths against the training "
+                        "max_length, training the vocabulary if needed). Exit status 1 when any defect is found.")
+    c.add_argument("files", nargs="*", metavar="FILE",
+                   help="TSV files, or comma-joined aligned files; with several, a source repeated from an "
+                        "earlier FILE is a duplicate (give train first)")
+    c.add_argument("--spec", help="a suite spec (.toml): check its own data tasks instead of FILES")
+    c.add_argument("--source-lang", default="", help="source language (zh, ja: lengths in characters)")
+    c.add_argument("--target-lang", default="", help="target language (zh, ja: lengths in characters)")
+    c.add_argument("--max-words", type=int, default=None,
+                   help=f"over-long above this many words (default {files_max_words()} for FILES; with "
+                        "--spec only the real token lengths count unless given)")
+    c.add_argument("--show", type=int, default=20, help="defects listed per file (default 20)")
+    c.set_defaults(func=cmd_check)
+
+    e = dsub.add_parser("export", help="write a task's splits as TSV files (e.g. a synthetic corpus to try "
+                        "your-own-data suites on)",
+                        description="Write TASK's train/dev/test splits to OUT/{train,dev,test}.tsv "
+                        "(source<TAB>target<TAB>extra references), the layout a suite's own data task reads.")
+    e.add_argument("task", help="task name (see `narbench tasks`)")
+    e.add_argument("--out", required=True, help="folder to write into")
+    e.add_argument("--limit", type=int, default=None, help="at most this many pairs per split (the first ones)")
+    e.set_defaults(func=cmd_export)
+
     t = sub.add_parser("tasks", help="list every task with split sizes and mean lengths",
                        description="List every registered task: languages, split sizes and mean "
                        f"training lengths (over at most {TASKS_SAMPLE} pairs) in words and, where the "
                        "vocabulary is trained, tokens. Nothing is downloaded.")
-    t.add_argument("--family", choices=("bible", "wmt", "synthetic"), help="only this family")
+    t.add_argument("--family", choices=("bible", "wmt", "synthetic", "files"), help="only this family")
+    t.add_argument("--suite", help="also list this suite's own data tasks (a spec name or .toml path)")
     t.set_defaults(func=cmd_tasks)
 
 
@@ -96,6 +133,11 @@ def _fmt(x, digits: int = 1) -> str:
 
 def cmd_tasks(args) -> int:
     from suites import tasks
+
+    if args.suite:
+        from bench.families import load_suite
+
+        load_suite(args.suite)            # registers its own data tasks
 
     header = (f"{'task':18s} {'family':9s} {'src>tgt':9s} {'train':>8s} {'dev':>6s} {'test':>6s}  "
               f"{'src words':>9s} {'tgt words':>9s} {'src tok':>7s} {'tgt tok':>7s}")
@@ -144,4 +186,126 @@ def cmd_stats(args) -> int:
             first = False
             print(f"{lead}  {key:14s} {_fmt(s['mean']):>7s} {_fmt(s['p50'], 0):>6s} "
                   f"{_fmt(s['p95'], 0):>6s} {_fmt(s['max'], 0):>6s}")
+    return 0
+
+
+# -- your own data ---------------------------------------------------------------------------------
+def suite_data_defects(spec, max_words=None) -> dict[str, tuple[dict, list]]:
+    """For each of the suite's own data tasks: ``(split reports, defects)`` as ``narbench run`` checks
+    them: structure, encoding, empty lines, dev/test sources repeated from train, and every pair's
+    SentencePiece length (EOS included) against the training ``max_length`` (trains the vocabulary)."""
+    from suites import files, tasks
+
+    out = {}
+    for task in spec.tasks:
+        if task.files is None:
+            continue
+        reports = files.check_task(task.files, max_words if max_words is not None else 10 ** 9)
+        defects = [d for r in reports.values() for d in r.defects]
+        if not defects:
+            encode = tasks.get_vocabulary(task.train).tokenizer.encode
+            limit = training_max_length(spec)
+            for report in reports.values():
+                defects += files.token_defects(report, encode, limit)
+        out[task.train] = (reports, defects)
+    return out
+
+
+def training_max_length(spec) -> int:
+    """The longest pair (tokens, EOS included) any of the suite's models trains on untruncated."""
+    from models.config import preset
+    from models.train import TrainConfig
+
+    cap = preset(spec.model.preset, **spec.model.override_dict()).max_target_length
+    return min([cap] + [b.max_length or TrainConfig.max_length for _, b in spec.budgets])
+
+
+def refuse_bad_data(spec) -> None:
+    """``UserError`` (one line: the first defect, how many more, the fix) if any own data is bad."""
+    from suites import files
+
+    for task, (_, defects) in suite_data_defects(spec).items():
+        line = files.verdict(task, defects, f"see `narbench data check --spec {spec.source}` and fix the files")
+        if line:
+            raise UserError(line)
+
+
+def _print_report(label: str, report, source_lang: str, target_lang: str, defects: list, show: int) -> None:
+    from narbench_core import langs
+    from suites.tasks import summary
+
+    print(f"{label}: {report.lines} lines, {len(report.pairs)} clean pairs, {len(defects)} defects")
+    kinds = {}
+    for d in defects:
+        kinds[d.kind] = kinds.get(d.kind, 0) + 1
+    if kinds:
+        print("  defects: " + ", ".join(f"{k} {n}" for k, n in sorted(kinds.items())))
+    for d in defects[:show]:
+        print(f"  {d}")
+    if len(defects) > show:
+        print(f"  ... {len(defects) - show} more (--show N)")
+    for side, lang in (("source", source_lang), ("target", target_lang)):
+        st = summary(report.lengths(side, lang))
+        unit = "characters" if langs.counts_characters(lang) else "words"
+        print(f"  {side} {unit}: mean {_fmt(st['mean'])}  p50 {_fmt(st['p50'], 0)}  p95 {_fmt(st['p95'], 0)}"
+              f"  max {_fmt(st['max'], 0)}")
+
+
+def cmd_check(args) -> int:
+    from suites import files
+
+    if bool(args.files) == bool(args.spec):
+        raise UserError("give FILES to check, or --spec SUITE for a suite's own data (not both)")
+    if args.max_words is not None and args.max_words < 1:
+        raise UserError(f"--max-words must be >= 1, got {args.max_words}")
+    found = 0
+    if args.spec:
+        from bench.families import load_suite
+
+        spec = load_suite(args.spec)
+        checked = suite_data_defects(spec, args.max_words)
+        if not checked:
+            raise UserError(f"{args.spec} has no [[tasks]] on its own files; pass the files to check instead")
+        for task in spec.tasks:
+            if task.files is None:
+                continue
+            reports, defects = checked[task.train]
+            for split, report in reports.items():
+                mine = [d for d in defects if d.path in report.files.paths]
+                _print_report(f"{task.train} {split} ({report.files.label()})", report, task.files.source_lang,
+                              task.files.target_lang, mine, args.show)
+            found += len(defects)
+    else:
+        limit = args.max_words or files.MAX_WORDS
+        reports = []
+        for arg in args.files:
+            split = files.SplitFiles(tuple(p for p in arg.split(",") if p))
+            report = files.check_split(split, args.source_lang, args.target_lang, limit)
+            for earlier in reports:
+                report.defects.extend(files.duplicate_defects(earlier, report))
+            reports.append(report)
+            _print_report(split.label(), report, args.source_lang, args.target_lang, report.defects, args.show)
+            found += len(report.defects)
+    print(f"{found} defects" + ("" if found else ": the data is clean"))
+    return 1 if found else 0
+
+
+def cmd_export(args) -> int:
+    from pathlib import Path
+
+    from narbench_core.io import write_text
+    from suites import tasks
+
+    if args.limit is not None and args.limit < 1:
+        raise UserError(f"--limit must be >= 1, got {args.limit}")
+    out = Path(args.out)
+    for split in tasks.SPLITS:
+        sources, refs = tasks.load_text(args.task, split)
+        n = len(sources) if args.limit is None else min(args.limit, len(sources))
+        lines = ["\t".join([sources[i]] + [r[i] for r in refs]) + "\n" for i in range(n)]
+        bad = [i for i in range(n) if any("\t" in x or "\n" in x for x in [sources[i]] + [r[i] for r in refs])]
+        if bad:
+            raise UserError(f"{args.task} {split} pair {bad[0]} holds a tab or newline; it cannot be written as TSV")
+        write_text(out / f"{split}.tsv", "".join(lines))
+        print(f"{out / (split + '.tsv')}: {n} pairs, {len(refs)} reference(s)")
     return 0

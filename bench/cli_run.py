@@ -114,9 +114,11 @@ def _seeds(spec) -> dict[str, int]:
 def cmd_run(args) -> int:
     from bench import env as benv, grid, store
     from bench.bleurt import load_scorer
+    from bench.cli_data import refuse_bad_data
 
     spec = _spec(args)
     platform = _setup(args.platform)
+    refuse_bad_data(spec)          # the suite's own data files, checked before any result is written
     command = _command(args, ("suite", "out", "batch_size", "max_test_sentences", "platform", "bleurt_checkpoint"))
     run, resumed = store.open_run(Path(args.out), spec.name, spec.spec_hash(), spec.to_toml(), command,
                                   force=args.force)

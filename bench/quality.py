@@ -1,6 +1,6 @@
 """Quality metrics: SacreBLEU BLEU and chrF (with signatures), stutter, paired bootstrap vs a baseline.
 
-- Tokenizer: ``13a``, or ``zh`` when the target language is Chinese (:func:`tokenizer_for`).
+- Tokenizer: by target language (``narbench_core.langs.bleu_tokenizer``: ``zh``, ``ja-mecab``, else ``13a``).
 - References are a list of streams (``refs[k][i]`` = k-th reference of sentence i), as in sacrebleu.
 - Stutter (DESIGN.md): for hypothesis h and reference r, ``sum_w max(0, c_h(w,w) - c_r(w,w))`` where
   ``c_x(w,w)`` counts adjacent identical word pairs; words are whitespace tokens, and for Chinese
@@ -20,6 +20,7 @@ from typing import Sequence
 import numpy as np
 from sacrebleu.metrics import BLEU, CHRF
 
+from narbench_core import langs
 from narbench_core.errors import UserError
 
 # Metric registry: name -> higher is better. Reports use it to sort and to mark the best value.
@@ -45,15 +46,6 @@ def higher_is_better(metric: str) -> bool:
     if metric not in METRICS:
         raise UserError(f"unknown metric {metric!r}; known metrics: {', '.join(sorted(METRICS))}")
     return METRICS[metric]
-
-
-def is_chinese(lang: str) -> bool:
-    return lang.lower().split("-")[0].split("_")[0] == "zh"
-
-
-def tokenizer_for(target_lang: str) -> str:
-    """SacreBLEU tokenizer for a target language: ``zh`` for Chinese, else ``13a``."""
-    return "zh" if is_chinese(target_lang) else "13a"
 
 
 def _check_streams(hypotheses: Sequence[str], references: Sequence[Sequence[str]]) -> list[list[str]]:
@@ -91,9 +83,9 @@ def corpus_chrf(hypotheses: Sequence[str], references: Sequence[Sequence[str]]) 
 
 # ----------------------------------------------------------------------------------------- stutter
 
-def words(text: str, chinese: bool = False) -> list[str]:
-    """Whitespace tokens, or non-space characters for Chinese."""
-    if chinese:
+def words(text: str, characters: bool = False) -> list[str]:
+    """Whitespace tokens, or non-space characters (Chinese, Japanese: ``langs.counts_characters``)."""
+    if characters:
         return [ch for ch in text if not ch.isspace()]
     return text.split()
 
@@ -102,10 +94,10 @@ def _repeat_counts(tokens: list[str]) -> Counter:
     return Counter(a for a, b in zip(tokens, tokens[1:]) if a == b)
 
 
-def stutter_count(hypothesis: str, reference: str, chinese: bool = False) -> int:
+def stutter_count(hypothesis: str, reference: str, characters: bool = False) -> int:
     """``sum_w max(0, c_h(w,w) - c_r(w,w))`` for one sentence."""
-    c_h = _repeat_counts(words(hypothesis, chinese))
-    c_r = _repeat_counts(words(reference, chinese))
+    c_h = _repeat_counts(words(hypothesis, characters))
+    c_r = _repeat_counts(words(reference, characters))
     return sum(max(0, count - c_r.get(w, 0)) for w, count in c_h.items())
 
 
@@ -117,12 +109,12 @@ class StutterScore:
     hypothesis_words: int
 
 
-def stutter(hypotheses: Sequence[str], references: Sequence[str], chinese: bool = False) -> StutterScore:
+def stutter(hypotheses: Sequence[str], references: Sequence[str], characters: bool = False) -> StutterScore:
     """Corpus stutter against one reference stream (see module docstring)."""
     if len(hypotheses) != len(references):
         raise ValueError(f"{len(hypotheses)} hypotheses vs {len(references)} references")
-    counts = [stutter_count(h, r, chinese) for h, r in zip(hypotheses, references)]
-    n_words = sum(len(words(h, chinese)) for h in hypotheses)
+    counts = [stutter_count(h, r, characters) for h, r in zip(hypotheses, references)]
+    n_words = sum(len(words(h, characters)) for h in hypotheses)
     total = int(sum(counts))
     return StutterScore(
         per_1k_words=1000.0 * total / n_words if n_words else 0.0,
@@ -201,19 +193,19 @@ class QualityScores:
     length_ratio: float
 
 
-def length_ratio(hypotheses: Sequence[str], references: Sequence[str], chinese: bool = False) -> float:
+def length_ratio(hypotheses: Sequence[str], references: Sequence[str], characters: bool = False) -> float:
     """Hypothesis words / reference words over the corpus (words as for stutter); 0.0 for empty references."""
-    ref_words = sum(len(words(r, chinese)) for r in references)
-    return sum(len(words(h, chinese)) for h in hypotheses) / ref_words if ref_words else 0.0
+    ref_words = sum(len(words(r, characters)) for r in references)
+    return sum(len(words(h, characters)) for h in hypotheses) / ref_words if ref_words else 0.0
 
 
 def score_corpus(hypotheses: Sequence[str], references: Sequence[Sequence[str]], target_lang: str) -> QualityScores:
     """BLEU, chrF, stutter and length ratio of one system on one test set (stutter and length ratio
     against the first reference)."""
-    tok = tokenizer_for(target_lang)
+    tok = langs.bleu_tokenizer(target_lang)
     bleu = corpus_bleu(hypotheses, references, tok)
     chrf = corpus_chrf(hypotheses, references)
-    chinese = is_chinese(target_lang)
-    st = stutter(hypotheses, list(references[0]), chinese=chinese)
+    characters = langs.counts_characters(target_lang)
+    st = stutter(hypotheses, list(references[0]), characters=characters)
     return QualityScores(bleu.score, bleu.signature, chrf.score, chrf.signature,
-                         st.per_1k_words, st.sentence_share, length_ratio(hypotheses, references[0], chinese))
+                         st.per_1k_words, st.sentence_share, length_ratio(hypotheses, references[0], characters))

@@ -16,7 +16,7 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 import numpy as np
 
 from bench.stats import min_samples
-from narbench_core import defaults
+from narbench_core import defaults, langs
 from narbench_core.errors import UserError
 
 SCHEMA_VERSION = 2   # 2: `family` is the plug-in family (ar, padir ...); `paradigm` is ar | nar
@@ -320,7 +320,7 @@ def figures(hypotheses: Sequence[str], references: Sequence[Sequence[str]], late
         if list(baseline_hypotheses) == list(hypotheses):
             out.update(bleu_delta_vs_ar=0.0, bleu_delta_ci=[0.0, 0.0], bleu_delta_p_value=1.0)
         else:
-            tok = quality.tokenizer_for(target_lang)
+            tok = langs.bleu_tokenizer(target_lang)
             boot = quality.paired_bootstrap_bleu(hypotheses, baseline_hypotheses, references, tok,
                                                  n_resamples=bootstrap_resamples, seed=seed)
             out.update(bleu_delta_vs_ar=boot.delta, bleu_delta_ci=list(boot.ci), bleu_delta_p_value=boot.p_value)

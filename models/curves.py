@@ -26,7 +26,7 @@ from typing import Any, Sequence
 import jax
 import numpy as np
 
-from narbench_core import defaults
+from narbench_core import defaults, langs
 from narbench_core.errors import UserError
 from narbench_core.io import read_jsonl, write_jsonl
 from narbench_core.tokens import EOS_ID
@@ -64,7 +64,7 @@ def dev_set(task: str, n: int = defaults.CURVE_SENTENCES, seed: int = DEV_SEED) 
     if n < len(sources):
         idx = np.sort(np.random.default_rng(seed).choice(len(sources), size=n, replace=False))
     return DevSet(tuple(sources[i] for i in idx), tuple(references[0][i] for i in idx),
-                  tasks.get_vocabulary(base), tasks.bleu_tokenizer(tasks.task_info(base).target_lang))
+                  tasks.get_vocabulary(base), langs.bleu_tokenizer(tasks.task_info(base).target_lang))
 
 
 class DevEvaluator:

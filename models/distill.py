@@ -38,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from narbench_core import defaults
+from narbench_core import defaults, langs
 from narbench_core.errors import UserError
 from narbench_core.io import write_json, write_lines
 from models import checkpoint
@@ -178,12 +178,12 @@ def _run(teacher_dir, task: str, out: Path, settings: dict, batch_size: int, chu
                            "sampled ones; delete the folder and re-run")
 
     target_lang = tasks.task_info(task).target_lang
-    tokenize = tasks.bleu_tokenizer(target_lang)
+    tokenize = langs.bleu_tokenizer(target_lang)
     held_hyps = _decode(decoder, [sources[i] for i in held], batch_size) if len(held) else []
     teacher_bleu = (sacrebleu.corpus_bleu(held_hyps, [[refs[0][i] for i in held]], tokenize=tokenize).score
                     if len(held) else None)
-    ref_words = sum(tasks.text_length(refs[0][i], target_lang) for i in picked)
-    hyp_words = sum(tasks.text_length(hyps[i], target_lang) for i in picked)
+    ref_words = sum(langs.text_length(refs[0][i], target_lang) for i in picked)
+    hyp_words = sum(langs.text_length(hyps[i], target_lang) for i in picked)
     record = {
         "task": task, "teacher": portable(teacher_dir), "examples": len(picked),
         "max_examples": settings["max_examples"], "heldout": len(held), "seed": settings["seed"],

@@ -28,6 +28,7 @@ from typing import Any, Callable, Mapping, Protocol
 
 from narbench_core import defaults
 from narbench_core.errors import UserError
+from suites.files import SPLITS as FILE_SPLITS, FileTask, SplitFiles
 
 SPECS_DIR = Path(__file__).resolve().parent / "specs"
 SCHEMA_VERSION = 1
@@ -60,6 +61,16 @@ class TestSet:
 class TaskSpec:
     train: str                       # seqio task the models are trained on
     test_sets: tuple[TestSet, ...]
+    files: FileTask | None = None    # your own data: the task is registered from these files
+
+    def to_dict(self) -> dict[str, Any]:
+        tests = [_test_set_str(self.train, ts) for ts in self.test_sets]
+        if self.files is None:
+            return {"train": self.train, "test": tests}
+        f = self.files
+        return {"name": f.name, "source_lang": f.source_lang, "target_lang": f.target_lang,
+                "files": {split: (sf.paths[0] if sf.is_tsv else list(sf.paths)) for split, sf in f.splits},
+                "vocab_size": f.vocab_size, "test": tests}
 
 
 @dataclass(frozen=True)
@@ -169,8 +180,7 @@ class SuiteSpec:
             **({"max_test_sentences": self.max_test_sentences} if self.max_test_sentences else {}),
             **({"decode_buckets": list(self.decode_buckets)} if self.decode_buckets else {}),
             **({"max_decode_length": self.max_decode_length} if self.max_decode_length else {}),
-            "tasks": [{"train": t.train, "test": [_test_set_str(t.train, ts) for ts in t.test_sets]}
-                      for t in self.tasks],
+            "tasks": [t.to_dict() for t in self.tasks],
             "model": {"preset": self.model.preset, "overrides": self.model.override_dict()},
             "train": {family: clean(dataclasses.asdict(b)) for family, b in self.budgets},
             **{family: clean(dataclasses.asdict(section)) for family, section in self.systems},
@@ -302,6 +312,7 @@ def list_of(item: Callable[[Any], Any], what: str, unique: bool = True) -> Calla
 
 _NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
 _TASK = re.compile(r"^[A-Za-z0-9_]+$")
+_LANG = re.compile(r"^[A-Za-z]{2,3}(?:[-_][A-Za-z0-9]+)*$")
 
 
 def _budget(r: Reader) -> TrainBudget:
@@ -324,14 +335,47 @@ def _budget(r: Reader) -> TrainBudget:
     return b
 
 
-def _tasks(source: str, value: Any) -> tuple[TaskSpec, ...]:
+def _file_task(r: Reader, base_dir: Path | None) -> FileTask:
+    """``name``, ``source_lang``, ``target_lang``, ``files`` and ``vocab_size`` of a task on your own data."""
+    name = r.get("name", string(_TASK, what="a task name of letters, digits and _"), required=True)
+    langs = [r.get(k, string(_LANG, what='a language code such as "de" or "zh-Hans"'), required=True)
+             for k in ("source_lang", "target_lang")]
+    vocab_size = r.get("vocab_size", integer(8), 8000)
+    fr = r.sub("files", required=True)
+    splits = []
+    for split in FILE_SPLITS:
+        value = fr.get(split, lambda v: v, required=True)
+        if isinstance(value, str) and value:
+            raw = (value,)
+        elif isinstance(value, list) and len(value) >= 2 and all(isinstance(x, str) and x for x in value):
+            raw = tuple(value)
+        else:
+            fr.fail(split, f'expected a TSV path ("train.tsv") or aligned files (["train.de", "train.en"]), '
+                           f"got {_show(value)}")
+        resolved = []
+        for text in raw:
+            path = Path(text).expanduser()
+            path = (path if path.is_absolute() else (base_dir or Path.cwd()) / path).resolve()
+            if not path.is_file():
+                fr.fail(split, f"{path} not found (relative paths start at the spec's folder, {base_dir or Path.cwd()})")
+            resolved.append(str(path))
+        splits.append((split, SplitFiles(tuple(resolved))))
+    fr.done()
+    return FileTask(name, langs[0], langs[1], tuple(splits), vocab_size)
+
+
+def _tasks(source: str, value: Any, base_dir: Path | None = None) -> tuple[TaskSpec, ...]:
     if not isinstance(value, list) or not value:
         raise UserError(f"{source}: tasks: expected a non-empty array of tables "
                         f"([[tasks]] with train = ... and test = [...])")
     out, seen = [], {}
     for i, table in enumerate(value):
         r = Reader(source, table, f"tasks[{i}]")
-        train = r.get("train", string(_TASK, what="a task name"), required=True)
+        own = isinstance(table, dict) and ("files" in table or "name" in table)
+        if own and "train" in table:
+            r.fail("train", "give either train = TASK (a registered task) or name + files (your own data), not both")
+        files = _file_task(r, base_dir) if own else None
+        train = files.name if files else r.get("train", string(_TASK, what="a task name"), required=True)
         raw = r.get("test", list_of(string(TEST_SET_RE, what='"[TASK:]SPLIT[+refs]"'),
                                   '"[TASK:]SPLIT[+refs]" strings'), ("test",))
         r.done()
@@ -344,7 +388,7 @@ def _tasks(source: str, value: Any) -> tuple[TaskSpec, ...]:
                                "each test set may appear once")
             seen[ts.name] = i
             sets.append(ts)
-        out.append(TaskSpec(train=train, test_sets=tuple(sets)))
+        out.append(TaskSpec(train=train, test_sets=tuple(sets), files=files))
     return tuple(out)
 
 
@@ -377,11 +421,12 @@ class Section(Protocol):
 
 
 def parse_spec(data: dict[str, Any], source: str = "<spec>",
-               sections: Mapping[str, Section] | None = None) -> SuiteSpec:
+               sections: Mapping[str, Section] | None = None, base_dir: Path | None = None) -> SuiteSpec:
     """Validate a TOML-shaped dict into a ``SuiteSpec`` (``UserError`` on the first bad key).
 
     ``sections`` maps each system family's name to its ``Section``; a family that trains needs its
-    ``[train.name]`` budget.
+    ``[train.name]`` budget. Relative data paths of file tasks start at ``base_dir`` (default: the
+    working directory).
     """
     sections = dict(sections or {})
     top = Reader(source, data, "")
@@ -391,7 +436,7 @@ def parse_spec(data: dict[str, Any], source: str = "<spec>",
     top.used.add("tasks")
     if "tasks" not in data:
         top.fail("tasks", "missing required key")
-    tasks = _tasks(source, data["tasks"])
+    tasks = _tasks(source, data["tasks"], base_dir)
     model = _model(top.sub("model", required=True))
     systems = tuple((family, section.parse(top.sub(family))) for family, section in sections.items()
                     if family in data or section.required)
@@ -461,7 +506,7 @@ def load_spec(name_or_path: str | Path, sections: Mapping[str, Section] | None =
         raise UserError(f"{source}: malformed TOML: {err}") from None
     except UnicodeDecodeError:
         raise UserError(f"{source}: not UTF-8 text; save the spec as UTF-8 TOML") from None
-    return parse_spec(data, source, sections)
+    return parse_spec(data, source, sections, base_dir=path.resolve().parent)
 
 
 # ---------------------------------------------------------------------------------------- writing

@@ -1,7 +1,8 @@
 """seqio Tasks for every corpus; importing this module registers them all (cheaply).
 
 Names: ``bible_{de,ro,zh}_en``, ``bible_en_{de,ro,zh}``, ``wmt14_de_en``, ``wmt14_en_de``,
-``wmt16_ro_en``, ``wmt16_en_ro``, ``wmt17_zh_en``, ``wmt17_en_zh``, ``synthetic_d0/d50/d100``.
+``wmt16_ro_en``, ``wmt16_en_ro``, ``wmt17_zh_en``, ``wmt17_en_zh``, ``synthetic_d0/d50/d100``; plus
+the file-backed tasks a suite spec declares (``register_file_task``, the text in ``suites/files.py``).
 Splits everywhere: ``train``, ``dev``, ``test``. Features ``inputs``/``targets`` (SentencePiece ids,
 EOS appended) plus ``inputs_pretokenized``/``targets_pretokenized``; metrics BLEU and chrF.
 
@@ -18,8 +19,9 @@ from typing import Callable
 
 import seqio
 
+from narbench_core import langs
 from narbench_core.errors import UserError
-from suites import bible, synthetic, vocab, wmt
+from suites import bible, files, synthetic, vocab, wmt
 
 SPLITS = ("train", "dev", "test")
 # Vocabulary sizes per family (the paper uses 32k; 8k is the CPU default for the Bible).
@@ -32,11 +34,12 @@ class _Spec:
     """What a registered task is made of (internal)."""
 
     name: str
-    family: str              # "bible" | "wmt" | "synthetic"
+    family: str              # "bible" | "wmt" | "synthetic" | "files"
     source_lang: str
     target_lang: str
     pair: str = ""           # the foreign language of bible/wmt tasks
     synthetic: synthetic.SyntheticConfig | None = None
+    files: files.FileTask | None = None   # a suite's own parallel text files
     distilled_train: str | None = None   # TSV of distilled training pairs
     base: str | None = None              # the task a distilled task derives from
 
@@ -48,6 +51,8 @@ class _Spec:
     def vocab_key(self) -> str:
         if self.family == "synthetic":
             return "synthetic-" + _vocab_config(self.synthetic).key()
+        if self.family == "files":
+            return f"files-{self.files.name}-{self.files.digest()}"
         return f"{self.family}-{self.pair}-en"
 
 
@@ -78,7 +83,7 @@ def _vocab_config(cfg: synthetic.SyntheticConfig) -> synthetic.SyntheticConfig:
 
 def _vocab_inputs(spec: _Spec) -> tuple[str, list[Path], vocab.VocabSettings, tuple[int, ...]]:
     """(name, files, settings, columns) of the vocabulary; prepares the training text if needed."""
-    size = VOCAB_SIZES[spec.family]
+    size = spec.files.vocab_size if spec.family == "files" else VOCAB_SIZES[spec.family]
     if spec.family == "bible":
         if not bible.split_path(spec.pair, "train").exists():
             bible.prepare(pairs=(spec.pair,))
@@ -88,9 +93,25 @@ def _vocab_inputs(spec: _Spec) -> tuple[str, list[Path], vocab.VocabSettings, tu
         settings = vocab.VocabSettings.for_languages([spec.pair, "en"], size)
         name = f"wmt{wmt.YEARS[spec.pair]}_{spec.pair}_en"
         return name, [wmt.write_train_sample(spec.pair)], settings, (0, 1)
+    if spec.family == "files":
+        settings = vocab.VocabSettings.for_languages([spec.source_lang, spec.target_lang], size)
+        return spec.files.name, [_clean_train_tsv(spec.files)], settings, (0, 1)
     gen = synthetic.SyntheticTranslation(_vocab_config(spec.synthetic))
     path = gen.write_split("train", SYNTHETIC_VOCAB_SENTENCES)
     return spec.vocab_key, [path], vocab.VocabSettings(vocab_size=size), (0, 1)
+
+
+def _clean_train_tsv(task: files.FileTask) -> Path:
+    """The training pairs of a file task as one clean ``source<TAB>target`` file under the data root
+    (the vocabulary's input, whatever the layout of the user's files), keyed by the files' hash."""
+    from narbench_core import paths
+    from narbench_core.io import write_text
+
+    path = paths.subdir("files") / f"{task.name}-{task.digest()}.train.tsv"
+    if not path.exists():
+        sources, refs = files.load_split(task, "train")
+        write_text(path, "".join(f"{s}\t{t}\n" for s, t in zip(sources, refs[0])))
+    return path
 
 
 def _peek_path(spec: _Spec) -> Path | None:
@@ -102,6 +123,11 @@ def _peek_path(spec: _Spec) -> Path | None:
     if spec.family == "synthetic":
         gen = synthetic.SyntheticTranslation(_vocab_config(spec.synthetic))
         if not gen.split_file("train", SYNTHETIC_VOCAB_SENTENCES).exists():
+            return None
+    if spec.family == "files":
+        from narbench_core import paths
+
+        if not (paths.subdir("files") / f"{spec.files.name}-{spec.files.digest()}.train.tsv").exists():
             return None
     return vocab.model_path(*_vocab_inputs(spec))
 
@@ -155,6 +181,8 @@ def _load_text_raw(name: str, split: str) -> tuple[tuple[str, ...], tuple[tuple[
         return tuple(src), tuple(tuple(r) for r in refs)
     if spec.family == "synthetic":
         src, refs = _synthetic_text(spec.synthetic, split)
+    elif spec.family == "files":
+        src, refs = files.load_split(spec.files, split)
     elif spec.family == "bible":
         pairs = bible.load_split(spec.pair, split)
         foreign, english = [p[0] for p in pairs], [p[1] for p in pairs]
@@ -191,15 +219,10 @@ def get_vocabulary(name: str) -> seqio.SentencePieceVocabulary:
 
 
 # ------------------------------------------------------------------------------------- metrics
-def bleu_tokenizer(target_lang: str) -> str:
-    """SacreBLEU tokenizer for a task's target language: ``zh`` for Chinese, else ``13a``."""
-    return "zh" if target_lang == "zh" else "13a"
-
-
 def _metric_fns(target_lang: str) -> list[Callable]:
     import sacrebleu
 
-    tokenize = bleu_tokenizer(target_lang)
+    tokenize = langs.bleu_tokenizer(target_lang)
 
     def bleu(targets, predictions):
         return {"bleu": sacrebleu.corpus_bleu(list(predictions), [list(targets)], tokenize=tokenize).score}
@@ -231,6 +254,8 @@ def split_sizes(name: str) -> dict[str, int | None]:
             return {**split_sizes(spec.base), "train": sum(1 for _ in f)}
     if spec.family == "synthetic":
         return {s: spec.synthetic.split_size(s) for s in SPLITS}
+    if spec.family == "files":
+        return {s: files.count_lines(spec.files.files(s)) for s in SPLITS}
     if spec.family == "wmt":
         sizes = wmt.split_sizes(spec.pair)
         return {s: (sizes[s] if sizes else None) for s in SPLITS}
@@ -325,12 +350,27 @@ def register_distilled_task(base_task: str, train_tsv: Path) -> str:
     return name
 
 
+def register_file_task(task: files.FileTask) -> str:
+    """Register a suite's own task (``[[tasks]]`` with ``files``) as a seqio Task like the built-in
+    ones; registering it again with other files or settings replaces it."""
+    known = _SPECS.get(task.name)
+    if known is not None and known.files is None:
+        raise UserError(f"task name {task.name!r} is built in; give your data another name")
+    if task.name.endswith(DISTILLED_SUFFIX):
+        raise UserError(f"task name {task.name!r} ends in {DISTILLED_SUFFIX!r}, which marks distilled tasks; rename it")
+    if known is None or known.files != task:
+        _register(_Spec(task.name, "files", task.source_lang, task.target_lang, files=task))
+        _load_text_cached.cache_clear()
+    return task.name
+
+
+def file_task(name: str) -> files.FileTask | None:
+    """The files behind a registered task (None for built-in and distilled tasks)."""
+    spec = _spec(name)
+    return None if spec.distilled_train else spec.files
+
+
 # ------------------------------------------------------------------------------------ statistics
-def text_length(text: str, lang: str) -> int:
-    """Length in words (Chinese: characters, spaces excluded)."""
-    return len(text.replace(" ", "")) if lang == "zh" else len(text.split())
-
-
 def _sample(name: str, split: str, limit: int | None) -> tuple[list[str], list[str]]:
     """(sources, targets) of a split; with ``limit``, at most that many, evenly spaced where cheap."""
     spec = _spec(name)
@@ -348,7 +388,7 @@ def _sample(name: str, split: str, limit: int | None) -> tuple[list[str], list[s
     return sources[::step][:limit], refs[0][::step][:limit]
 
 
-def _summary(values: list[int]) -> dict:
+def summary(values: list[int]) -> dict:
     import numpy as np
 
     if not values:
@@ -373,12 +413,12 @@ def task_stats(name: str, splits=SPLITS, limit: int | None = None,
     for split in splits:
         src, tgt = _sample(name, split, limit)
         row = {"size": sizes[split] if sizes[split] is not None else len(src), "sampled": len(src),
-               "source_words": _summary([text_length(t, spec.source_lang) for t in src]),
-               "target_words": _summary([text_length(t, spec.target_lang) for t in tgt])}
+               "source_words": summary([langs.text_length(t, spec.source_lang) for t in src]),
+               "target_words": summary([langs.text_length(t, spec.target_lang) for t in tgt])}
         if tokens:
             sp = voc.tokenizer
-            row["source_tokens"] = _summary([len(x) for x in sp.encode(src)])
-            row["target_tokens"] = _summary([len(x) for x in sp.encode(tgt)])
+            row["source_tokens"] = summary([len(x) for x in sp.encode(src)])
+            row["target_tokens"] = summary([len(x) for x in sp.encode(tgt)])
         out[split] = row
     return out
 

@@ -62,14 +62,26 @@ def rank(name: str) -> int:
 
 
 def parse_suite(data: dict, source: str = "<spec>"):
-    """``suites.spec.parse_spec`` with every registered family's section."""
+    """``suites.spec.parse_spec`` with every registered family's section; the suite's own data tasks
+    are registered."""
     from suites.spec import parse_spec
 
-    return parse_spec(data, source, {f.name: f for f in all_families()})
+    return _register_file_tasks(parse_spec(data, source, {f.name: f for f in all_families()}))
 
 
 def load_suite(name_or_path):
-    """``suites.spec.load_spec`` with every registered family's section."""
+    """``suites.spec.load_spec`` with every registered family's section; the suite's own data tasks
+    are registered."""
     from suites.spec import load_spec
 
-    return load_spec(name_or_path, {f.name: f for f in all_families()})
+    return _register_file_tasks(load_spec(name_or_path, {f.name: f for f in all_families()}))
+
+
+def _register_file_tasks(spec):
+    """Register each ``[[tasks]]`` on the suite's own files as a seqio Task (built-ins already are)."""
+    from suites import tasks
+
+    for task in spec.tasks:
+        if task.files is not None:
+            tasks.register_file_task(task.files)
+    return spec

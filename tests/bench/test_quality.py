@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from bench import quality
+from narbench_core import langs
 from narbench_core.errors import UserError
 
 WORDS = "the lord said unto moses go down and speak to the people of israel in the land of egypt".split()
@@ -66,10 +67,21 @@ def test_bleu_equals_sacrebleu_cli_single_and_multi_reference(tmp_path):
     assert multi.signature.startswith("nrefs:2|") and multi.score > single.score
 
 
+def test_japanese_targets_score_with_mecab_and_count_characters():
+    assert langs.bleu_tokenizer("ja") == langs.bleu_tokenizer("ja_JP") == "ja-mecab"
+    refs, hyps = ["私は学生です。"], ["私は学生です。"]
+    score = quality.corpus_bleu(hyps, [refs], tokenize="ja-mecab")
+    assert score.score == pytest.approx(100.0) and "tok:ja-mecab" in score.signature
+    # mecab splits the unspaced sentence into words: one wrong word costs part of the score, not all.
+    assert 0.0 < quality.corpus_bleu(["私は先生です。"], [refs], tokenize="ja-mecab").score < 100.0
+    assert langs.counts_characters("ja") and langs.text_length("私は 学生", "ja") == 4
+    assert quality.score_corpus(["私は学生"], [["私は学生です"]], "ja").length_ratio == pytest.approx(4 / 6)
+
+
 def test_bleu_zh_tokenizer_equals_cli(tmp_path):
     refs, hyps = _zh_corpus(1)
-    tok = quality.tokenizer_for("zh")
-    assert tok == "zh" and quality.tokenizer_for("en") == "13a" and quality.tokenizer_for("zh-Hans") == "zh"
+    tok = langs.bleu_tokenizer("zh")
+    assert tok == "zh" and langs.bleu_tokenizer("en") == "13a" and langs.bleu_tokenizer("zh-Hans") == "zh"
     score = quality.corpus_bleu(hyps, [refs], tokenize=tok)
     assert score.score == pytest.approx(_cli(tmp_path, hyps, [refs], "-tok", "zh"), abs=1e-5)
     assert "tok:zh" in score.signature
@@ -107,10 +119,10 @@ def test_stutter_hand_cases(hyp, ref, expected):
 
 
 def test_stutter_chinese_counts_characters():
-    assert quality.stutter_count("神神说", "神说", chinese=True) == 1
-    assert quality.stutter_count("神 神说", "神说", chinese=True) == 1   # spaces are ignored
-    assert quality.stutter_count("神神说", "神神说", chinese=True) == 0
-    assert quality.stutter_count("神神说", "神说", chinese=False) == 0  # one whitespace word
+    assert quality.stutter_count("神神说", "神说", characters=True) == 1
+    assert quality.stutter_count("神 神说", "神说", characters=True) == 1   # spaces are ignored
+    assert quality.stutter_count("神神说", "神神说", characters=True) == 0
+    assert quality.stutter_count("神神说", "神说", characters=False) == 0  # one whitespace word
 
 
 def test_stutter_corpus_rates():
@@ -155,7 +167,7 @@ def test_score_corpus_bundles_metrics():
 
 def test_length_ratio_counts_words_or_chinese_characters():
     assert quality.length_ratio(["a b c", "d"], ["a b", "c d e f"]) == pytest.approx(4 / 6)
-    assert quality.length_ratio(["我们 走"], ["我们走了"], chinese=True) == pytest.approx(3 / 4)
+    assert quality.length_ratio(["我们 走"], ["我们走了"], characters=True) == pytest.approx(3 / 4)
     assert quality.length_ratio(["a"], [""]) == 0.0
 
 
