@@ -19,7 +19,9 @@ and decoded as UTF-8 (a Windows ``\\r\\n`` ending and a leading byte-order mark 
 """
 from __future__ import annotations
 
+import functools
 import hashlib
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Optional, Sequence
@@ -66,15 +68,22 @@ class FileTask:
         return dict(self.splits)[split]
 
     def digest(self) -> str:
-        """A short hash of the settings and of every file's bytes (the vocabulary and data identity)."""
-        h = hashlib.sha256(repr((self.name, self.source_lang, self.target_lang, self.vocab_size)).encode())
-        for split, files in self.splits:
-            h.update(split.encode())
-            for path in files.paths:
-                with open(path, "rb") as f:
-                    for chunk in iter(lambda: f.read(1 << 20), b""):
-                        h.update(chunk)
-        return h.hexdigest()[:16]
+        """A short hash of the settings and of every file's bytes (the vocabulary and data identity;
+        recomputed only when a file's size or modification time changes)."""
+        stats = tuple((p, os.stat(p).st_size, os.stat(p).st_mtime_ns) for _, f in self.splits for p in f.paths)
+        return _digest(self, stats)
+
+
+@functools.lru_cache(maxsize=64)
+def _digest(task: FileTask, stats: tuple) -> str:
+    h = hashlib.sha256(repr((task.name, task.source_lang, task.target_lang, task.vocab_size)).encode())
+    for split, files in task.splits:
+        h.update(split.encode())
+        for path in files.paths:
+            with open(path, "rb") as f:
+                for chunk in iter(lambda: f.read(1 << 20), b""):
+                    h.update(chunk)
+    return h.hexdigest()[:16]
 
 
 @dataclass(frozen=True)

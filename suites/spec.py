@@ -294,10 +294,11 @@ def boolean(v):
     return v
 
 
-def list_of(item: Callable[[Any], Any], what: str, unique: bool = True) -> Callable[[Any], tuple]:
+def list_of(item: Callable[[Any], Any], what: str, unique: bool = True,
+            empty: bool = False) -> Callable[[Any], tuple]:
     def check(v):
-        if not isinstance(v, list) or not v:
-            raise Invalid(f"expected a non-empty list of {what}, got {_show(v)}")
+        if not isinstance(v, list) or not (v or empty):
+            raise Invalid(f"expected a {'' if empty else 'non-empty '}list of {what}, got {_show(v)}")
         out = []
         for x in v:
             try:

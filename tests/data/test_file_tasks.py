@@ -247,4 +247,6 @@ def test_own_data_suite_runs_end_to_end(tmp_path, capsys):
     rows = st.RunStore(run_dir).rows()
     assert [(r.system, r.task, r.test_set) for r in rows] == [("ar-greedy", "syn_files", "syn_files:test")]
     assert "syn_files:test" in (run_dir / "leaderboard.md").read_text()
-    assert json.loads(json.dumps(rows[0]["n_sentences"])) == 4
+    assert rows[0]["n_sentences"] == 4 and rows[0].train_steps == 6
+    curve = [json.loads(line) for line in (run_dir / st.CURVES).read_text().splitlines()]
+    assert [p["step"] for p in curve] == [6] and curve[0]["dev_bleu"] is not None   # the dev split, scored
