@@ -16,8 +16,8 @@ from narbench_core.errors import UserError
 
 # Modules that add sub-commands, in the order they appear in --help.
 COMMAND_MODULES = (
-    "bench.cli_data",     # data prepare, data stats, tasks
-    "bench.cli_models",   # train, translate
+    "bench.cli_data",     # data prepare|stats|check|export, tasks
+    "bench.cli_models",   # train, translate, export
     "bench.cli_run",      # run, eval, report, results, latency
     "bench.cli_theory",   # theory ising|samplers|attention
 )

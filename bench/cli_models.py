@@ -1,4 +1,5 @@
-"""``narbench train`` and ``narbench translate``: parse, call an importable function, print."""
+"""``narbench train``, ``narbench translate`` and ``narbench export ct2``: parse, call an importable
+function, print."""
 from __future__ import annotations
 
 import argparse
@@ -72,6 +73,21 @@ def register(sub) -> None:
     t.add_argument("--batch-size", type=int, default=32)
     t.add_argument("--source-file", type=Path, help="default: stdin")
     t.set_defaults(func=_translate_command)
+
+    e = sub.add_parser("export", help="export an AR checkpoint to another inference engine",
+                       description="Export a trained AR checkpoint for another inference engine.")
+    esub = e.add_subparsers(dest="export_command", metavar="ENGINE")
+    esub.required = True
+    c = esub.add_parser("ct2", help="CTranslate2 (needs the extra: pip install -e \".[ct2]\")",
+                        description="Write a CTranslate2 model folder built straight from the Flax parameters "
+                        "(numpy only; no torch or transformers): T5.1.1 layout, shared SentencePiece vocabulary. "
+                        "Translate with ctranslate2.Translator(OUT); sources are SentencePiece pieces plus </s>.")
+    c.add_argument("--checkpoint", required=True, type=Path, help="AR checkpoint folder written by `narbench train`")
+    c.add_argument("--out", required=True, type=Path, help="model folder to write")
+    c.add_argument("--quantization", choices=("float32", "int8"), default="float32",
+                   help="weights in float32 (default) or int8")
+    c.add_argument("--force", action="store_true", help="replace whatever --out holds")
+    c.set_defaults(func=_export_ct2_command)
 
 
 # -- importable logic -----------------------------------------------------------------------------
@@ -156,6 +172,14 @@ def _train_command(args: argparse.Namespace) -> int:
                       steps=args.steps, batch_tokens=args.batch_tokens, learning_rate=args.learning_rate,
                       warmup_steps=args.warmup_steps, seed=args.seed, checkpoint_every=args.checkpoint_every,
                       eval_every=args.eval_every, optimizer=args.optimizer)
+    print(out)
+    return 0
+
+
+def _export_ct2_command(args: argparse.Namespace) -> int:
+    from models import ct2
+
+    out = ct2.export(args.checkpoint, args.out, args.quantization, force=args.force)
     print(out)
     return 0
 

@@ -42,7 +42,8 @@ class Decoder(Protocol):
 
     def lower(self, prepared: Any, part: str) -> Any:
         """``jax.stages.Lowered`` of one ``part``: "encode" (encoder + length prediction) or
-        "pass" (one decoder forward pass), for XLA cost analysis."""
+        "pass" (one decoder forward pass), for XLA cost analysis. A decoder that runs outside XLA
+        (CTranslate2) sets a class attribute ``xla_costs = False`` and is not costed."""
 
 
 def translate(decoder: Decoder, sources: Sequence[str]) -> DecodeOutput:

@@ -403,6 +403,8 @@ class Runner:
         peaks = costs.machine_peaks()
         out = {}
         for decoder in decoders:
+            if not getattr(decoder, "xla_costs", True):    # runs outside XLA (CTranslate2): nothing to cost
+                continue
             t = m.systems[decoder.name]
             c = costs.decoder_cost(decoder, data.sources, t.passes, self.spec.batch_size)
             share = costs.roofline_share(c, t.latencies_ms, peaks)

@@ -170,6 +170,52 @@ def stutter_verdict(rows: Sequence[Row]) -> str | None:
             f"row{'s' if n > 1 else ''} here: {spread} AR greedy's stutter ({base} per 1k words).")
 
 
+FASTEST_AR = ("System", "BLEU", "vs AR greedy", "fastest AR at >= its BLEU", "its BLEU", "its p50 ms",
+              "speedup p50 [95% CI]")
+
+
+def fastest_ar(rows: Sequence[Row], samples: Sequence[dict]) -> list[str]:
+    """Per test set: the fastest AR-side system (lowest p50, any family: JAX AR, CTranslate2 ...), and
+    for each non-autoregressive row its paired per-sentence p50 speedup against the fastest AR-side
+    row whose BLEU is at least its own (the AR a user would deploy instead). Empty without NAR rows."""
+    from bench import stats
+
+    lat: dict[tuple[str, str], dict[int, float]] = {}
+    for s in samples:
+        lat.setdefault((s["system"], s["test_set"]), {})[s["index"]] = s["latency_ms"]
+    lines: list[str] = []
+    for ts in test_sets(rows):
+        here = [r for r in rows if r.test_set == ts and r.latency_p50_ms is not None]
+        ar = sorted((r for r in here if r.paradigm == "ar"), key=lambda r: r.latency_p50_ms)
+        nar = sorted((r for r in here if r.paradigm != "ar" and r.bleu is not None), key=lambda r: -r.bleu)
+        if not ar or not nar:
+            continue
+        top = ar[0]
+        lines.extend([f"**Fastest AR** on {ts}: {top.system} (p50 {top.latency_p50_ms:.1f} ms"
+                      + (f", BLEU {top.bleu:.2f}" if top.bleu is not None else "") + "). Each non-autoregressive "
+                      "system against the fastest AR-side system at equal or better BLEU (paired per sentence):", "",
+                      "| " + " | ".join(FASTEST_AR) + " |",
+                      "|---|" + "---:|" * 2 + "---|" + "---:|" * 3])
+        for r in nar:
+            rival = next((a for a in ar if a.bleu is not None and a.bleu >= r.bleu), None)
+            greedy = "-" if r.speedup_p50_vs_ar is None else f"{r.speedup_p50_vs_ar:.2f}x"
+            if rival is None:
+                lines.append(f"| {r.system} | {r.bleu:.2f} | {greedy} | none: better than every AR | - | - | - |")
+                continue
+            a, b = lat.get((rival.system, ts), {}), lat.get((r.system, ts), {})
+            common = sorted(set(a) & set(b))
+            if common:
+                sp = stats.paired_speedup([a[i] for i in common], [b[i] for i in common])
+                ci = "" if sp.ci is None else f" [{sp.ci[0]:.2f}, {sp.ci[1]:.2f}]"
+                cell = f"{sp.median:.2f}x{ci}"
+            else:
+                cell = "-"
+            lines.append(f"| {r.system} | {r.bleu:.2f} | {greedy} | {rival.system} | {rival.bleu:.2f} | "
+                         f"{rival.latency_p50_ms:.1f} | {cell} |")
+        lines.append("")
+    return lines
+
+
 def _theory_links(run_dir: Path) -> list[str]:
     """Relative links to theory pages under ``<results>/theory`` (latest run of each, if any)."""
     theory = run_dir.parent.parent / "theory"
@@ -189,7 +235,7 @@ def _phase_words(phase: str) -> str:
     return "device-only (the jitted part and the wait)" if phase == "device" else "end-to-end (tokenize to detokenize)"
 
 
-def render_leaderboard(rows: list[Row], info: dict, env: dict, run_dir: Path) -> str:
+def render_leaderboard(rows: list[Row], info: dict, env: dict, run_dir: Path, samples: Sequence[dict] = ()) -> str:
     r0 = rows[0]
     lines = [f"# Leaderboard: {info['suite']} (run {info['run_id']})", "",
              f"Systems sorted by test BLEU. Latency is {_phase_words(r0.phase)} at batch size {r0.batch_size} "
@@ -208,6 +254,7 @@ def render_leaderboard(rows: list[Row], info: dict, env: dict, run_dir: Path) ->
     verdict = stutter_verdict(rows)
     if verdict:
         lines.extend([verdict, ""])
+    lines.extend(fastest_ar(rows, samples))
     lines.extend(["ΔBLEU: paired bootstrap against AR greedy; * p < 0.05, ** p < 0.01. Bold: the best value of a "
                   "column. Len ratio: hypothesis words / reference words. Full tables with CIs, passes and stutter: "
                   "[table.md](table.md).", "",
@@ -463,5 +510,5 @@ def write_report(run_dir: str | Path) -> list[Path]:
     if curves:
         plot_learning_curves(curves, run.path / CURVE_PLOT)
     write_text(run.path / "table.md", render_table(rows, info, env))
-    write_text(run.path / "leaderboard.md", render_leaderboard(rows, info, env, run.path))
+    write_text(run.path / "leaderboard.md", render_leaderboard(rows, info, env, run.path, samples))
     return [run.path / "table.md", run.path / "leaderboard.md", *(run.path / p for p in (*PLOTS, CURVE_PLOT) if (run.path / p).is_file())]

@@ -150,6 +150,8 @@ FIGURES = (
     C("bleurt", "BLEURT", fixed(4), True, doc="null without a BLEURT checkpoint"),
     C("bleu_delta_vs_ar", "ΔBLEU vs AR greedy", fixed(2), True, _delta),
     C("bleu_delta_ci"), C("bleu_delta_p_value"),
+    C("agreement_with_ar_greedy", "= AR greedy", fixed(3), None, added=True,
+      doc="share of sentences whose hypothesis is identical to AR greedy's (1.0 for AR greedy itself)"),
     C("stutter_per_1k_words", "stutter /1k words", fixed(2), False),
     C("stutter_sentence_share", "stutter sentences", fixed(3), False, _share),
     C("length_ratio", "len ratio", fixed(2), doc="hypothesis words / words of the first reference, over the test set",
@@ -306,6 +308,7 @@ def figures(hypotheses: Sequence[str], references: Sequence[Sequence[str]], late
         "bleu": None, "bleu_signature": None, "chrf": None, "chrf_signature": None,
         "stutter_per_1k_words": None, "stutter_sentence_share": None, "length_ratio": None,
         "bleu_delta_vs_ar": None, "bleu_delta_ci": None, "bleu_delta_p_value": None,
+        "agreement_with_ar_greedy": None,
     }
     if baseline_latencies_ms is not None:
         sp = stats.paired_speedup(baseline_latencies_ms, latencies_ms)
@@ -317,6 +320,8 @@ def figures(hypotheses: Sequence[str], references: Sequence[Sequence[str]], late
                stutter_per_1k_words=q.stutter_per_1k_words, stutter_sentence_share=q.stutter_sentence_share,
                length_ratio=q.length_ratio)
     if baseline_hypotheses is not None:
+        same = [a == b for a, b in zip(hypotheses, baseline_hypotheses)]
+        out["agreement_with_ar_greedy"] = float(np.mean(same)) if same else None
         if list(baseline_hypotheses) == list(hypotheses):
             out.update(bleu_delta_vs_ar=0.0, bleu_delta_ci=[0.0, 0.0], bleu_delta_p_value=1.0)
         else:

@@ -60,6 +60,24 @@ class _Parsed:
     k: int = 1                           # beam size or refinement steps
 
 
+def capped_buckets(buckets: Sequence[int], max_decode_length: int) -> list[int]:
+    """Every target capacity: the buckets capped at (and including) the max decode length."""
+    return sorted({min(b, max_decode_length) for b in tuple(buckets) + (max_decode_length,)})
+
+
+def target_buckets(buckets: Sequence[int], max_decode_length: int, source_bucket: int) -> list[int]:
+    """Target capacities allowed for a source bucket: buckets in [s/2, 2s], capped (an AR decoder
+    decodes at most the largest of them)."""
+    capped = capped_buckets(buckets, max_decode_length)
+    allowed = [t for t in capped if source_bucket / 2 <= t <= 2 * source_bucket]
+    return allowed or [min(capped, key=lambda t: abs(t - source_bucket))]
+
+
+def source_bucket(buckets: Sequence[int], length: int) -> int:
+    """The smallest source bucket that holds ``length`` tokens (the largest if none does)."""
+    return next((b for b in sorted(buckets) if b >= length), max(buckets))
+
+
 def parse_spec(spec: str) -> _Parsed:
     name, _, arg = str(spec).strip().partition(":")
     if name == "greedy" and not arg:
@@ -73,7 +91,8 @@ def parse_spec(spec: str) -> _Parsed:
     raise UserError(f"unknown decoder {spec!r}; use greedy, beam:K or refine:T (e.g. beam:5, refine:4)")
 
 
-def _detokenize(vocab: Any, ids: np.ndarray) -> str:
+def detokenize(vocab: Any, ids) -> str:
+    """Token ids -> text: cut at the first EOS, special ids (pad, unk, <mask>) dropped."""
     ids = [int(i) for i in ids]
     if EOS_ID in ids:
         ids = ids[:ids.index(EOS_ID)]
@@ -103,17 +122,13 @@ class _BaseDecoder:
 
     # -- shapes ---------------------------------------------------------------------------------
     def _capped_buckets(self) -> list[int]:
-        """Every target capacity: the buckets capped at (and including) the max decode length."""
-        return sorted({min(b, self.max_decode_length) for b in self.buckets + (self.max_decode_length,)})
+        return capped_buckets(self.buckets, self.max_decode_length)
 
     def target_buckets(self, source_bucket: int) -> list[int]:
-        """Target capacities allowed for a source bucket: buckets in [s/2, 2s], capped."""
-        capped = self._capped_buckets()
-        allowed = [t for t in capped if source_bucket / 2 <= t <= 2 * source_bucket]
-        return allowed or [min(capped, key=lambda t: abs(t - source_bucket))]
+        return target_buckets(self.buckets, self.max_decode_length, source_bucket)
 
     def _source_bucket(self, length: int) -> int:
-        return next((b for b in self.buckets if b >= length), self.buckets[-1])
+        return source_bucket(self.buckets, length)
 
     # -- Decoder protocol -------------------------------------------------------------------------
     def prepare(self, sources: Sequence[str]) -> Prepared:
@@ -145,7 +160,7 @@ class _BaseDecoder:
     def finish(self, outputs: DeviceOutput, prepared: Prepared) -> "DecodeOutput":
         tokens, passes = jax.device_get((outputs.tokens, outputs.passes))   # [B, n], [B]
         n = prepared.num_sources
-        hyps = [_detokenize(self.vocab, row) for row in np.asarray(tokens)[:n]]
+        hyps = [detokenize(self.vocab, row) for row in np.asarray(tokens)[:n]]
         return DecodeOutput(hyps, np.asarray(passes)[:n].astype(np.int64))
 
     def lower(self, prepared: Prepared, part: str):

@@ -14,6 +14,7 @@ from narbench_core.errors import UserError
 BUILTIN = {                        # name -> module that registers it, in table order
     "ar": "bench.families.ar",
     "padir": "bench.families.padir",
+    "ct2": "bench.families.ct2",
 }
 BASELINE = "ar"                    # its greedy system is every speedup's baseline and the distillation teacher
 

@@ -5,56 +5,92 @@ Spec section::
     [ar]
     decoders = ["greedy", "beam:5"]     # must include "greedy"
     length_penalty = 0.6                # beam search's GNMT alpha
+    layers = ["6-1"]                    # more AR models with these "ENCODER-DECODER" layer counts (a deep
+                                        # encoder and shallow decoder, Kasai et al. 2021), same budget; default none
+    layers_distill = [false, true]      # those models trained on the references, on the distilled set, or both
+
+The suite's own model (the preset's layers) is the baseline, the distillation teacher and the warm-start
+source. Another layout's systems are named ``ar-6x1-greedy``, ``ar-6x1-distill-beam5`` ...
 """
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Any
 
 from bench import families
 from bench.families.base import Context, Family, System, TrainCell
+from bench.rows import Column
 from narbench_core import defaults
-from suites.spec import list_of, number, string
+from narbench_core.errors import UserError
+from suites.spec import boolean, list_of, number, string
 
 DECODER_RE = re.compile(r"^(greedy|beam:([1-9][0-9]*))$")
+LAYERS_RE = re.compile(r"^([1-9][0-9]*)-([1-9][0-9]*)$")
 
 
 @dataclass(frozen=True)
 class ARSection:
     decoders: tuple[str, ...] = ("greedy", f"beam:{defaults.BEAM_SIZE}")
     length_penalty: float = defaults.LENGTH_PENALTY
+    layers: tuple[str, ...] = ()
+    layers_distill: tuple[bool, ...] = (False,)
 
 
-def system_name(decoder: str) -> str:
-    return "ar-greedy" if decoder == "greedy" else f"ar-beam{decoder.split(':')[1]}"
+def system_name(decoder: str, layers: str | None = None, distill: bool = False) -> str:
+    """``ar-greedy``, ``ar-beam5``; another layout: ``ar-6x1-greedy``, ``ar-6x1-distill-beam5``."""
+    search = "greedy" if decoder == "greedy" else f"beam{decoder.split(':')[1]}"
+    layout = f"{layers.replace('-', 'x')}-{'distill-' if distill else ''}" if layers else ""
+    return f"ar-{layout}{search}"
 
 
 class ARFamily(Family):
     name, label, paradigm, model_kind = "ar", "AR", "ar", "ar"
     required = True                                # the baseline of every suite
     baseline_system = system_name("greedy")
+    columns = (Column("layers", align="left", added=True,
+                      doc="encoder-decoder layers of another AR layout (empty: the suite's model)"),)
 
     def parse(self, table) -> ARSection:
         d = ARSection()
         section = ARSection(
             decoders=table.get("decoders", list_of(string(DECODER_RE, what='"greedy" or "beam:K"'),
                                                    '"greedy" or "beam:K" strings'), d.decoders),
-            length_penalty=table.get("length_penalty", number(0.0), d.length_penalty))
+            length_penalty=table.get("length_penalty", number(0.0), d.length_penalty),
+            layers=table.get("layers", list_of(string(LAYERS_RE, what='"ENCODER-DECODER" layer counts such as "6-1"'),
+                                               '"ENCODER-DECODER" strings', empty=True), d.layers),
+            layers_distill=table.get("layers_distill", list_of(boolean, "true/false"), d.layers_distill))
         table.done()
         if "greedy" not in section.decoders:
             table.fail("decoders", 'must include "greedy" (the speedup baseline of every table)')
         return section
 
     def expand(self, section: ARSection, ctx: Context) -> list[System]:
-        cell = TrainCell(ctx.task, self.name, ctx.seed)
+        base = TrainCell(ctx.task, self.name, ctx.seed)
+        models = [(base, None, False)] + [
+            (TrainCell(ctx.task, self.name, ctx.seed, (("layers", layers),), ctx.teacher if distill else None),
+             layers, distill) for layers in section.layers for distill in section.layers_distill]
         out = []
-        for decoder in section.decoders:
-            beam = 1 if decoder == "greedy" else int(decoder.split(":")[1])
-            options = {**ctx.shapes, **({"length_penalty": section.length_penalty} if beam > 1 else {})}
-            info = {"hypotheses": beam, "decoder": decoder, "variant": None}
-            out.append(System(system_name(decoder), self.name, decoder, cell, tuple(sorted(options.items())),
-                              tuple(info.items())))
+        for cell, layers, distill in models:
+            for decoder in section.decoders:
+                beam = 1 if decoder == "greedy" else int(decoder.split(":")[1])
+                options = {**ctx.shapes, **({"length_penalty": section.length_penalty} if beam > 1 else {})}
+                info = {"hypotheses": beam, "decoder": decoder, "variant": None, "layers": layers}
+                out.append(System(system_name(decoder, layers, distill), self.name, decoder, cell,
+                                  tuple(sorted(options.items())), tuple(info.items())))
         return out
+
+    def axes_configs(self, axes: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+        layers = axes.pop("layers", None)
+        if axes:
+            raise UserError(f"{sorted(axes)} do not apply to AR models; drop them")
+        if layers is None:
+            return {}, {}
+        encoder, decoder = (int(x) for x in LAYERS_RE.match(layers).groups())
+        return {"num_encoder_layers": encoder, "num_decoder_layers": decoder}, {}
+
+    def sort_key(self, row) -> tuple:
+        return (row.layers or "", bool(row.distill), row.hypotheses, row.system)
 
     def point_label(self, row) -> str:
         return row.system.removeprefix("ar-")

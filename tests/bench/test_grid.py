@@ -52,7 +52,9 @@ def test_expand_unique_cells_and_teacher_first(spec):
 
 def test_ablation_expansion_trains_each_model_once():
     plan = expand(load_spec("ablation"))
-    assert len(plan.train_cells) == len(set(plan.train_cells)) == 6 * (1 + 2 * 2 * 2 * 2)   # x rate, distill, pos, init
+    # per task: the AR model, the 6-1 AR with and without distillation, PaDIR x rate, distill, pos, init
+    assert len(plan.train_cells) == len(set(plan.train_cells)) == 6 * (3 + 2 * 2 * 2 * 2)
+    assert len(plan.systems) == 6 * 134
     for i, cell in enumerate(plan.train_cells):
         for source in (cell.teacher, cell.warm_start):
             if source is not None:
@@ -253,4 +255,74 @@ def test_warm_started_cells_train_after_their_source(tmp_path):
     assert rows["padir-s1-u0.15-k3-init-ar"].warm_start_seconds == ar_seconds > 0
     assert rows["padir-s1-u0.15-k3"].warm_start_seconds is None
     assert len(deps.train.calls) == 1 + 8                 # the AR model, then 2 x 2 x 2 PaDIR models
+    assert verify_run(run.path) == []
+
+
+class NoXLAFactory(FakeFactory):
+    """CTranslate2 decoders have no XLA program to cost."""
+
+    def __call__(self, family, checkpoint_dir, spec, **options):
+        decoder = super().__call__(family, checkpoint_dir, spec, **options)
+        if family == "ct2":
+            decoder.xla_costs = False
+            decoder.lower = None            # costing it would fail loudly
+        return decoder
+
+
+def test_ct2_family_runs_the_ar_model_and_reports_agreement(tmp_path):
+    path = tmp_path / "ct2.toml"
+    path.write_text(SPEC + '\n[ct2]\ndecoders = ["greedy", "beam:3", "int8:greedy"]\nthreads = 2\n')
+    spec = load_spec(path)
+    plan = expand(spec)
+    ct2 = [s for s in plan.systems if s.family == "ct2"]
+    assert [s.name for s in ct2] == ["ct2-greedy", "ct2-beam3", "ct2-int8-greedy"]
+    ar_cell = next(s.cell for s in plan.systems if s.name == "ar-greedy")
+    assert all(s.cell == ar_cell for s in ct2) and len(plan.train_cells) == len(expand(load_spec_text(tmp_path)).train_cells)
+    options = {s.name: dict(s.options) for s in ct2}
+    assert options["ct2-int8-greedy"]["quantization"] == "int8" and options["ct2-greedy"]["quantization"] == "float32"
+    assert options["ct2-beam3"]["length_penalty"] == 0.6 and "length_penalty" not in options["ct2-greedy"]
+    assert options["ct2-greedy"]["threads"] == 2
+    deps = fake_deps(tmp_path / "ckpt", NoXLAFactory())
+    run = new_store(tmp_path, spec)
+    Runner(spec, deps, run, progress=False).run()
+    rows = {(r.system, r.test_set): r for r in run.rows()}
+    greedy, ar = rows[("ct2-greedy", "fake_task:test")], rows[("ar-greedy", "fake_task:test")]
+    assert (greedy.family, greedy.paradigm, greedy.model) == ("ct2", "ar", ar.model)   # the AR model itself
+    assert greedy.agreement_with_ar_greedy == ar.agreement_with_ar_greedy == 1.0
+    assert rows[("padir-s1-u0.15-k3", "fake_task:test")].agreement_with_ar_greedy < 1.0
+    assert greedy.flops_per_sentence is None and ar.flops_per_sentence is not None
+    assert verify_run(run.path) == []
+
+
+def load_spec_text(tmp_path):
+    path = tmp_path / "plain.toml"
+    path.write_text(SPEC)
+    return load_spec(path)
+
+
+def test_deep_shallow_ar_layouts_train_with_the_same_budget(tmp_path):
+    from bench import families
+
+    path = tmp_path / "ds.toml"
+    path.write_text(SPEC.replace('[ar]\ndecoders = ["greedy", "beam:3"]',
+                                 '[ar]\ndecoders = ["greedy", "beam:3"]\nlayers = ["6-1"]\nlayers_distill = [false, true]'))
+    spec = load_spec(path)
+    plan = expand(spec)
+    names = [s.name for s in plan.systems if s.family == "ar"]
+    assert names == ["ar-greedy", "ar-beam3", "ar-6x1-greedy", "ar-6x1-beam3", "ar-6x1-distill-greedy",
+                     "ar-6x1-distill-beam3"]
+    cells = {s.name: s.cell for s in plan.systems}
+    base = cells["ar-greedy"]
+    assert cells["ar-6x1-distill-greedy"].teacher == base and cells["ar-6x1-greedy"].teacher is None
+    assert {s.baseline for s in plan.systems} == {"ar-greedy"}
+    model, train = families.get("ar").configs("tiny", 32, {}, spec.budget("ar").train_kwargs(),
+                                              dict(cells["ar-6x1-greedy"].axes))
+    assert (model.num_encoder_layers, model.num_decoder_layers) == (6, 1) and train.steps == spec.budget("ar").steps
+    deps = fake_deps(tmp_path / "ckpt")
+    run = new_store(tmp_path, spec)
+    Runner(spec, deps, run, progress=False).run()
+    rows = {(r.system, r.test_set): r for r in run.rows()}
+    row = rows[("ar-6x1-distill-greedy", "fake_task:test")]
+    assert row.layers == "6-1" and row.distill and row.paradigm == "ar"
+    assert rows[("ar-greedy", "fake_task:test")].layers is None
     assert verify_run(run.path) == []

@@ -7,7 +7,7 @@ from bench import report, store as st
 from bench.costs import MachinePeaks
 from bench.grid import Runner
 from bench.families import load_suite as load_spec
-from grid_fakes import fake_deps
+from grid_fakes import fake_deps, fake_row
 
 
 @pytest.fixture(scope="module")
@@ -100,3 +100,22 @@ def test_stutter_verdict_compares_each_nar_row_with_its_baseline():
     assert "holds for all 1 " in report.stutter_verdict([ar, row("p1", "nar", 4.0)])
     assert "holds for none of the 1 " in report.stutter_verdict([ar, row("p1", "nar", 3.9)])
     assert "AR greedy has none" in report.stutter_verdict([row("ar-greedy", "ar", 0.0), row("p1", "nar", 1.0)])
+
+
+def test_fastest_ar_and_speedups_at_equal_or_better_bleu():
+    rows = [fake_row("ar-greedy", "t", paradigm="ar", latency_p50_ms=10.0, bleu=20.0),
+            fake_row("ar-beam5", "t", paradigm="ar", latency_p50_ms=40.0, bleu=22.0),
+            fake_row("ct2-greedy", "t", paradigm="ar", latency_p50_ms=5.0, bleu=20.0),
+            fake_row("padir-a", "t", paradigm="nar", latency_p50_ms=8.0, bleu=21.0, speedup_p50_vs_ar=1.25),
+            fake_row("padir-b", "t", paradigm="nar", latency_p50_ms=4.0, bleu=10.0, speedup_p50_vs_ar=2.5),
+            fake_row("padir-c", "t", paradigm="nar", latency_p50_ms=4.0, bleu=30.0, speedup_p50_vs_ar=2.5)]
+    per_sentence = {"ar-greedy": 10.0, "ar-beam5": 40.0, "ct2-greedy": 5.0, "padir-a": 8.0, "padir-b": 4.0,
+                    "padir-c": 4.0}
+    samples = [{"system": name, "test_set": "t", "index": i, "latency_ms": ms}
+               for name, ms in per_sentence.items() for i in range(3)]
+    text = "\n".join(report.fastest_ar(rows, samples))
+    assert "**Fastest AR** on t: ct2-greedy (p50 5.0 ms, BLEU 20.00)" in text
+    assert "| padir-a | 21.00 | 1.25x | ar-beam5 | 22.00 | 40.0 | 5.00x |" in text      # beam is the AR that good
+    assert "| padir-b | 10.00 | 2.50x | ct2-greedy | 20.00 | 5.0 | 1.25x |" in text
+    assert "| padir-c | 30.00 | 2.50x | none: better than every AR |" in text
+    assert report.fastest_ar([r for r in rows if r.paradigm == "ar"], samples) == []

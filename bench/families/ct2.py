@@ -1,0 +1,85 @@
+"""The CTranslate2 family: the suite's AR model exported to CTranslate2, a tuned CPU inference engine,
+so speedups can be read against the AR decoding a user would deploy, not only narbench's JAX AR.
+
+Spec section (needs the optional extra: ``pip install -e ".[ct2]"``)::
+
+    [ct2]
+    decoders = ["greedy", "beam:5", "int8:greedy"]   # [int8:]greedy | [int8:]beam:K
+    length_penalty = 0.6                             # beam search's length penalty
+    threads = 0                                      # intra-op threads; 0 = every core
+
+Systems are named ``ct2-greedy``, ``ct2-beam5``, ``ct2-int8-greedy``. They run the AR cell's
+checkpoint (nothing more is trained), exported once into ``<data root>/ct2/``. Float32 greedy should
+reproduce AR greedy: every row carries ``agreement_with_ar_greedy``.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from bench import families
+from bench.families.base import Context, Family, System
+from narbench_core import defaults
+from suites.spec import integer, list_of, number, string
+
+DECODER_RE = re.compile(r"^(int8:)?(greedy|beam:([1-9][0-9]*))$")
+
+
+@dataclass(frozen=True)
+class CT2Section:
+    decoders: tuple[str, ...] = ("greedy", f"beam:{defaults.BEAM_SIZE}", "int8:greedy")
+    length_penalty: float = defaults.LENGTH_PENALTY
+    threads: int = 0
+
+
+def system_name(decoder: str) -> str:
+    """``int8:beam:5`` -> ``ct2-int8-beam5``."""
+    m = DECODER_RE.match(decoder)
+    search = "greedy" if m[2] == "greedy" else f"beam{m[3]}"
+    return "ct2-" + ("int8-" if m[1] else "") + search
+
+
+class CT2Family(Family):
+    name, label, paradigm = "ct2", "CTranslate2", "ar"
+    trains = False                                 # runs the AR family's model
+
+    def parse(self, table) -> CT2Section:
+        d = CT2Section()
+        section = CT2Section(
+            decoders=table.get("decoders", list_of(string(DECODER_RE, what='"[int8:]greedy" or "[int8:]beam:K"'),
+                                                   '"[int8:]greedy" or "[int8:]beam:K" strings'), d.decoders),
+            length_penalty=table.get("length_penalty", number(0.0), d.length_penalty),
+            threads=table.get("threads", integer(0), d.threads))
+        table.done()
+        return section
+
+    def expand(self, section: CT2Section, ctx: Context) -> list[System]:
+        out = []
+        for decoder in section.decoders:
+            m = DECODER_RE.match(decoder)
+            search = m[2]
+            beam = 1 if search == "greedy" else int(m[3])
+            quantization = "int8" if m[1] else "float32"
+            options = {"buckets": ctx.shapes.get("buckets"), "max_decode_length": ctx.shapes.get("max_decode_length"),
+                       "threads": section.threads, "quantization": quantization,
+                       **({"length_penalty": section.length_penalty} if beam > 1 else {})}
+            options = {k: v for k, v in options.items() if v is not None}
+            info = {"hypotheses": beam, "decoder": decoder, "variant": None}
+            out.append(System(system_name(decoder), self.name, search, ctx.teacher, tuple(sorted(options.items())),
+                              tuple(info.items())))
+        return out
+
+    def load_decoder(self, checkpoint_dir, spec: str, **options: Any):
+        from models import ct2
+
+        return ct2.load_decoder(checkpoint_dir, spec, **options)
+
+    def point_label(self, row) -> str:
+        return row.system.removeprefix("ct2-")
+
+    def style(self, row) -> dict[str, Any]:
+        return {"color": "#2e8b57", "marker": "D", "label": self.label}
+
+
+families.register(CT2Family())

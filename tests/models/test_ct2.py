@@ -1,0 +1,122 @@
+"""CTranslate2: the export from Flax parameters (log-probs agree with narbench's AR model), greedy
+agreement on a tiny trained model, int8, the one-line error without the extra, and the family."""
+from __future__ import annotations
+
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+from models import checkpoint, ct2, decoders, t5
+from models.batching import TokenPairs
+from models.config import preset
+from models.train import TrainConfig, train
+from narbench_core.errors import UserError
+from narbench_core.tokens import EOS_ID
+
+pytest.importorskip("ctranslate2", reason="the ct2 extra is part of the dev extras: pip install -e '.[dev]'")
+
+
+def teacher_forced_log_probs(config, params, source_ids, target_ids):
+    """narbench's AR model: log p(target token | prefix, source) for every target token (EOS included)."""
+    model = t5.make_model(config)
+    src = np.asarray([source_ids], np.int32)
+    tgt = np.asarray([target_ids], np.int32)
+    logits = model.apply({"params": params}, src, t5.shift_right(tgt))
+    lp = jax.nn.log_softmax(logits.astype(np.float32), -1)[0]
+    return np.asarray(lp[np.arange(len(target_ids)), tgt[0]])
+
+
+def test_export_matches_teacher_forced_log_probs(ar_config, ar_params, tiny_vocab, tmp_path, toy_sentences):
+    spec = ct2.build_spec(ar_config, ar_params, ct2.vocabulary_pieces(tiny_vocab))
+    spec.validate()
+    spec.optimize(quantization=None)
+    (tmp_path / "m").mkdir()
+    spec.save(str(tmp_path / "m"))
+    translator = ct2.translator(tmp_path / "m", threads=1)
+    sp = tiny_vocab.tokenizer
+    pairs = [(toy_sentences[i], toy_sentences[i + 1]) for i in range(0, 16, 2)]
+    sources = ct2.source_pieces(tiny_vocab, [s for s, _ in pairs])
+    targets = [sp.encode_as_pieces(t) for _, t in pairs]
+    scored = translator.score_batch(sources, targets)                  # CTranslate2 appends </s>
+    for (src, tgt), result in zip(pairs, scored):
+        ours = teacher_forced_log_probs(ar_config, ar_params, sp.encode(src) + [EOS_ID], sp.encode(tgt) + [EOS_ID])
+        np.testing.assert_allclose(result.log_probs, ours, atol=1e-4)
+
+
+def test_relative_bias_is_transposed_and_queries_keep_their_scale(ar_config, ar_params, tiny_vocab):
+    spec = ct2.build_spec(ar_config, ar_params, ct2.vocabulary_pieces(tiny_vocab))
+    table = np.asarray(ar_params["encoder"]["relpos_bias"]["rel_embedding"])          # [heads, buckets]
+    bias = spec.encoder.layer[1].self_attention.relative_attention_bias
+    np.testing.assert_array_equal(bias, table.T)                                       # [buckets, heads]
+    assert isinstance(spec.encoder.layer[0].self_attention.queries_scale, str)         # CTranslate2's 1/sqrt(hd)
+    assert float(spec.decoder.scale_outputs) == pytest.approx(ar_config.d_model ** -0.5)
+
+
+def test_only_ar_models_with_their_vocabulary_export(padir_config, padir_params, ar_config, ar_params, tiny_vocab):
+    with pytest.raises(UserError, match="only AR checkpoints"):
+        ct2.build_spec(padir_config, padir_params, ct2.vocabulary_pieces(tiny_vocab))
+    with pytest.raises(UserError, match=f"vocabulary has {ar_config.vocab_size + 1} pieces"):
+        ct2.build_spec(ar_config, ar_params, ["a"] * (ar_config.vocab_size + 1))
+
+
+def test_missing_extra_is_a_one_line_error(monkeypatch):
+    monkeypatch.setitem(sys.modules, "ctranslate2", None)             # import now raises ImportError
+    with pytest.raises(UserError, match=r'CTranslate2 is not installed; install the extra: pip install -e "\.\[ct2\]"'):
+        ct2.require_ctranslate2()
+
+
+@pytest.fixture(scope="module")
+def trained_ar(tmp_path_factory, tiny_vocab, toy_sentences):
+    """A tiny AR model trained to copy toy sentences (so greedy search has confident choices)."""
+    sp = tiny_vocab.tokenizer
+    ids = [sp.encode(s)[:15] + [EOS_ID] for s in toy_sentences]
+    config = preset("tiny", vocab_size=sp.get_piece_size(), dropout_rate=0.0, max_target_length=32)
+    cfg = TrainConfig(steps=150, batch_tokens=512, max_length=16, buckets=(16,), warmup_steps=10,
+                      learning_rate=3e-3, optimizer="adam", checkpoint_every=150)
+    path = train("toy", config, cfg, tmp_path_factory.mktemp("ct2") / "ar", progress=False,
+                 data=TokenPairs.from_lists(ids, ids))
+    return path
+
+
+def ct2_root(checkpoint_dir, quantization):
+    from narbench_core import paths
+
+    return paths.subdir("ct2") / f"{checkpoint_dir.resolve().name}-{quantization}"
+
+
+@pytest.mark.slow
+def test_greedy_agrees_with_narbench_ar_greedy(trained_ar, tiny_vocab, toy_sentences, tmp_path, capsys):
+    from bench.cli import main
+
+    config, params, _ = checkpoint.load(trained_ar)
+    opts = dict(buckets=(16, 32), max_decode_length=32)
+    ours = decoders.make_decoder(config, params, tiny_vocab, "greedy", **opts)
+    theirs = ct2.load_decoder(trained_ar, "greedy", vocab=tiny_vocab, name="ct2-greedy", threads=1, **opts)
+    sources = toy_sentences[:100]
+    a = [ours.finish(ours.run(p), p).hypotheses[0] for p in (ours.prepare([s]) for s in sources)]
+    out = [theirs.finish(theirs.run(p), p) for p in (theirs.prepare([s]) for s in sources)]
+    b = [o.hypotheses[0] for o in out]
+    assert np.mean([x == y for x, y in zip(a, b)]) >= 0.98
+    assert np.mean([x == y for x, y in zip(a, sources)]) > 0.25         # it learned to copy: a real check
+    assert all(1 <= o.passes[0] <= 32 for o in out) and theirs.xla_costs is False
+    with pytest.raises(UserError, match="no XLA program"):
+        theirs.lower(theirs.prepare(["a"]), "pass")
+    # int8 weights: a model of their own, still translating
+    int8 = ct2.load_decoder(trained_ar, "greedy", quantization="int8", vocab=tiny_vocab, threads=1, **opts)
+    hyps = [int8.finish(int8.run(p), p).hypotheses[0] for p in (int8.prepare([s]) for s in sources[:20])]
+    assert np.mean([x == y for x, y in zip(hyps, a[:20])]) > 0.2       # the same model, coarser weights
+    sizes = {q: (ct2_root(trained_ar, q) / "model.bin").stat().st_size for q in ("float32", "int8")}
+    assert sizes["int8"] < 0.5 * sizes["float32"]
+    # the export command: a folder with the model and its stamp; a second export of it is kept
+    out_dir = tmp_path / "exported"
+    assert ct2.export(trained_ar, out_dir, vocab=tiny_vocab) == out_dir
+    assert (out_dir / "model.bin").is_file() and (out_dir / "narbench.json").is_file()
+    stamp = (out_dir / "model.bin").stat().st_mtime_ns
+    ct2.export(trained_ar, out_dir, vocab=tiny_vocab)
+    assert (out_dir / "model.bin").stat().st_mtime_ns == stamp
+    with pytest.raises(UserError, match="holds something else; pass --force"):
+        ct2.export(trained_ar, out_dir, "int8", vocab=tiny_vocab)
+    code = main(["export", "ct2", "--checkpoint", str(tmp_path / "nowhere"), "--out", str(tmp_path / "x")])
+    assert code == 2 and "narbench: error:" in capsys.readouterr().err
