@@ -9,6 +9,10 @@ implementations structurally (it does not import ``bench``). The harness times t
     result   = decoder.finish(outputs, prepared) # host: transfer, detokenize
 
 End-to-end latency (the paper's measure) covers all three; device-only covers ``run`` + sync.
+Inside the timed window a decoder may split its own work into phases with ``narbench_core.phases``
+(``mark("encode")`` once its encoder's outputs are ready, ``mark("host_sync")`` after reading device
+values back, ``sync()`` per blocking wait); the timer closes ``tokenize``, ``passes`` and
+``detokenize`` itself, so a decoder that marks nothing still gets those three.
 """
 from __future__ import annotations
 

@@ -352,7 +352,8 @@ class Runner:
                     "paradigm": families.get(system.family).paradigm, "distill": system.cell.teacher is not None,
                     **dict(system.info), "batch_size": spec.batch_size,
                     **figures(t.hypotheses, refs, t.latencies_ms, t.passes, target_lang, base_lat, base_hyp,
-                              spec.bootstrap_resamples, spec.seeds[0], self.score),
+                              spec.bootstrap_resamples, spec.seeds[0], self.score, t.phase_ms or None,
+                              None if t.host_syncs is None else list(t.host_syncs)),
                     "bleurt": self._bleurt(refs[0], t.hypotheses) if self.score else None,
                     "compile_s": compile_s[system.name], "platform": m.platform, "phase": m.phase,
                     "repeats": m.repeats, "target_lang": target_lang, "n_references": len(refs),
@@ -365,6 +366,8 @@ class Runner:
                     sample = {"system": system.name, "test_set": target.name, "index": i,
                               "source": data.sources[j], "reference": refs[0][j], "hypothesis": t.hypotheses[j],
                               "latency_ms": float(t.latencies_ms[j]), "passes": int(t.passes[j])}
+                    if t.phase_ms:
+                        sample["phase_ms"], sample["host_syncs"] = t.phase_ms[j], int(t.host_syncs[j])
                     if len(refs) > 1:
                         sample["references"] = [r[j] for r in refs]
                     if m.repeats > 1:

@@ -14,6 +14,7 @@ from bench import families, store as st
 from bench.rows import P99_MIN_N, Row, column
 from narbench_core.errors import UserError
 from narbench_core.io import write_text
+from narbench_core.phases import PHASES
 
 NO_BLEURT = "no BLEURT checkpoint"
 PLOTS = ("pareto.png", "latency_cdf.png", "bleu_vs_steps.png")
@@ -27,6 +28,8 @@ LATENCY_TABLE = ("system", "hypotheses", "steps_view", "bleu", "bleu_delta_vs_ar
 LEADERBOARD = ("system", "family", "hypotheses", "steps_view", "bleu", "train_steps", "train_seconds", "train_flops",
                "still_improving", "bleu_delta_vs_ar", "chrf", "bleurt",
                "latency_p50_ms", "latency_p99_ms", "speedup_p50_vs_ar", "stutter_per_1k_words", "length_ratio")
+PHASE_TABLE = ("system", "hypotheses", "steps_view", *(f"phase_{p}_view" for p in PHASES), "phase_p50_sum_ratio",
+               "latency_p50_ms", "host_syncs")
 STUTTER_CLAIM = 2.0        # the paper: non-autoregressive outputs stutter 2x or more as often as AR ones
 RESULTS = ("system", "test_set", "family", "steps_view", "bleu", "chrf", "bleurt", "latency_p50_ms",
            "latency_p99_ms", "speedup_p50_vs_ar", "passes_mean", "stutter_per_1k_words", "n_sentences")
@@ -100,6 +103,7 @@ def render_table(rows: list[Row], info: dict, env: dict) -> str:
         ts_rows = [by[(n, ts)] for n in order if (n, ts) in by]
         lines.extend([f"## {ts}: latency and quality (n = {ts_rows[0].n_sentences} sentences)", "",
                       *markdown_table(ts_rows, LATENCY_TABLE), ""])
+    lines.extend(render_phases(rows, order))
     lines.extend(["ΔBLEU: paired bootstrap against AR greedy on the same sentences; * p < 0.05, ** p < 0.01. "
                   "Speedup: median of per-sentence ratios (AR greedy ms / system ms), sentences timed "
                   f"interleaved; CIs from order statistics. p99 needs n >= {P99_MIN_N} (MLPerf LoadGen rule). "
@@ -108,6 +112,27 @@ def render_table(rows: list[Row], info: dict, env: dict) -> str:
     if sigs:
         lines.extend(["SacreBLEU: " + "; ".join(f"`{s}`" for s in sigs), ""])
     return "\n".join(lines)
+
+
+def render_phases(rows: Sequence[Row], order: Sequence[str]) -> list[str]:
+    """"Where the time goes": each system's p50 per phase, once per timed measurement (test sets that
+    score the same timed hypotheses, e.g. ``test`` and ``test+refs``, share one table); [] before phases."""
+    lines: list[str] = []
+    seen: dict[tuple, list[str]] = {}
+    for ts in test_sets(rows):
+        here = {r.system: r for r in rows if r.test_set == ts and r.phase_p50_ms}
+        if here:
+            key = tuple((n, here[n].latency_p50_ms) for n in order if n in here)
+            seen.setdefault(key, []).append(ts)
+    for key, names in seen.items():
+        ts_rows = [r for n, _ in key for r in rows if r.system == n and r.test_set == names[0]]
+        lines.extend([f"## Where the time goes: {', '.join(names)} (p50 ms per phase)", "",
+                      *markdown_table(ts_rows, PHASE_TABLE, mark_best=False), "",
+                      "Each call's phases add up to its latency exactly (they split one timed window); "
+                      "'phases / p50' sums the phases' p50s over the latency p50. Encode: the encoder, with "
+                      "length prediction for PaDIR (CTranslate2 does not expose it: inside its passes). Host "
+                      "sync: device values read back (PaDIR's predicted lengths, the results).", ""])
+    return lines
 
 
 def render_budgets(rows: Sequence[Row]) -> list[str]:

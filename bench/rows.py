@@ -16,7 +16,7 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 import numpy as np
 
 from bench.stats import min_samples
-from narbench_core import defaults, langs
+from narbench_core import defaults, langs, phases
 from narbench_core.errors import UserError
 
 SCHEMA_VERSION = 2   # 2: `family` is the plug-in family (ar, padir ...); `paradigm` is ar | nar
@@ -69,6 +69,15 @@ def _speedup(row: "Row") -> str:
 
 def _delta(row: "Row") -> str:
     return "–" if row.bleu_delta_vs_ar is None else f"{row.bleu_delta_vs_ar:+.2f}{stars(row.bleu_delta_p_value)}"
+
+
+PHASE_SHORT = {phases.TOKENIZE: "tok", phases.ENCODE: "enc", phases.HOST_SYNC: "sync", phases.PASSES: "passes",
+               phases.DETOKENIZE: "detok"}
+
+
+def _phases(row: "Row") -> str:
+    d = row.phase_p50_ms
+    return "–" if not d else " / ".join(f"{PHASE_SHORT[p]} {ms(d[p])}" for p in phases.PHASES if p in d)
 
 
 def _steps(row: "Row") -> str:
@@ -165,6 +174,14 @@ FIGURES = (
     C("speedup_p50_vs_ar", "speedup p50 vs AR greedy [95% CI]", fixed(2), True, _speedup),
     C("speedup_p50_ci"), C("speedup_share_faster", "share faster", fixed(2), True),
     C("passes_mean", "passes mean", fixed(1), None), C("passes_p99", "passes p99", fixed(0)),
+    C("phase_p50_ms", "phases p50 ms", render=_phases, added=True,
+      doc="phase -> p50 ms over sentences: " + "; ".join(f"{p}: {d}" for p, d in phases.DOCS.items())),
+    C("phase_p50_sum_ratio", "phases / p50", fixed(3), added=True,
+      doc="the phases' p50s summed, over latency p50 (each call's phases add up to its time exactly; "
+          "the p50s add up within a few percent)"),
+    C("host_syncs", "host syncs", fixed(1), added=True,
+      doc="blocking waits on the device per decoder call, mean over sentences (AR: the encoder's end, "
+          "timed as its own phase, and the results; PaDIR: the predicted lengths and the results)"),
 )
 RUN = (
     C("compile_s", "compile s", fixed(1)), C("platform"), C("phase"), C("repeats"), C("target_lang"),
@@ -206,6 +223,8 @@ VIEWS = {c.name: c for c in (
     C("steps_view", "Steps", render=_steps, doc="'N' = autoregressive"),
     C("p50_view", "p50 ms [95% CI]", render=_p50),
     C("passes_view", "passes mean / p99", render=_passes),
+    *(C(f"phase_{p}_view", f"{p} p50 ms", render=lambda row, p=p: ms((row.phase_p50_ms or {}).get(p)),
+        doc=phases.DOCS[p]) for p in phases.PHASES),
 )}
 
 
@@ -289,9 +308,11 @@ class Row(Mapping[str, Any]):
 def figures(hypotheses: Sequence[str], references: Sequence[Sequence[str]], latencies_ms: Sequence[float],
             passes: Sequence[int], target_lang: str, baseline_latencies_ms: Sequence[float] | None = None,
             baseline_hypotheses: Sequence[str] | None = None, bootstrap_resamples: int = 1000,
-            seed: int = 0, score: bool = True) -> dict[str, Any]:
+            seed: int = 0, score: bool = True, phase_ms: Sequence[Mapping[str, float]] | None = None,
+            host_syncs: Sequence[int] | None = None) -> dict[str, Any]:
     """Every column of a row that follows from per-sentence data (``verify_run`` recomputes these);
-    without ``score`` (timing only) the quality columns are None."""
+    without ``score`` (timing only) the quality columns are None; without ``phase_ms`` (runs that
+    predate phases) the phase columns are."""
     from bench import quality, stats
 
     lat = stats.summarize(latencies_ms)
@@ -309,6 +330,7 @@ def figures(hypotheses: Sequence[str], references: Sequence[Sequence[str]], late
         "stutter_per_1k_words": None, "stutter_sentence_share": None, "length_ratio": None,
         "bleu_delta_vs_ar": None, "bleu_delta_ci": None, "bleu_delta_p_value": None,
         "agreement_with_ar_greedy": None,
+        **phase_figures(phase_ms, host_syncs, lat.p50),
     }
     if baseline_latencies_ms is not None:
         sp = stats.paired_speedup(baseline_latencies_ms, latencies_ms)
@@ -332,6 +354,20 @@ def figures(hypotheses: Sequence[str], references: Sequence[Sequence[str]], late
     return out
 
 
+def phase_figures(phase_ms: Sequence[Mapping[str, float]] | None, host_syncs: Sequence[int] | None,
+                  p50_ms: float) -> dict[str, Any]:
+    """``phase_p50_ms`` (phase -> p50 over sentences, a phase absent in a call counting 0 there),
+    ``phase_p50_sum_ratio`` and the mean ``host_syncs``."""
+    out = {"phase_p50_ms": None, "phase_p50_sum_ratio": None, "host_syncs": None}
+    if phase_ms:
+        seen = [p for p in phases.PHASES if any(p in d for d in phase_ms)]
+        p50 = {p: float(np.percentile([d.get(p, 0.0) for d in phase_ms], 50)) for p in seen}
+        out.update(phase_p50_ms=p50, phase_p50_sum_ratio=sum(p50.values()) / p50_ms if p50_ms > 0 else None)
+    if host_syncs is not None and len(host_syncs):
+        out["host_syncs"] = float(np.mean(host_syncs))
+    return out
+
+
 FIGURE_FIELDS = tuple(figures(["a"], [["a"]], [1.0], [1], "en", score=False))   # what figures() returns
 
 
@@ -340,6 +376,9 @@ FIGURE_FIELDS = tuple(figures(["a"], [["a"]], [1.0], [1], "en", score=False))   
 def _close(a: Any, b: Any, rel: float = 1e-9) -> bool:
     if a is None or b is None:
         return a is None and b is None
+    if isinstance(a, Mapping) or isinstance(b, Mapping):
+        return isinstance(a, Mapping) and isinstance(b, Mapping) and a.keys() == b.keys() and all(
+            _close(a[k], b[k], rel) for k in a)
     if isinstance(a, (list, tuple)) or isinstance(b, (list, tuple)):
         return isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)) and len(a) == len(b) and all(
             _close(x, y, rel) for x, y in zip(a, b))
@@ -385,7 +424,9 @@ def verify_run(run_dir) -> list[str]:
             row.target_lang,
             [s["latency_ms"] for s in base] if base_ok and row.speedup_p50_vs_ar is not None else None,
             [s["hypothesis"] for s in base] if base_ok and row.bleu_delta_vs_ar is not None else None,
-            settings["bootstrap_resamples"], settings["seed"], score=row.bleu is not None)
+            settings["bootstrap_resamples"], settings["seed"], score=row.bleu is not None,
+            phase_ms=[s["phase_ms"] for s in g] if all("phase_ms" in s for s in g) else None,
+            host_syncs=[s["host_syncs"] for s in g] if all("host_syncs" in s for s in g) else None)
         for name, value in recomputed.items():
             if row[name] is None and name in predates:      # a figure added after the row was written
                 continue

@@ -10,7 +10,11 @@ Protocol
    the order shifts by one system per batch (A B C, B C A, C A B ...) to cancel order effects.
 3. Phases: ``end_to_end`` (the paper's measure) times prepare + run + ``jax.block_until_ready`` +
    finish; ``device`` times run + ``block_until_ready`` only (prepare and finish still run, untimed).
-4. A batch's wall time is every one of its sentences' latency (what each sentence waited).
+4. Phases (``narbench_core.phases``): inside each timed window a recorder splits the time into
+   tokenize (``prepare``), encode and host_sync (marked by the decoder inside ``run``/``finish``),
+   passes (up to the end of ``block_until_ready``) and detokenize (the rest of ``finish``); the
+   phases partition the window, so they add up to its time. Blocking waits are counted.
+5. A batch's wall time is every one of its sentences' latency (what each sentence waited).
    ``repeats > 1`` runs the whole interleaved schedule again; per-sentence latency is the median
    over repeats (raw times are kept).
 Clock: ``time.perf_counter_ns`` (injectable for tests); Python's cyclic GC is paused inside each timed
@@ -28,6 +32,7 @@ import jax
 import numpy as np
 
 from bench.decoder import DecodeOutput, Decoder
+from narbench_core import phases
 from narbench_core.errors import UserError
 
 PHASES = ("end_to_end", "device")
@@ -92,6 +97,9 @@ class SystemTiming:
     raw_ms: np.ndarray                # [repeats, n_sentences] float64
     hypotheses: list[str]             # [n_sentences], from the first repeat
     passes: np.ndarray                # [n_sentences] int
+    phase_ms: list[dict[str, float]] = field(default_factory=list)  # [n_sentences] phase -> ms, of the
+                                      # repeat whose time is the median (the lower middle one if even)
+    host_syncs: np.ndarray | None = None  # [n_sentences] int: blocking waits in that repeat's call
 
 
 @dataclass(frozen=True)
@@ -127,24 +135,35 @@ def _gc_paused():
             gc.enable()
 
 
-def _time_one(decoder: Decoder, sources: list[str], phase: str, clock: Clock) -> tuple[int, DecodeOutput]:
+@dataclass(frozen=True)
+class _Timed:
+    """One timed call: its window, its phases (which add up to it) and its blocking waits."""
+    elapsed_ns: int
+    result: DecodeOutput
+    phase_ms: dict[str, float]
+    syncs: int
+
+
+def _time_one(decoder: Decoder, sources: list[str], phase: str, clock: Clock) -> _Timed:
     if phase == "end_to_end":
-        with _gc_paused():
-            start = clock()
+        with _gc_paused(), phases.recording(clock) as rec:
             prepared = decoder.prepare(sources)
+            rec.mark(phases.TOKENIZE)
             outputs = decoder.run(prepared)
             jax.block_until_ready(outputs)
+            rec.mark(phases.PASSES)
+            rec.sync()
             result = decoder.finish(outputs, prepared)
-            elapsed = clock() - start
+            rec.mark(phases.DETOKENIZE)
     else:  # device
         prepared = decoder.prepare(sources)
-        with _gc_paused():
-            start = clock()
+        with _gc_paused(), phases.recording(clock) as rec:
             outputs = decoder.run(prepared)
             jax.block_until_ready(outputs)
-            elapsed = clock() - start
+            rec.mark(phases.PASSES)
+            rec.sync()
         result = decoder.finish(outputs, prepared)
-    return elapsed, result
+    return _Timed(rec.last - rec.start, result, dict(rec.ms), rec.syncs)
 
 
 def measure(decoders: Sequence[Decoder], sources: Sequence[str], batch_size: int = 1,
@@ -165,6 +184,8 @@ def measure(decoders: Sequence[Decoder], sources: Sequence[str], batch_size: int
     raw = np.zeros((k, repeats, n), dtype=np.float64)                # [system, repeat, sentence] ms
     hyps: list[list[str | None]] = [[None] * n for _ in range(k)]
     passes = np.zeros((k, n), dtype=np.int64)
+    calls: list[list[list[tuple[dict[str, float], int] | None]]] = [
+        [[None] * n for _ in range(repeats)] for _ in range(k)]           # [system][repeat][sentence]
     schedule: list[tuple[int, int, str]] = []
     with _device_scope(platform):
         for rep in range(repeats):
@@ -174,19 +195,24 @@ def measure(decoders: Sequence[Decoder], sources: Sequence[str], batch_size: int
                     s = (j + offset) % k
                     decoder = decoders[s]
                     schedule.append((rep, b, decoder.name))
-                    elapsed_ns, result = _time_one(decoder, [sources[i] for i in idx], phase, clock)
+                    timed = _time_one(decoder, [sources[i] for i in idx], phase, clock)
+                    result = timed.result
                     if len(result.hypotheses) != len(idx):
                         raise ValueError(f"decoder {decoder.name!r} returned {len(result.hypotheses)} "
                                          f"hypotheses for {len(idx)} sources")
-                    raw[s, rep, idx.start:idx.stop] = elapsed_ns / 1e6
+                    raw[s, rep, idx.start:idx.stop] = timed.elapsed_ns / 1e6
+                    calls[s][rep][idx.start:idx.stop] = [(timed.phase_ms, timed.syncs)] * len(idx)
                     if rep == 0:
                         hyps[s][idx.start:idx.stop] = list(result.hypotheses)
                         passes[s, idx.start:idx.stop] = np.asarray(result.passes).reshape(-1)
     systems = {}
     for s, decoder in enumerate(decoders):
         per_sentence = np.median(raw[s], axis=0)  # [n_sentences]
+        middle = np.argsort(raw[s], axis=0, kind="stable")[(repeats - 1) // 2]   # [n_sentences] repeat index
+        chosen = [calls[s][int(r)][j] for j, r in enumerate(middle)]
         systems[decoder.name] = SystemTiming(
             name=decoder.name, latencies_ms=per_sentence, raw_ms=raw[s].copy(),
-            hypotheses=[str(h) for h in hyps[s]], passes=passes[s].copy())
+            hypotheses=[str(h) for h in hyps[s]], passes=passes[s].copy(),
+            phase_ms=[dict(c[0]) for c in chosen], host_syncs=np.asarray([c[1] for c in chosen], np.int64))
     return Measurement(platform=platform or default_platform(), phase=phase, batch_size=batch_size,
                        repeats=repeats, rotate=rotate, systems=systems, schedule=schedule)

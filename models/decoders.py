@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from narbench_core import defaults
+from narbench_core import defaults, phases
 from narbench_core.errors import UserError
 from narbench_core.tokens import EOS_ID, FIRST_REGULAR_ID
 from models import decoding, refine, t5
@@ -159,6 +159,7 @@ class _BaseDecoder:
 
     def finish(self, outputs: DeviceOutput, prepared: Prepared) -> "DecodeOutput":
         tokens, passes = jax.device_get((outputs.tokens, outputs.passes))   # [B, n], [B]
+        phases.mark(phases.HOST_SYNC)
         n = prepared.num_sources
         hyps = [detokenize(self.vocab, row) for row in np.asarray(tokens)[:n]]
         return DecodeOutput(hyps, np.asarray(passes)[:n].astype(np.int64))
@@ -183,7 +184,8 @@ class ARDecoder(_BaseDecoder):
         self.cached, self.length_penalty = bool(cached), float(length_penalty)
         if self.parsed.algorithm == "beam" and not self.cached:
             raise UserError("beam search always uses the KV cache; drop cached=False")
-        self._run = jax.jit(self._device_run, static_argnums=(3,))
+        self._encode_jit = jax.jit(self._encode)
+        self._decode_jit = jax.jit(self._device_decode, static_argnums=(4,))
 
     def max_len(self, source_bucket: int) -> int:
         return self.force_length or max(self.target_buckets(source_bucket))
@@ -203,10 +205,9 @@ class ARDecoder(_BaseDecoder):
                                   method=t5.Transformer.decode)
         return logits[:, 0]
 
-    def _device_run(self, params, inputs, active, max_len: int) -> DeviceOutput:
+    def _device_decode(self, params, encoded, inputs, active, max_len: int) -> DeviceOutput:
         b = inputs.shape[0]
         eos_id = EOS_ID if self.force_length is None else decoding.NO_EOS
-        encoded = self._encode(params, inputs)
         if self.parsed.algorithm == "beam":
             k = self.parsed.k
             encoded, inputs = jnp.repeat(encoded, k, axis=0), jnp.repeat(inputs, k, axis=0)  # [b*k, ...]
@@ -224,8 +225,14 @@ class ARDecoder(_BaseDecoder):
         return DeviceOutput(tokens=res.tokens, passes=res.steps, score=res.scores)
 
     def run(self, prepared: Prepared) -> DeviceOutput:
-        return self._run(self.params, jnp.asarray(prepared.inputs), jnp.asarray(prepared.active),
-                         self.max_len(prepared.inputs.shape[1]))
+        inputs = jnp.asarray(prepared.inputs)
+        encoded = self._encode_jit(self.params, inputs)                                   # [B, S, d]
+        if phases.active():          # timed: wait for the encoder, so its time is a phase of its own
+            jax.block_until_ready(encoded)
+            phases.mark(phases.ENCODE)
+            phases.sync()
+        return self._decode_jit(self.params, encoded, inputs, jnp.asarray(prepared.active),
+                                self.max_len(prepared.inputs.shape[1]))
 
     def _lower_encode(self, inputs):
         return jax.jit(self._encode).lower(self.params, inputs)
@@ -311,7 +318,11 @@ class PaDIRDecoder(_BaseDecoder):
         inputs = jnp.asarray(prepared.inputs)
         encoded, lengths = self._encode(self.params, inputs)
         active = jnp.asarray(prepared.active)
+        jax.block_until_ready(lengths)
+        phases.mark(phases.ENCODE)
         longest = int(np.max(np.asarray(lengths)[prepared.active]))                   # host sync (tiny)
+        phases.mark(phases.HOST_SYNC)
+        phases.sync()
         capacity = prepared.target_bucket or self._choose_bucket(inputs.shape[1], longest)
         return self._refine(self.params, encoded, inputs, lengths, active, self.rng, self._num_steps, capacity,
                             **history)

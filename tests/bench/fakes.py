@@ -18,6 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from bench.decoder import DecodeOutput
+from narbench_core import phases
 
 
 class FakeClock:
@@ -36,6 +37,7 @@ class FakeClock:
 @dataclass
 class Costs:
     prepare: int = 0   # ns each phase advances the fake clock
+    encode: int = 0    # inside run, before its own phase mark (0: the decoder marks no encode phase)
     run: int = 0
     block: int = 0
     finish: int = 0
@@ -90,6 +92,10 @@ class ScriptedDecoder:
         if prepared.bucket not in self._compiled:
             self._compiled.add(prepared.bucket)
             self.clock.advance(self.warmup_costs)
+        if self.costs.encode:
+            self.clock.advance(self.costs.encode)
+            phases.mark(phases.ENCODE)
+            phases.sync()
         self.clock.advance(self.costs.run)
         self.log.append(("run", self.name, len(prepared.sources)))
         return {"tokens": _Output(self, prepared)}

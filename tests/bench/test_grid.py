@@ -114,6 +114,11 @@ def test_run_writes_every_field_and_verifies(tmp_path, spec):
     assert by[("ar-greedy", "fake_task:test")]["stutter_per_1k_words"] == 0
     assert by[("ar-greedy", "fake_task:test")]["bleu_delta_vs_ar"] == 0.0
     assert by[("padir-s1-u0.15-k3", "fake_task:test")]["passes_mean"] <= 1
+    # Per-phase latency: each sentence's phases add up to its latency; rows carry the phases' p50s.
+    for s in samples:
+        assert set(s["phase_ms"]) >= {"tokenize", "passes", "detokenize"} and s["host_syncs"] >= 1
+        assert sum(s["phase_ms"].values()) == pytest.approx(s["latency_ms"], rel=1e-9)
+    assert all(set(r.phase_p50_ms) >= {"tokenize", "passes"} and r.host_syncs >= 1 for r in run.rows())
     assert verify_run(run.path) == []
 
 

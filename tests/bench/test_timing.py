@@ -161,3 +161,59 @@ def test_gc_is_paused_only_inside_the_timed_window():
     timing.measure([Probe("P", clock, log)], SOURCES[:1], phase="end_to_end", clock=clock)
     assert seen == [("prepare", True), ("run", False), ("prepare", False), ("run", False)]
     assert gc.isenabled()
+
+
+def test_phases_of_each_call_add_up_to_its_latency():
+    clock, log = FakeClock(), []
+    a = ScriptedDecoder("A", clock, log, Costs(prepare=1_000_000, encode=2_000_000, run=3_000_000, block=4_000_000,
+                                               finish=5_000_000))
+    b = ScriptedDecoder("B", clock, log, Costs(prepare=500_000, run=1_000_000, block=250_000, finish=250_000))
+    m = timing.measure([a, b], SOURCES, batch_size=2, clock=clock)
+    ta, tb = m.systems["A"], m.systems["B"]
+    assert ta.phase_ms == [{"tokenize": 1.0, "encode": 2.0, "passes": 7.0, "detokenize": 5.0}] * 5
+    assert tb.phase_ms == [{"tokenize": 0.5, "passes": 1.25, "detokenize": 0.25}] * 5   # marks no encode
+    np.testing.assert_array_equal(ta.host_syncs, [2] * 5)     # its encoder's end and the timer's wait
+    np.testing.assert_array_equal(tb.host_syncs, [1] * 5)
+    for t in (ta, tb):
+        np.testing.assert_allclose([sum(d.values()) for d in t.phase_ms], t.latencies_ms, rtol=1e-12)
+    dev = timing.measure([a], SOURCES, phase="device", clock=clock)     # the window is run + block only
+    assert dev.systems["A"].phase_ms[0] == {"encode": 2.0, "passes": 7.0}
+
+
+def test_phases_come_from_the_median_repeat():
+    clock, log = FakeClock(), []
+
+    class Slower(ScriptedDecoder):          # each repeat slower than the last in its passes
+        def run(self, prepared):
+            self.costs.run += 1_000_000
+            return super().run(prepared)
+
+    a = Slower("A", clock, log, Costs(prepare=1_000_000, run=0))
+    m = timing.measure([a], SOURCES[:1], repeats=3, clock=clock)
+    t = m.systems["A"]
+    np.testing.assert_array_equal(t.raw_ms[:, 0], [2.0, 3.0, 4.0])
+    assert t.latencies_ms[0] == 3.0 and t.phase_ms[0] == {"tokenize": 1.0, "passes": 2.0, "detokenize": 0.0}
+
+
+def test_phase_p50s_add_up_to_the_latency_p50_within_five_percent():
+    from bench.rows import figures
+
+    clock, log = FakeClock(), []
+
+    class Growing(ScriptedDecoder):          # every phase grows with the sentence, as real ones do
+        def prepare(self, sources):
+            self.clock.advance(100_000 * len(sources[0].split()))
+            return super().prepare(sources)
+
+        def run(self, prepared):
+            self.clock.advance(1_000_000 * len(prepared.sources[0].split()))
+            return super().run(prepared)
+
+    a = Growing("A", clock, log, Costs(prepare=50_000, encode=300_000, run=200_000, block=100_000, finish=20_000))
+    sources = [" ".join("w" * (1 + i % 7) for _ in range(1 + i % 9)) for i in range(40)]
+    t = timing.measure([a], sources, clock=clock).systems["A"]
+    out = figures(t.hypotheses, [sources], t.latencies_ms, t.passes, "en", score=False,
+                  phase_ms=t.phase_ms, host_syncs=list(t.host_syncs))
+    assert set(out["phase_p50_ms"]) == {"tokenize", "encode", "passes", "detokenize"}
+    assert out["phase_p50_sum_ratio"] == pytest.approx(1.0, abs=0.05)
+    assert out["host_syncs"] == 2.0

@@ -181,3 +181,23 @@ def test_padir_history_is_the_run_plus_every_pass(padir_config, padir_params, ti
         weights = h.aux["self_attention"][last[r], r, :, :n_r]                    # [heads, n_r, n]
         np.testing.assert_allclose(weights.sum(axis=-1), 1.0, rtol=1e-4)
         assert np.abs(weights[..., n_r:]).max() < 1e-6                            # masked positions get nothing
+
+
+def test_timed_decoders_split_their_time_into_phases(ar_greedy, padir_config, padir_params, tiny_vocab):
+    """Timed by bench.timing, AR and PaDIR mark their encoder's end (and PaDIR its length read-back);
+    each call's phases add up to its latency, and untimed runs give the same translations."""
+    from bench import timing
+
+    padir = decoders.make_decoder(padir_config, padir_params, tiny_vocab, "refine:2", length_hyps=2, name="p",
+                                  **OPTS)
+    timing.warmup([ar_greedy, padir])
+    m = timing.measure([ar_greedy, padir], SOURCES)
+    expected = {ar_greedy.name: ({"tokenize", "encode", "host_sync", "passes", "detokenize"}, 2),
+                "p": ({"tokenize", "encode", "host_sync", "passes", "detokenize"}, 2)}
+    for name, (keys, syncs) in expected.items():
+        t = m.systems[name]
+        assert all(set(d) == keys for d in t.phase_ms)
+        np.testing.assert_array_equal(t.host_syncs, [syncs] * len(SOURCES))
+        np.testing.assert_allclose([sum(d.values()) for d in t.phase_ms], t.latencies_ms, rtol=1e-9)
+    for dec in (ar_greedy, padir):          # batch size 1, as timed (PaDIR's random start depends on the batch)
+        assert m.systems[dec.name].hypotheses == [roundtrip(dec, [s]).hypotheses[0] for s in SOURCES]
