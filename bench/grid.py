@@ -330,9 +330,22 @@ class Runner:
         spec = self.spec
         decoders = [self.deps.load_decoder(s.family, ckpt, s.decoder, name=s.name, **dict(s.options))
                     for s, ckpt in systems]
-        compile_s = timing.warmup(decoders, spec.batch_size, platform=self.platform)
-        m = timing.measure(decoders, data.sources, batch_size=spec.batch_size, phase=spec.timing.phase,
-                           repeats=spec.timing.repeats, rotate=spec.timing.rotate, platform=self.platform)
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=len(data.sources) * spec.timing.repeats, unit="sent", leave=False, dynamic_ncols=True,
+                   desc=f"warm up {len(decoders)} systems", disable=not self.progress)
+        try:
+            compile_s = timing.warmup(decoders, spec.batch_size, platform=self.platform)
+            bar.set_description(f"time {len(decoders)} systems interleaved")
+
+            def advance(done: int, total: int) -> None:
+                bar.update(done - bar.n)
+
+            m = timing.measure(decoders, data.sources, batch_size=spec.batch_size, phase=spec.timing.phase,
+                               repeats=spec.timing.repeats, rotate=spec.timing.rotate, platform=self.platform,
+                               on_batch=advance)
+        finally:
+            bar.close()
         costs = self._costs(decoders, data, m) if spec.timing.costs and self.deps.costs else {}
         target_lang = self.deps.target_lang(data.task)
         unset = {c.name: None for c in columns()}         # the columns no family fills for this system

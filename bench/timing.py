@@ -168,8 +168,11 @@ def _time_one(decoder: Decoder, sources: list[str], phase: str, clock: Clock) ->
 
 def measure(decoders: Sequence[Decoder], sources: Sequence[str], batch_size: int = 1,
             phase: str = "end_to_end", repeats: int = 1, rotate: bool = True,
-            clock: Clock = time.perf_counter_ns, platform: str | None = None) -> Measurement:
-    """Time all systems interleaved on the same sentences (see module docstring)."""
+            clock: Clock = time.perf_counter_ns, platform: str | None = None,
+            on_batch: Callable[[int, int], None] | None = None) -> Measurement:
+    """Time all systems interleaved on the same sentences (see module docstring). ``on_batch(done,
+    total)`` is called after every batch's round of systems (outside the timed windows), with the
+    sentences timed so far over all repeats, e.g. to move a progress bar."""
     _check_decoders(decoders)
     if phase not in PHASES:
         raise UserError(f"unknown timing phase {phase!r}; choose one of {list(PHASES)}")
@@ -205,6 +208,8 @@ def measure(decoders: Sequence[Decoder], sources: Sequence[str], batch_size: int
                     if rep == 0:
                         hyps[s][idx.start:idx.stop] = list(result.hypotheses)
                         passes[s, idx.start:idx.stop] = np.asarray(result.passes).reshape(-1)
+                if on_batch is not None:
+                    on_batch(rep * n + idx.stop, repeats * n)
     systems = {}
     for s, decoder in enumerate(decoders):
         per_sentence = np.median(raw[s], axis=0)  # [n_sentences]

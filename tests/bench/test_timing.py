@@ -217,3 +217,16 @@ def test_phase_p50s_add_up_to_the_latency_p50_within_five_percent():
     assert set(out["phase_p50_ms"]) == {"tokenize", "encode", "passes", "detokenize"}
     assert out["phase_p50_sum_ratio"] == pytest.approx(1.0, abs=0.05)
     assert out["host_syncs"] == 2.0
+
+
+def test_on_batch_reports_progress_between_timed_windows():
+    clock, log = FakeClock(), []
+    a = ScriptedDecoder("A", clock, log, Costs(run=1_000))
+    seen = []
+
+    def on_batch(done, total):
+        seen.append((done, total, len(log)))          # called after the batch's prepare/run/block/finish
+
+    timing.measure([a], SOURCES, batch_size=2, repeats=2, clock=clock, on_batch=on_batch)
+    assert [(d, t) for d, t, _ in seen] == [(2, 10), (4, 10), (5, 10), (7, 10), (9, 10), (10, 10)]
+    assert [n for _, _, n in seen] == [4 * i for i in range(1, 7)]
