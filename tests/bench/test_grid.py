@@ -11,7 +11,7 @@ from bench.costs import MachinePeaks
 from bench.families import load_suite as load_spec
 from bench.grid import Runner, expand
 from bench.rows import CORE, SCHEMA_VERSION, verify_run
-from grid_fakes import FakeFactory, fake_deps, fake_spec
+from grid_fakes import STEP_COST, FakeFactory, fake_deps, fake_spec
 
 SPEC = fake_spec("gridtest", test=["test", "test+refs", "dev"], ar_decoders=["greedy", "beam:3"],
                  padir_steps=[1, 4], max_test_sentences=20, length_hyps=[3])
@@ -257,7 +257,8 @@ def test_warm_started_cells_train_after_their_source(tmp_path):
     assert rows["padir-s1-u0.15-k3-init-ar"].init == "ar" and rows["padir-s1-u0.15-k3"].init == "random"
     assert rows["padir-s1-u0.15-k3"].recipe == "reference"
     ar_seconds = rows["ar-greedy"].train_seconds
-    assert rows["padir-s1-u0.15-k3-init-ar"].warm_start_seconds == ar_seconds > 0
+    assert ar_seconds == STEP_COST["ar"]["seconds"] * rows["ar-greedy"].train_steps   # the fakes' cost, no clock
+    assert rows["padir-s1-u0.15-k3-init-ar"].warm_start_seconds == ar_seconds
     assert rows["padir-s1-u0.15-k3"].warm_start_seconds is None
     assert len(deps.train.calls) == 1 + 8                 # the AR model, then 2 x 2 x 2 PaDIR models
     assert verify_run(run.path) == []
