@@ -151,7 +151,7 @@ def export(checkpoint_dir: str | Path, out_dir: str | Path, quantization: str = 
     if quantization not in QUANTIZATIONS:
         raise UserError(f"unknown quantization {quantization!r}; use one of {', '.join(QUANTIZATIONS)}")
     out_dir = Path(out_dir)
-    config, params, meta = checkpoint.load(checkpoint_dir)
+    meta = checkpoint.read_meta(checkpoint_dir) or checkpoint.load(checkpoint_dir)[2]   # none: load's error
     stamp = {"checkpoint": Path(checkpoint_dir).resolve().name, "steps_done": meta.get("steps_done"),
              "quantization": quantization, "format": 1}
     marker = out_dir / "narbench.json"
@@ -159,6 +159,7 @@ def export(checkpoint_dir: str | Path, out_dir: str | Path, quantization: str = 
         return out_dir                                  # this export, already written
     if out_dir.exists() and not force:
         raise UserError(f"{out_dir} exists and holds something else; pass --force to replace it or choose another --out")
+    config, params, meta = checkpoint.load(checkpoint_dir)        # the weights: only when (re)exporting
     spec = build_spec(config, params, vocabulary_pieces(vocab or checkpoint_vocabulary(meta)))
     spec.validate()
     spec.optimize(quantization=None if quantization == "float32" else quantization)
