@@ -69,6 +69,8 @@ def register(sub) -> None:
     t.add_argument("--decoder", required=True, help="greedy | beam:K (AR) | refine:T (PaDIR)")
     t.add_argument("--length-hyps", type=int,
                    help=f"PaDIR: length hypotheses decoded in parallel (default {defaults.LENGTH_HYPS})")
+    t.add_argument("--length-bonus", type=int,
+                   help=f"PaDIR: tokens added to every predicted length (default {defaults.LENGTH_BONUS})")
     t.add_argument("--remask", choices=defaults.REMASK_MODES, help=f"PaDIR re-masking (default {defaults.REMASK})")
     t.add_argument("--batch-size", type=int, default=32)
     t.add_argument("--source-file", type=Path, help="default: stdin")
@@ -200,7 +202,8 @@ def _translate_command(args: argparse.Namespace, stdin: TextIO = None, stdout: T
     if not lines:
         return 0
     for hyp in translate_lines(args.checkpoint, args.decoder, lines, args.batch_size,
-                               length_hyps=args.length_hyps, remask=args.remask):
+                               length_hyps=args.length_hyps, remask=args.remask,
+                               length_bonus=args.length_bonus):
         stdout.write(hyp.replace("\n", " ") + "\n")
     stdout.flush()
     return 0

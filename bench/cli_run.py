@@ -10,7 +10,7 @@ from pathlib import Path
 from narbench_core.errors import UserError
 from narbench_core.io import write_jsonl
 
-SUITE_HELP = "built-in suite name (smoke, quick, default, ablation, paper) or a path to a .toml spec"
+SUITE_HELP = "built-in suite name (smoke, quick, default, anchors, ablation, paper) or a path to a .toml spec"
 
 
 def register(sub) -> None:

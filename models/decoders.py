@@ -259,7 +259,8 @@ class PaDIRDecoder(_BaseDecoder):
     MODEL, SPECS = "a PaDIR checkpoint", "refine:T (e.g. refine:4)"
 
     def __init__(self, *args, length_hyps: int = defaults.LENGTH_HYPS, remask: str = defaults.REMASK,
-                 start: str = defaults.START, seed: int = 0, early_stop: bool = True, **kw):
+                 start: str = defaults.START, seed: int = 0, early_stop: bool = True,
+                 length_bonus: int = defaults.LENGTH_BONUS, **kw):
         super().__init__(*args, **kw)
         if remask not in defaults.REMASK_MODES:
             raise UserError(f"unknown remask {remask!r}; use one of {', '.join(defaults.REMASK_MODES)}")
@@ -267,7 +268,10 @@ class PaDIRDecoder(_BaseDecoder):
             raise UserError(f"unknown start {start!r}; use one of {', '.join(defaults.START_MODES)}")
         if int(length_hyps) < 1:
             raise UserError(f"length_hyps must be >= 1, got {length_hyps}")
+        if int(length_bonus) != length_bonus:
+            raise UserError(f"length_bonus must be a whole number of tokens, got {length_bonus}")
         self.length_hyps, self.remask, self.start = int(length_hyps), remask, start
+        self.length_bonus = int(length_bonus)
         self.early_stop, self.seed = bool(early_stop), int(seed)
         self.rng = jax.random.key(self.seed)
         self._encode = jax.jit(self._encode_and_lengths)
@@ -279,14 +283,15 @@ class PaDIRDecoder(_BaseDecoder):
         self._num_steps = jax.device_put(np.int32(self.parsed.k))
 
     def _encode_and_lengths(self, params, inputs):
-        """Encoder + length prediction: encoded [b, s, d], top-k lengths [b, k] in [1, max]
-        (``force_length`` for every hypothesis if set)."""
+        """Encoder + length prediction: encoded [b, s, d], top-k lengths [b, k] in [1, max], each
+        plus ``length_bonus`` tokens (``force_length`` for every hypothesis if set)."""
         v = {"params": params}
         encoded = self.model.apply(v, inputs, method=t5.PaDIR.encode)
         if self.force_length is not None:
             return encoded, jnp.full((inputs.shape[0], self.length_hyps), self.force_length, jnp.int32)
         logits = self.model.apply(v, encoded, inputs, method=t5.PaDIR.predict_length)  # [b, L + 1]
-        return encoded, refine.top_k_lengths(logits, self.length_hyps, self.max_decode_length)
+        lengths = refine.top_k_lengths(logits, self.length_hyps, self.max_decode_length)            # [b, k]
+        return encoded, jnp.clip(lengths + self.length_bonus, 1, self.max_decode_length)
 
     def target_buckets(self, source_bucket: int) -> list[int]:
         """As for every decoder; with ``force_length`` the smallest capacity that holds it, for any source."""

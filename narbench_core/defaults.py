@@ -9,6 +9,7 @@ LENGTH_PENALTY = 0.6           # GNMT / t5x brevity penalty alpha for beam searc
 
 # -- PaDIR decoding and training ---------------------------------------------------------------------
 LENGTH_HYPS = 5                # length hypotheses refined in parallel (the paper's k)
+LENGTH_BONUS = 0               # tokens added to every predicted length (a decoding knob, set on dev)
 REMASK = "stutter"             # re-mask the later copies of consecutive repeats between passes
 REMASK_MODES = ("none", "stutter", "mask-predict")
 START = "random"                # initial hypothesis: uniform random regular tokens

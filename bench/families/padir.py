@@ -5,6 +5,7 @@ Spec section (each key is an axis; the systems are the Cartesian product)::
     [padir]
     steps = [1, 2, 4, 10]          # refinement steps T (decoding)
     length_hyps = [5]              # length hypotheses k (decoding)
+    length_bonus = [0]             # tokens added to every predicted length (decoding; set on dev)
     remask = ["stutter"]           # none | stutter | mask-predict (decoding)
     start = ["random"]             # initial hypothesis: random | mask (decoding)
     unmask_rate = [0.15]           # training noise: share of target tokens kept correct
@@ -19,7 +20,7 @@ Spec section (each key is an axis; the systems are the Cartesian product)::
                                    # source length (fairseq's NAT models)
 
 A system is named ``padir-s{T}-u{rate}[-distill]`` plus a suffix for every axis that differs from
-the paper's default (``-k3``, ``-remask-none``, ``-start-mask``, ``-nopos``, ``-st1``, ``-init-ar``,
+the paper's default (``-k3``, ``-lb2``, ``-remask-none``, ``-start-mask``, ``-nopos``, ``-st1``, ``-init-ar``,
 ``-recipe-first``, ``-glat``, ``-lenoff``).
 """
 from __future__ import annotations
@@ -41,6 +42,7 @@ class PaDIRSection:
     unmask_rate: tuple[float, ...] = (d.UNMASK_RATE,)
     distill: tuple[bool, ...] = (False, True)
     length_hyps: tuple[int, ...] = (d.LENGTH_HYPS,)
+    length_bonus: tuple[int, ...] = (d.LENGTH_BONUS,)
     remask: tuple[str, ...] = (d.REMASK,)
     start: tuple[str, ...] = (d.START,)
     positional_attention: tuple[bool, ...] = (d.POSITIONAL_ATTENTION,)
@@ -52,9 +54,11 @@ class PaDIRSection:
 
 
 def _suffix(length_hyps: int, remask: str, start: str, positional_attention: bool, stages: int, init: str,
-            recipe: str, glancing: bool = d.GLANCING, length_predictor: str = d.LENGTH_PREDICTOR) -> str:
+            recipe: str, glancing: bool = d.GLANCING, length_predictor: str = d.LENGTH_PREDICTOR,
+            length_bonus: int = d.LENGTH_BONUS) -> str:
     """One name part per axis that differs from the paper's default."""
     return ((f"-k{length_hyps}" if length_hyps != d.LENGTH_HYPS else "")
+            + (f"-lb{length_bonus}" if length_bonus != d.LENGTH_BONUS else "")
             + (f"-remask-{remask}" if remask != d.REMASK else "")
             + (f"-start-{start}" if start != d.START else "")
             + ("" if positional_attention else "-nopos")
@@ -72,6 +76,7 @@ class PaDIRFamily(Family):
         Column("steps", "Steps", doc="refinement steps T"),
         Column("unmask_rate", "unmask rate", fixed(2)),
         Column("length_hyps", "k", doc="length hypotheses"),
+        Column("length_bonus", "len +", added=True, doc="tokens added to every predicted length"),
         Column("remask"), Column("start", doc="initial hypothesis: random | mask"),
         Column("positional_attention"), Column("stages"),
         Column("init", "init", align="left", doc="parameters: random, or warm-started from the AR model"),
@@ -90,6 +95,8 @@ class PaDIRFamily(Family):
             unmask_rate=table.get("unmask_rate", list_of(number(0.0, 1.0), "numbers in [0, 1]"), s.unmask_rate),
             distill=table.get("distill", flags, s.distill),
             length_hyps=table.get("length_hyps", positive, s.length_hyps),
+            length_bonus=table.get("length_bonus", list_of(integer(-64), "whole numbers of tokens (at least -64)"),
+                                   s.length_bonus),
             remask=table.get("remask", list_of(string(choices=d.REMASK_MODES), f"one of {', '.join(d.REMASK_MODES)}"),
                              s.remask),
             start=table.get("start", list_of(string(choices=d.START_MODES), f"one of {', '.join(d.START_MODES)}"),
@@ -118,13 +125,15 @@ class PaDIRFamily(Family):
                 axes = (("length_predictor", length),) + axes
             cell = TrainCell(ctx.task, self.name, ctx.seed, axes, ctx.teacher if distill else None,
                              ctx.teacher if init == "ar" else None)
-            for steps, k, remask, start in itertools.product(section.steps, section.length_hyps, section.remask,
-                                                             section.start):
+            for steps, k, bonus, remask, start in itertools.product(
+                    section.steps, section.length_hyps, section.length_bonus, section.remask, section.start):
                 variant = (f"padir-u{rate:g}" + ("-distill" if distill else "")
-                           + _suffix(k, remask, start, pos, stages, init, recipe, glancing, length))
+                           + _suffix(k, remask, start, pos, stages, init, recipe, glancing, length, bonus))
                 name = variant.replace("padir-", f"padir-s{steps}-", 1)
-                options = {**ctx.shapes, "length_hyps": k, "remask": remask, "start": start, "seed": ctx.seed}
-                info = {"steps": steps, "unmask_rate": rate, "length_hyps": k, "hypotheses": k, "remask": remask,
+                options = {**ctx.shapes, "length_hyps": k, "remask": remask, "start": start, "seed": ctx.seed,
+                           "length_bonus": bonus}
+                info = {"steps": steps, "unmask_rate": rate, "length_hyps": k, "hypotheses": k,
+                        "length_bonus": bonus, "remask": remask,
                         "start": start, "positional_attention": pos, "stages": stages, "init": init,
                         "recipe": recipe, "glancing": glancing, "length_predictor": length,
                         "decoder": f"refine:{steps}", "variant": variant}
@@ -146,7 +155,8 @@ class PaDIRFamily(Family):
     def point_label(self, row) -> str:
         rate = "" if row.unmask_rate == d.UNMASK_RATE else f" u{row.unmask_rate:g}"
         rest = _suffix(row.length_hyps, row.remask, row.start, row.positional_attention, row.stages, row.init,
-                       row.recipe, bool(row.glancing), row.length_predictor or d.LENGTH_PREDICTOR)
+                       row.recipe, bool(row.glancing), row.length_predictor or d.LENGTH_PREDICTOR,
+                       row.length_bonus or d.LENGTH_BONUS)
         return f"T={row.steps}{rate}{rest.replace('-', ' ')}"
 
     def style(self, row) -> dict[str, Any]:

@@ -6,6 +6,7 @@ import json
 import pytest
 
 from bench import store as st
+from narbench_core.errors import UserError
 from narbench_core.io import write_jsonl
 from bench.costs import MachinePeaks
 from bench.families import load_suite as load_spec
@@ -69,6 +70,20 @@ def test_padir_names_follow_design(tmp_path):
     assert {"padir-s4-u0.5-distill-remask-mask-predict-start-mask-nopos-st1",
             "padir-s1-u0.5-k3-remask-mask-predict-start-mask-nopos-st1"} <= names
     assert "padir-s4-u0.15-distill-init-ar-glat-lenoff" in {s.name for s in expand(load_spec("default")).systems}
+
+
+def test_length_bonus_is_a_decoding_axis(tmp_path):
+    path = tmp_path / "bonus.toml"
+    path.write_text(SPEC.replace("length_hyps = [3]", "length_hyps = [3]\nlength_bonus = [0, 2]"))
+    plan = expand(load_spec(path))
+    systems = {s.name: s for s in plan.systems}
+    assert {"padir-s1-u0.15-k3", "padir-s1-u0.15-k3-lb2"} <= set(systems)
+    bonus = systems["padir-s1-u0.15-k3-lb2"]
+    assert dict(bonus.options)["length_bonus"] == 2 and dict(bonus.info)["length_bonus"] == 2
+    assert bonus.cell == systems["padir-s1-u0.15-k3"].cell         # decoding only: one trained model
+    path.write_text(SPEC.replace("length_hyps = [3]", "length_hyps = [3]\nlength_bonus = [1.5]"))
+    with pytest.raises(UserError, match="length_bonus"):
+        load_spec(path)
 
 
 def test_length_predictor_axis_names_and_configures_its_cells(tmp_path):

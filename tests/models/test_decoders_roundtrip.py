@@ -1,6 +1,7 @@
 """Decoders: prepare / run / finish with tiny random models and a tiny SentencePiece vocabulary."""
 from __future__ import annotations
 
+import re
 import jax
 import numpy as np
 import pytest
@@ -201,3 +202,64 @@ def test_timed_decoders_split_their_time_into_phases(ar_greedy, padir_config, pa
         np.testing.assert_allclose([sum(d.values()) for d in t.phase_ms], t.latencies_ms, rtol=1e-9)
     for dec in (ar_greedy, padir):          # batch size 1, as timed (PaDIR's random start depends on the batch)
         assert m.systems[dec.name].hypotheses == [roundtrip(dec, [s]).hypotheses[0] for s in SOURCES]
+
+
+def test_padir_length_bonus_shifts_every_hypothesis(padir_config, padir_params, tiny_vocab):
+    import jax.numpy as jnp
+
+    def lengths(bonus):
+        dec = decoders.make_decoder(padir_config, padir_params, tiny_vocab, "refine:2", length_hyps=3,
+                                    length_bonus=bonus, **OPTS)
+        return np.asarray(dec._encode(dec.params, jnp.asarray(dec.prepare(SOURCES).inputs))[1])   # [b, k]
+
+    base = lengths(0)
+    np.testing.assert_array_equal(lengths(2), np.minimum(base + 2, 16))        # clipped at the max decode length
+    np.testing.assert_array_equal(lengths(-40), np.ones_like(base))            # and at 1
+    with pytest.raises(UserError, match="length_bonus must be a whole number"):
+        decoders.make_decoder(padir_config, padir_params, tiny_vocab, "refine:2", length_bonus=1.5, **OPTS)
+
+
+def _computations(hlo: str) -> dict[str, str]:
+    """An optimised HLO module's text split into its computations: name -> text (the entry: "ENTRY")."""
+    out = {}
+    for block in re.split(r"\n\n+", hlo):
+        head = block.lstrip().split(" ", 1)[0]
+        out["ENTRY" if head == "ENTRY" else head.lstrip("%")] = block
+    return out
+
+
+def _dots(blocks: dict[str, str], root: str) -> list[str]:
+    """The op names of every dot in computation ``root`` and the computations it calls."""
+    seen, todo, names = set(), [root], []
+    while todo:
+        name = todo.pop()
+        if name in seen or name not in blocks:
+            continue
+        seen.add(name)
+        text = blocks[name]
+        names += re.findall(r"= \S+ dot\(.*?op_name=\"([^\"]+)\"", text)
+        todo += re.findall(r"(?:calls|to_apply|body|condition)=%([\w.\-]+)", text)
+    return names
+
+
+def test_padir_loop_holds_only_hypothesis_dependent_work(padir_config, padir_params, tiny_vocab):
+    """XLA hoists the source's cross-attention keys/values and the positional attention's queries/keys
+    out of the refinement loop: their matmuls run once per call, whatever T (optimised HLO)."""
+    import jax.numpy as jnp
+
+    dec = decoders.make_decoder(padir_config, padir_params, tiny_vocab, "refine:3", length_hyps=2, **OPTS)
+    prepared = dec.prepare(SOURCES)
+    inputs = jnp.asarray(prepared.inputs)
+    encoded, lengths = dec._encode(dec.params, inputs)
+    hlo = dec._refine.lower(dec.params, encoded, inputs, lengths, jnp.asarray(prepared.active), dec.rng,
+                            dec._num_steps, capacity=16).compile().as_text()
+    blocks = _computations(hlo)
+    loops = re.findall(r"while\(.*?body=%([\w.\-]+)", blocks["ENTRY"])
+    loop = max(loops, key=lambda name: len(_dots(blocks, name)))               # the refinement loop
+    inside, everywhere = _dots(blocks, loop), _dots(blocks, "ENTRY")
+    for op in ("encoder_decoder_attention/key/", "encoder_decoder_attention/value/",
+               "positional_attention/query/", "positional_attention/key/"):
+        assert any(op in n for n in everywhere) and not any(op in n for n in inside), op
+    # The hypothesis-dependent work stays inside: self-attention, cross-attention queries, the output.
+    for op in ("self_attention/query/", "encoder_decoder_attention/query/", "token_embedder.attend/"):
+        assert any(op in n for n in inside), (op, sorted(set(inside))[:5])
