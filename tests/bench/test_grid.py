@@ -69,7 +69,8 @@ def test_padir_names_follow_design(tmp_path):
     names = {s.name for s in expand(load_spec(path)).systems}
     assert {"padir-s4-u0.5-distill-remask-mask-predict-start-mask-nopos-st1",
             "padir-s1-u0.5-k3-remask-mask-predict-start-mask-nopos-st1"} <= names
-    assert "padir-s4-u0.15-distill-init-ar-glat-lenoff" in {s.name for s in expand(load_spec("default")).systems}
+    default = {s.name for s in expand(load_spec("default")).systems}
+    assert {"padir-s4-u0.15-distill-lb1-init-ar-glat-lenoff", "padir-s4-u0.15-distill-k1-lb1-init-ar-glat-lenoff"} <= default
 
 
 def test_length_bonus_is_a_decoding_axis(tmp_path):

@@ -47,7 +47,8 @@ def test_table_has_paper_layout_and_latency_columns(run_dir):
     text = (run_dir / "table.md").read_text()
     assert "| System | Family | # Hyp. | Steps | bible_de_en:test | bible_de_en:test+refs |" in text
     assert "| ar-beam5 | AR | 5 | N | 100.00 | 100.00 |" in text
-    assert "| padir-s4-u0.15-distill-init-ar-glat-lenoff | PaDIR | 5 | 4 |" in text
+    assert "| padir-s4-u0.15-distill-lb1-init-ar-glat-lenoff | PaDIR | 5 | 4 |" in text
+    assert "| padir-s4-u0.15-distill-k1-lb1-init-ar-glat-lenoff | PaDIR | 1 | 4 |" in text
     assert "n too small (30 < 459)" in text  # no p99 from 30 sentences
     assert "speedup p50 vs AR greedy" in text and "1.00x" in text
     assert "no BLEURT checkpoint" in text
@@ -55,14 +56,14 @@ def test_table_has_paper_layout_and_latency_columns(run_dir):
     lines = text.splitlines()
     # AR rows come first, then PaDIR by distillation and steps.
     order = [ln.split("|")[1].strip() for ln in lines if ln.startswith("| ar-") or ln.startswith("| padir-")][:10]
-    assert order[:3] == ["ar-greedy", "ar-beam5", "padir-s1-u0.15-init-ar-glat-lenoff"]
+    assert order[:3] == ["ar-greedy", "ar-beam5", "padir-s1-u0.15-k1-lb1-init-ar-glat-lenoff"]
 
 
 def test_leaderboard_sorted_with_signature_env_command_and_links(run_dir):
     text = (run_dir / "leaderboard.md").read_text()
     section = text.split("## bible_de_en:test\n")[1].split("##")[0]
     bleus = [float(ln.split("|")[6].strip(" *")) for ln in section.splitlines() if ln.startswith("| ") and ln[2].isdigit()]
-    assert len(bleus) == 13 and bleus == sorted(bleus, reverse=True)   # 10 JAX systems, 3 CTranslate2
+    assert len(bleus) == 21 and bleus == sorted(bleus, reverse=True)   # 18 JAX systems, 3 CTranslate2
     assert "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:" in text
     assert "narbench run --suite default" in text
     assert "Test CPU" in text and "abc123" in text
