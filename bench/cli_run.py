@@ -53,13 +53,45 @@ def register(sub) -> None:
     p.add_argument("--test-set", help="only rows of this test set")
     p.set_defaults(func=cmd_results)
 
-    p = sub.add_parser("latency", help="timing only: p50/p90/p99 and speedups of a suite's systems",
+    p = sub.add_parser("latency", help="timing only: p50/p90/p99 and speedups of a suite's systems, or "
+                       "the AR-vs-PaDIR latency map (--map)",
                        description="Time every system of a suite on its test sets (training any missing "
-                       "checkpoint first) without scoring quality; prints a latency table.")
+                       "checkpoint first) without scoring quality; prints a latency table. With --map: time "
+                       "AR greedy against PaDIR refine:T (k length hypotheses) on random-weight models over "
+                       "model sizes, forced target lengths and batch sizes into results/speedmap/<run_id>/ "
+                       "(rows.jsonl, speedmap.md, crossover.png; re-running the same command resumes), with "
+                       "a cost model fitted on --calibrate sizes that predicts the others.")
     p.add_argument("--suite", default="default", help=SUITE_HELP + " (default: default)")
     _timing_args(p)
     p.add_argument("--json", dest="json_out", help="also write the rows as JSON lines to this file")
+    m = p.add_argument_group("latency map (--map)")
+    m.add_argument("--map", action="store_true", help="time the latency map instead of a suite")
+    for name, default, kind, text in _MAP_ARGS:
+        m.add_argument("--" + name.replace("_", "-"), type=kind, nargs="+" if isinstance(default, tuple) else None,
+                       help=f"{text} (default: {' '.join(map(str, default)) if isinstance(default, tuple) else default})")
+    m.add_argument("--out", default="results", help="results root folder of the map (default: results)")
+    m.add_argument("--force", action="store_true", help="start a fresh map folder instead of resuming")
     p.set_defaults(func=cmd_latency)
+
+
+def _map_defaults():
+    from bench.speedmap import MapSpec
+
+    return MapSpec()
+
+
+# Options of `narbench latency --map`: (MapSpec field, default, type, help); defaults live in MapSpec.
+_MAP_ARGS = tuple((name, getattr(_map_defaults(), name), kind, text) for name, kind, text in (
+    ("sizes", str, "model presets to map"),
+    ("lengths", int, "forced target lengths (tokens; the source has as many)"),
+    ("batches", int, "batch sizes"),
+    ("steps", int, "PaDIR refinement steps T"),
+    ("hyps", int, "PaDIR length hypotheses k"),
+    ("calibrate", str, "sizes the cost model is fitted on (it predicts the others)"),
+    ("cell_seconds", float, "timed seconds per cell, all systems"),
+    ("min_calls", int, "fewest timed calls per system and cell"),
+    ("max_calls", int, "most timed calls per system and cell"),
+))
 
 
 def _timing_args(p: argparse.ArgumentParser) -> None:
@@ -100,6 +132,8 @@ def _command(args, names: tuple[str, ...]) -> str:
         flag = "--" + name.replace("_", "-")
         if value is True:
             parts.append(flag)
+        elif isinstance(value, (list, tuple)):
+            parts.extend([flag, *map(str, value)])
         elif value not in (None, False):
             parts.extend([flag, str(value)])
     return " ".join(shlex.quote(p) for p in parts)
@@ -236,6 +270,11 @@ LATENCY_COLUMNS = ("system", "test_set", "n_sentences", "latency_p50_ms", "laten
 def cmd_latency(args) -> int:
     from bench import env as benv, grid, report
 
+    if args.map:
+        return _cmd_map(args)
+    given = [f"--{n.replace('_', '-')}" for n, *_ in _MAP_ARGS if getattr(args, n) is not None]
+    if given:
+        raise UserError(f"{' '.join(given)} only apply to the latency map; add --map")
     spec = _spec(args)
     platform = _setup(args.platform)
     env = benv.capture(seeds=_seeds(spec), platform=platform)
@@ -244,4 +283,22 @@ def cmd_latency(args) -> int:
     if args.json_out:
         write_jsonl(Path(args.json_out), [dict(r) for r in rows])
     sys.stdout.write("\n".join(report.markdown_table(rows, LATENCY_COLUMNS)) + "\n")
+    return 0
+
+
+def _cmd_map(args) -> int:
+    from bench import env as benv, speedmap
+
+    if args.suite != "default" or args.batch_size is not None or args.max_test_sentences is not None:
+        raise UserError("--suite, --batch-size and --max-test-sentences do not apply to --map; use --batches "
+                        "and --lengths")
+    changes = {n: (tuple(v) if isinstance(v, list) else v) for n, *_ in _MAP_ARGS
+               if (v := getattr(args, n)) is not None}
+    spec = speedmap.MapSpec(**{**speedmap.MapSpec().to_dict(), **changes})
+    platform = _setup(args.platform)
+    env = benv.capture(seeds={"weights": spec.seed, "source": spec.seed, "decoder": spec.seed}, platform=platform)
+    command = _command(args, ("map", *(n for n, *_ in _MAP_ARGS), "out", "platform", "no_progress"))
+    run_dir = speedmap.run_map(spec, Path(args.out), command, env=env, platform=platform,
+                               progress=not args.no_progress, force=args.force)
+    sys.stdout.write(f"latency map: {run_dir / speedmap.TABLE}\n")
     return 0

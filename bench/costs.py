@@ -208,6 +208,7 @@ class Accelerator:
 
 # Published vendor peaks (dense, no sparsity). Projections assume matmuls at this dtype.
 ACCELERATORS: dict[str, Accelerator] = {
+    "tpu-v3": Accelerator("tpu-v3", 123e12, 900e9, "bf16", "Google Cloud TPU v3 system architecture (per chip)"),
     "tpu-v4": Accelerator("tpu-v4", 275e12, 1200e9, "bf16", "Google Cloud TPU v4 system architecture"),
     "tpu-v5e": Accelerator("tpu-v5e", 197e12, 819e9, "bf16", "Google Cloud TPU v5e documentation"),
     "a100-sxm-80gb": Accelerator("a100-sxm-80gb", 156e12, 2039e9, "tf32", "NVIDIA A100 datasheet"),

@@ -143,3 +143,27 @@ def test_bad_arguments(env, capsys, tmp_path):
     assert code == 2 and "--batch-size must be >= 1" in err
     code, _, err = run_cli(["report", str(tmp_path / "nowhere")], capsys)
     assert code == 2 and "is not a run folder" in err
+
+
+def test_latency_map_options(env, capsys, tmp_path, monkeypatch):
+    """--map builds its MapSpec from the options (defaults from MapSpec) and records the command line;
+    map options without --map, or suite options with it, are one-line errors."""
+    seen = {}
+
+    def fake_run_map(spec, out_root, command, **kw):
+        seen.update(spec=spec, out=out_root, command=command)
+        return out_root / "speedmap" / "r"
+
+    monkeypatch.setattr("bench.speedmap.run_map", fake_run_map)
+    code, stdout, _ = run_cli(["latency", "--map", "--sizes", "tiny", "--lengths", "8", "16", "--calibrate", "tiny",
+                               "--no-progress", "--out", str(tmp_path)], capsys)
+    assert code == 0 and "speedmap.md" in stdout
+    assert seen["spec"].sizes == ("tiny",) and seen["spec"].lengths == (8, 16)
+    assert seen["spec"].batches == (1, 8, 32) and seen["spec"].hyps == (1, 5)
+    assert "--map --sizes tiny --lengths 8 16 --calibrate tiny" in seen["command"]
+    code, _, err = run_cli(["latency", "--lengths", "8"], capsys)
+    assert code == 2 and "--lengths only apply to the latency map; add --map" in err
+    code, _, err = run_cli(["latency", "--map", "--batch-size", "4"], capsys)
+    assert code == 2 and "do not apply to --map" in err
+    code, _, err = run_cli(["latency", "--map", "--sizes", "tiny"], capsys)
+    assert code == 2 and "calibration sizes ['small'] are not among" in err

@@ -1,0 +1,129 @@
+"""bench.speedmap: the latency map's cells, resume, rows, cost model (fit on some sizes, score on the
+others), projections, report and plot; on fake jitted decoders, plus one cell of real tiny decoders."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from bench import speedmap as sm
+from bench.costs import MachinePeaks
+from narbench_core.errors import UserError
+from narbench_core.io import read_jsonl
+from fakes import JittedDecoder
+
+PEAKS = MachinePeaks("test", 1e11, 1e10, "x", 8, 8)
+ENV = {"cpu_model": "Test CPU", "threads": 2, "platform": "cpu"}
+SPEC = sm.MapSpec(sizes=("s", "m"), lengths=(8, 16), batches=(1, 2), steps=(1, 4), hyps=(1, 2),
+                  calibrate=("s",), cell_seconds=0.05, min_calls=3, max_calls=4)
+
+
+class FakeFactory:
+    """Jitted fake decoders: AR runs ``length`` passes, PaDIR T passes; width grows with the size."""
+
+    def __init__(self, fail_at: int | None = None):
+        self.built: list[tuple] = []
+        self.fail_at = fail_at
+
+    def __call__(self, cell, systems):
+        if self.fail_at is not None and len(self.built) == self.fail_at:
+            raise KeyboardInterrupt            # a kill in the middle of the map
+        self.built.append(cell.key)
+        dim = {"s": 16, "m": 32}[cell.size]
+        return [JittedDecoder(s.name, passes=cell.length if s.steps == 0 else s.steps, dim=dim,
+                              buckets=(cell.length,)) for s in systems]
+
+
+def test_cells_run_cheapest_first_and_systems_follow_the_axes():
+    cells = SPEC.cells()
+    assert [c.key for c in cells] == [("s", 8, 1), ("s", 8, 2), ("s", 16, 1), ("s", 16, 2),   # tokens per call,
+                                      ("m", 8, 1), ("m", 8, 2), ("m", 16, 1), ("m", 16, 2)]   # then length
+    assert [s.name for s in SPEC.systems()] == ["ar-greedy", "padir-T1-k1", "padir-T4-k1", "padir-T1-k2",
+                                                "padir-T4-k2"]
+
+
+@pytest.mark.parametrize("changes, message", [
+    (dict(calibrate=("big",)), "calibration sizes"),
+    (dict(lengths=(0, 8)), "lengths must be whole numbers"),
+    (dict(min_calls=5, max_calls=2), "min_calls <= max_calls"),
+    (dict(hyps=()), "at least one value of hyps"),
+])
+def test_bad_map_settings_are_user_errors(changes, message):
+    with pytest.raises(UserError, match=message):
+        sm.MapSpec(**{**SPEC.to_dict(), **changes})
+
+
+def test_cost_model_fitted_on_one_size_predicts_another():
+    """Latencies made by a known linear model: the fit on size "s" recovers it and predicts "m" exactly."""
+    coef = np.array([0.5, 0.02, 3.0, 1.5])
+    rng = np.random.default_rng(0)
+    rows = []
+    for size, scale in (("s", 1.0), ("m", 8.0)):
+        for _ in range(12):
+            row = {"size": size, "passes": int(rng.integers(1, 64)), "flops": scale * rng.uniform(1e6, 1e9),
+                   "bytes": scale * rng.uniform(1e5, 1e8)}
+            row["latency_p50_ms"] = float(sm.features(row, PEAKS) @ coef)
+            rows.append(row)
+    model = sm.CostModel.fit(rows, PEAKS, ["s"])
+    np.testing.assert_allclose(model.coef, coef, rtol=1e-6)
+    scored = sm.apply_model(rows, model, PEAKS)
+    assert sm.prediction_score(scored) == (12, 12)
+    assert all(r["calibration"] == (r["size"] == "s") for r in scored)
+    # A model that is wrong on "m" scores as such.
+    off = [dict(r, latency_p50_ms=r["latency_p50_ms"] * (2.0 if r["size"] == "m" else 1.0)) for r in rows]
+    assert sm.prediction_score(sm.apply_model(off, sm.CostModel.fit(off, PEAKS, ["s"]), PEAKS)) == (0, 12)
+
+
+def test_cost_model_needs_enough_rows():
+    with pytest.raises(UserError, match="at least 4 timed rows"):
+        sm.CostModel.fit([{"size": "s", "passes": 1, "flops": 1.0, "bytes": 1.0, "latency_p50_ms": 1.0}], PEAKS, ["s"])
+
+
+def test_map_runs_every_cell_and_resumes_after_a_kill(tmp_path):
+    first = FakeFactory(fail_at=3)
+    with pytest.raises(KeyboardInterrupt):
+        sm.run_map(SPEC, tmp_path, "narbench latency --map", factory=first, peaks=PEAKS, env=ENV, progress=False)
+    (run_dir,) = (tmp_path / "speedmap").iterdir()
+    assert {(r["size"], r["target_length"], r["batch_size"]) for r in read_jsonl(run_dir / sm.ROWS)} == set(first.built)
+    assert json.loads((run_dir / "run.json").read_text())["status"] == "running"
+    assert "**Unfinished map**: 3 of 8 cells timed so far" in (run_dir / sm.TABLE).read_text()
+
+    second = FakeFactory()
+    assert sm.run_map(SPEC, tmp_path, "narbench latency --map", factory=second, peaks=PEAKS, env=ENV,
+                      progress=False) == run_dir
+    assert second.built == [c.key for c in SPEC.cells()][3:]          # only the missing cells ran
+    rows = read_jsonl(run_dir / sm.ROWS)
+    assert len(rows) == len(SPEC.cells()) * len(SPEC.systems())
+    for r in rows:
+        assert r["calls"] == len(r["latencies_ms"]) and SPEC.min_calls <= r["calls"] <= SPEC.max_calls
+        assert r["latency_p50_ms"] == pytest.approx(float(np.median(r["latencies_ms"])))
+        assert r["passes"] == (r["target_length"] if r["family"] == "ar" else r["steps"])
+        assert r["flops"] == pytest.approx(r["encode_flops"] + r["passes"] * r["pass_flops"])
+        assert r["predicted_p50_ms"] > 0 and r["calibration"] == (r["size"] == "s")
+        assert r["cpu_model"] == "Test CPU"
+        for name in sm.PROJECTED:
+            assert r[f"projection_{name}_ms"] > 0
+        ar = next(a for a in rows if a["family"] == "ar" and a["size"] == r["size"]
+                  and a["target_length"] == r["target_length"] and a["batch_size"] == r["batch_size"])
+        assert r["speedup_p50_vs_ar"] == pytest.approx(ar["latency_p50_ms"] / r["latency_p50_ms"])
+        assert set(r["phase_p50_ms"]) >= {"tokenize", "passes", "detokenize"}
+    assert (run_dir / sm.PLOT).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    text = (run_dir / sm.TABLE).read_text()
+    assert "## m, batch 2: PaDIR speedup over AR greedy (p50)" in text and "Test CPU" in text
+    assert "Rows it was **not** fitted on:" in text and "of 20 (" in text
+    assert "Projections (roofline bounds, not measurements)" in text and "Unfinished" not in text
+    assert json.loads((run_dir / "run.json").read_text())["status"] == "finished"
+
+
+def test_one_cell_of_real_tiny_decoders(tmp_path):
+    """The harness's decoders on random tiny models: AR runs exactly `length` steps, PaDIR exactly T
+    passes, and PaDIR systems that differ only in T share their per-pass cost, which grows with k."""
+    spec = sm.MapSpec(sizes=("tiny",), lengths=(8,), batches=(1,), steps=(1, 2), hyps=(1, 2), calibrate=("tiny",),
+                      cell_seconds=0.01, min_calls=2, max_calls=2)
+    run_dir = sm.run_map(spec, tmp_path, "narbench latency --map", peaks=PEAKS, env=ENV, progress=False)
+    rows = {r["system"]: r for r in read_jsonl(run_dir / sm.ROWS)}
+    assert rows["ar-greedy"]["passes"] == 8
+    assert [rows[f"padir-T{t}-k1"]["passes"] for t in (1, 2)] == [1, 2]
+    assert rows["padir-T1-k1"]["pass_flops"] == rows["padir-T2-k1"]["pass_flops"]
+    assert 1.8 < rows["padir-T1-k2"]["pass_flops"] / rows["padir-T1-k1"]["pass_flops"] <= 2.05
