@@ -100,9 +100,11 @@ class MapSpec:
         return dump_toml(self.to_dict())
 
     def cells(self) -> list["Cell"]:
-        """Every (size, length, batch), cheapest first: by size as listed, then tokens per call."""
+        """Every (size, length, batch), cheapest first: by tokens per call, then size as listed, then
+        length; sizes interleave, so an unfinished map already holds cells of every size (the cost
+        model's calibration and its held-out sizes)."""
         out = [Cell(s, int(n), int(b)) for s in self.sizes for n in self.lengths for b in self.batches]
-        return sorted(out, key=lambda c: (self.sizes.index(c.size), c.length * c.batch, c.length))
+        return sorted(out, key=lambda c: (c.length * c.batch, self.sizes.index(c.size), c.length))
 
     def systems(self) -> list["MapSystem"]:
         return [MapSystem(AR_NAME, "greedy", 0, 1)] + [
@@ -435,6 +437,7 @@ def plot_crossover(rows: Sequence[dict], spec: MapSpec, path: Path) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter
 
     sizes = [s for s in spec.sizes if any(r["size"] == s for r in rows)]
     fig, axes = plt.subplots(len(sizes), len(spec.batches), figsize=(4.2 * len(spec.batches), 3.4 * len(sizes)),
@@ -455,6 +458,7 @@ def plot_crossover(rows: Sequence[dict], spec: MapSpec, path: Path) -> None:
                                 label=f"T={t}, k={k}")
             ax.set_xscale("log", base=2)
             ax.set_yscale("log")
+            ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}x"))
             ax.set_xticks(list(spec.lengths), [str(n) for n in spec.lengths])
             ax.set_title(f"{size}, batch {batch}", fontsize=10)
             if i == len(sizes) - 1:

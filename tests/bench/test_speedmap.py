@@ -37,8 +37,9 @@ class FakeFactory:
 
 def test_cells_run_cheapest_first_and_systems_follow_the_axes():
     cells = SPEC.cells()
-    assert [c.key for c in cells] == [("s", 8, 1), ("s", 8, 2), ("s", 16, 1), ("s", 16, 2),   # tokens per call,
-                                      ("m", 8, 1), ("m", 8, 2), ("m", 16, 1), ("m", 16, 2)]   # then length
+    assert [c.key for c in cells] == [("s", 8, 1), ("m", 8, 1),                        # tokens per call,
+                                      ("s", 8, 2), ("s", 16, 1), ("m", 8, 2), ("m", 16, 1),  # size, length
+                                      ("s", 16, 2), ("m", 16, 2)]
     assert [s.name for s in SPEC.systems()] == ["ar-greedy", "padir-T1-k1", "padir-T4-k1", "padir-T1-k2",
                                                 "padir-T4-k2"]
 
