@@ -485,9 +485,24 @@ def builtin_specs() -> list[str]:
     return sorted(p.stem for p in SPECS_DIR.glob("*.toml"))
 
 
+def _merged(base: dict, over: dict) -> dict:
+    """``over`` laid on ``base``: tables merge key by key, any other value (arrays included) replaces."""
+    out = dict(base)
+    for key, value in over.items():
+        out[key] = _merged(base[key], value) if isinstance(value, dict) and isinstance(base.get(key), dict) else value
+    return out
+
+
 def load_spec(name_or_path: str | Path, sections: Mapping[str, Section] | None = None) -> SuiteSpec:
     """A built-in suite by name (``smoke``, ``default`` ...) or a path to a ``.toml`` file (see
-    ``parse_spec`` for ``sections``)."""
+    ``parse_spec`` for ``sections``). A top-level ``extends = "default"`` (a built-in suite) takes that
+    suite's settings and lays this file's on top (tables merge key by key, other values replace)."""
+    data, source, base_dir = _load_data(name_or_path)
+    return parse_spec(data, source, sections, base_dir=base_dir)
+
+
+def _load_data(name_or_path: str | Path, chain: tuple[str, ...] = ()) -> tuple[dict, str, Path]:
+    """The spec's TOML data (``extends`` resolved), its source, and ``parse_spec``'s ``base_dir``."""
     text = str(name_or_path)
     path = Path(text)
     if text.endswith(".toml") or path.is_file() or "/" in text:
@@ -507,7 +522,17 @@ def load_spec(name_or_path: str | Path, sections: Mapping[str, Section] | None =
         raise UserError(f"{source}: malformed TOML: {err}") from None
     except UnicodeDecodeError:
         raise UserError(f"{source}: not UTF-8 text; save the spec as UTF-8 TOML") from None
-    return parse_spec(data, source, sections, base_dir=path.resolve().parent)
+    base_dir = path.resolve().parent
+    parent = data.pop("extends", None)
+    if parent is None:
+        return data, source, base_dir
+    if not isinstance(parent, str) or parent not in builtin_specs():
+        raise UserError(f"{source}: extends = {parent!r} is not a built-in suite; use one of "
+                        f"{', '.join(builtin_specs())}")
+    if parent in chain or parent == path.stem:
+        raise UserError(f"{source}: extends = {parent!r} makes a cycle; a suite cannot extend itself")
+    base, _, _ = _load_data(parent, chain + (path.stem,))
+    return _merged(base, data), source, base_dir
 
 
 # ---------------------------------------------------------------------------------------- writing

@@ -169,3 +169,24 @@ def test_cli_exits_2_with_one_line(tmp_path, capsys, suite, expected):
     assert code == 2
     assert len(err) == 1 and err[0].startswith("narbench: error: ") and expected in err[0], err
     assert not (tmp_path / "results").exists()  # nothing written for a bad spec
+
+
+def test_extends_lays_a_suite_on_a_built_in_one(tmp_path):
+    """`extends`: anchors is the default suite with its own name, description and AR layouts; tables
+    merge key by key (the [ar] decoders stay), arrays replace; unknown parents and cycles are errors."""
+    default, anchors = load_spec("default").to_dict(), load_spec("anchors").to_dict()
+    changed = {k for k in default if default[k] != anchors[k]}
+    assert changed == {"name", "description", "ar"}
+    assert {k for k in default["ar"] if default["ar"][k] != anchors["ar"][k]} == {"layers"}
+    assert anchors["ar"]["layers"] == ["6-1"]
+    path = tmp_path / "child.toml"
+    path.write_text('extends = "default"\nname = "child"\n[padir]\nsteps = [4]\n')
+    child = load_spec(path).to_dict()
+    assert child["padir"]["steps"] == [4] and child["padir"]["length_hyps"] == default["padir"]["length_hyps"]
+    path.write_text('extends = "nosuch"\nname = "child"\n')
+    with pytest.raises(UserError, match="extends = 'nosuch' is not a built-in suite"):
+        load_spec(path)
+    path = tmp_path / "default.toml"
+    path.write_text('extends = "default"\nname = "loop"\n')
+    with pytest.raises(UserError, match="makes a cycle"):
+        load_spec(path)
