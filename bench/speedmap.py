@@ -10,8 +10,8 @@ source of ``length`` tokens (``length - 1`` fixed random ids + EOS) with every t
 
 A *cell* is one (size, target length, batch size); its systems are timed interleaved by the harness's
 one protocol (``bench.timing.warmup``, then ``measure``, end to end). The number of timed calls per
-system adapts to the cell: a pilot round times every system once, then ``calls = cell_seconds /
-round``, clipped to ``[min_calls, max_calls]``. Cells run cheapest first and each finished cell is
+system adapts to the cell: a pilot round times every system once (it counts as the first call), then
+``calls = cell_seconds / round``, clipped to ``[min_calls, max_calls]``. Cells run cheapest first and each finished cell is
 saved whole, so an interrupted map resumes where it stopped.
 
 Cost model (:class:`CostModel`). Per system and cell, XLA's cost analysis of the compiled encoder and
@@ -129,6 +129,11 @@ class MapSystem:
     steps: int       # T (0 for AR)
     length_hyps: int
 
+    @property
+    def kind(self) -> str:
+        """The model kind the system runs on (models.config.ModelConfig.kind): its rows' family."""
+        return "ar" if self.steps == 0 else "padir"
+
 
 # -------------------------------------------------------------------------------------- decoders
 
@@ -177,9 +182,8 @@ def random_weight_decoders(spec: MapSpec) -> DecoderFactory:
         shapes = dict(buckets=(cell.length,), max_decode_length=cell.length, force_length=cell.length)
         out = []
         for s in systems:
-            kind = "ar" if s.steps == 0 else "padir"
-            config, params = model(cell.size, kind)
-            extra = {} if kind == "ar" else dict(length_hyps=s.length_hyps, early_stop=False, seed=spec.seed)
+            config, params = model(cell.size, s.kind)
+            extra = {} if s.steps == 0 else dict(length_hyps=s.length_hyps, early_stop=False, seed=spec.seed)
             out.append(make_decoder(config, params, vocab, s.spec, name=s.name, **shapes, **extra))
         return out
 
@@ -246,9 +250,9 @@ def part_costs(decoders: Sequence[Any], systems: Sequence[MapSystem], batch: int
     from bench import costs
 
     out: dict[str, PartCosts] = {}
-    shared: dict[tuple[int, int], PartCosts] = {}
+    shared: dict[tuple[str, int], PartCosts] = {}
     for decoder, s in zip(decoders, systems):
-        key = (int(s.steps > 0), s.length_hyps)
+        key = (s.kind, s.length_hyps)
         if key not in shared:
             prepared = decoder.prepare([SOURCE] * batch)
             shared[key] = PartCosts(costs.xla_cost(decoder.lower(prepared, "encode")),
@@ -275,7 +279,7 @@ def cell_rows(cell: Cell, systems: Sequence[MapSystem], timed: CellTiming, parts
                 phase.setdefault(name, []).append(ms)
         row = {
             "size": cell.size, "target_length": cell.length, "batch_size": cell.batch, "system": s.name,
-            "family": "ar" if s.steps == 0 else "padir", "steps": s.steps or None,
+            "family": s.kind, "steps": s.steps or None,
             "length_hyps": s.length_hyps, "passes": passes, "calls": timed.calls,
             "latency_p50_ms": summary.p50, "latency_p99_ms": summary.p99, "latency_mean_ms": summary.mean,
             "p99_reliable": summary.p99_reliable, "latencies_ms": [float(x) for x in lat],
