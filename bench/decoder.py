@@ -45,8 +45,9 @@ class Decoder(Protocol):
         """One prepared input per shape bucket, so a warm-up compiles every shape before timing."""
 
     def lower(self, prepared: Any, part: str) -> Any:
-        """``jax.stages.Lowered`` of one ``part``: "encode" (encoder + length prediction) or
-        "pass" (one decoder forward pass), for XLA cost analysis. A decoder that runs outside XLA
+        """``jax.stages.Lowered`` of one ``part``: "encode" (encoder + length prediction), "pass"
+        (one decoder forward pass) or "pass2" (two chained passes: the second takes the first's argmax,
+        so work that does not depend on the tokens is shared), for XLA cost analysis. A decoder that runs outside XLA
         (CTranslate2) sets a class attribute ``xla_costs = False`` and is not costed."""
 
 

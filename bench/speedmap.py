@@ -15,7 +15,9 @@ system adapts to the cell: a pilot round times every system once (it counts as t
 saved whole, so an interrupted map resumes where it stopped.
 
 Cost model (:class:`CostModel`). Per system and cell, XLA's cost analysis of the compiled encoder and
-of one decoder pass (``decoder.lower``) gives flops and bytes; with the machine's measured fp32
+of one more decoder pass (``bench.costs.loop_costs``: the work that does not depend on the tokens,
+such as the source's cross-attention keys and values, counts once per call, as in the decode loop)
+gives flops and bytes; with the machine's measured fp32
 matmul peak and memory bandwidth (``bench.costs.machine_peaks``) they become seconds, and
 
     predicted_ms = c_call + c_pass * passes + c_flops * flops / peak + c_bytes * bytes / bandwidth
@@ -51,6 +53,9 @@ TABLE = "speedmap.md"
 PLOT = "crossover.png"
 AR_NAME = "ar-greedy"
 PROJECTED = ("tpu-v3", "a100-sxm-80gb", "h100-sxm")      # accelerators the report projects onto
+# How rows' cost columns were made; rows of another method are re-costed on resume (``recost``).
+# "loop": one more pass = two chained passes - one (loop-invariant work counted once per call).
+COST_METHOD = "loop"
 
 
 # ------------------------------------------------------------------------------------------- the map
@@ -233,7 +238,8 @@ def time_cell(decoders: Sequence[Any], cell: Cell, spec: MapSpec, platform: str 
 
 @dataclass(frozen=True)
 class PartCosts:
-    """XLA flops / bytes of one decoder's encoder and of one of its decoder passes."""
+    """XLA flops / bytes of one decoder's encoder (with the decode's loop-invariant work) and of one
+    more decoder pass (``bench.costs.loop_costs``)."""
     encode: costs.XlaCost
     step: costs.XlaCost
 
@@ -255,8 +261,8 @@ def part_costs(decoders: Sequence[Any], systems: Sequence[MapSystem], batch: int
         key = (s.kind, s.length_hyps)
         if key not in shared:
             prepared = decoder.prepare([SOURCE] * batch)
-            shared[key] = PartCosts(costs.xla_cost(decoder.lower(prepared, "encode")),
-                                    costs.xla_cost(decoder.lower(prepared, "pass")))
+            parts = costs.loop_costs(decoder, prepared)
+            shared[key] = PartCosts(parts["encode"], parts["pass"])
         out[s.name] = shared[key]
     return out
 
@@ -264,7 +270,7 @@ def part_costs(decoders: Sequence[Any], systems: Sequence[MapSystem], batch: int
 def cell_rows(cell: Cell, systems: Sequence[MapSystem], timed: CellTiming, parts: dict[str, PartCosts],
               peaks: costs.MachinePeaks, cpu: str) -> list[dict]:
     """One row per system of a timed cell (prediction columns are filled by :func:`apply_model`)."""
-    from bench import costs, stats
+    from bench import stats
 
     ar = timed.latencies_ms.get(AR_NAME)
     rows = []
@@ -272,7 +278,6 @@ def cell_rows(cell: Cell, systems: Sequence[MapSystem], timed: CellTiming, parts
         lat = timed.latencies_ms[s.name]
         summary = stats.summarize(lat)
         passes = timed.passes[s.name]
-        total = parts[s.name].total(passes)
         phase: dict[str, list[float]] = {}
         for p in timed.phase_ms[s.name]:
             for name, ms in p.items():
@@ -287,16 +292,44 @@ def cell_rows(cell: Cell, systems: Sequence[MapSystem], timed: CellTiming, parts
             "speedup_p50_vs_ar": None if ar is None else float(np.median(ar) / summary.p50),
             "speedup_p99_vs_ar": None if ar is None else float(np.percentile(ar, 99) / summary.p99),
             "compile_s": float(timed.compile_s.get(s.name, 0.0)),
-            "encode_flops": parts[s.name].encode.flops, "encode_bytes": parts[s.name].encode.bytes_accessed,
-            "pass_flops": parts[s.name].step.flops, "pass_bytes": parts[s.name].step.bytes_accessed,
-            "flops": total.flops, "bytes": total.bytes_accessed,
-            "roofline_ms": costs.roofline_ms(total.flops, total.bytes_accessed, peaks.peak_flops, peaks.bandwidth),
             "cpu_model": cpu,
         }
-        for name in PROJECTED:
-            row[f"projection_{name}_ms"] = projected_ms(parts[s.name], passes, name)
-        rows.append(row)
+        rows.append({**row, **cost_columns(parts[s.name], passes, peaks)})
     return rows
+
+
+def cost_columns(part: PartCosts, passes: int, peaks: costs.MachinePeaks) -> dict:
+    """A row's XLA cost columns (``COST_METHOD``), roofline bound and accelerator projections."""
+    from bench import costs
+
+    total = part.total(passes)
+    out = {"cost_method": COST_METHOD,
+           "encode_flops": part.encode.flops, "encode_bytes": part.encode.bytes_accessed,
+           "pass_flops": part.step.flops, "pass_bytes": part.step.bytes_accessed,
+           "flops": total.flops, "bytes": total.bytes_accessed,
+           "roofline_ms": costs.roofline_ms(total.flops, total.bytes_accessed, peaks.peak_flops, peaks.bandwidth)}
+    for name in PROJECTED:
+        out[f"projection_{name}_ms"] = projected_ms(part, passes, name)
+    return out
+
+
+def recost(rows: Sequence[dict], spec: MapSpec, factory: DecoderFactory, peaks: costs.MachinePeaks) -> list[dict]:
+    """Rows with their cost columns recomputed where an earlier ``COST_METHOD`` made them (timing
+    untouched): XLA costs depend only on shapes, so no cell is timed again."""
+    stale = sorted({(r["size"], r["target_length"], r["batch_size"]) for r in rows
+                    if r.get("cost_method") != COST_METHOD})
+    if not stale:
+        return list(rows)
+    systems = spec.systems()
+    by_name = {s.name: s for s in systems}
+    out = list(rows)
+    for key in stale:
+        cell = Cell(*key)
+        parts = part_costs(factory(cell, systems), systems, cell.batch)
+        out = [{**r, **cost_columns(parts[r["system"]], r["passes"], peaks)}
+               if (r["size"], r["target_length"], r["batch_size"]) == key and r["system"] in by_name else r
+               for r in out]
+    return out
 
 
 def projected_ms(part: PartCosts, passes: int, accelerator: str) -> float:
@@ -381,6 +414,9 @@ def run_map(spec: MapSpec, out_root: Path, command: str, factory: DecoderFactory
     factory = factory or random_weight_decoders(spec)
     systems = spec.systems()
     rows = read_jsonl(run.path / ROWS)
+    if any(r.get("cost_method") != COST_METHOD for r in rows):
+        rows = recost(rows, spec, factory, peaks)
+        write_jsonl(run.path / ROWS, rows)
     done = {(r["size"], r["target_length"], r["batch_size"]) for r in rows}
     todo = [c for c in spec.cells() if c.key not in done]
     bar = None

@@ -15,7 +15,8 @@ not in it; ``eval_seconds`` is the point's own). A resumed training keeps the po
 resumes from. ``dev_nll``: the training loss's token NLL (mean per target token, no label smoothing,
 no dropout; PaDIR: its last stage, on seeded training noise). ``dev_bleu``: SacreBLEU (tokenizer
 ``13a``, ``zh`` for Chinese targets) of the decoder in ``CURVE_DECODERS`` against the task's own
-references, decoder options at their defaults.
+references, decoder options at their defaults except PaDIR's length hypotheses
+(``defaults.CURVE_LENGTH_HYPS``).
 """
 from __future__ import annotations
 
@@ -123,7 +124,8 @@ class DevEvaluator:
 
         spec = CURVE_DECODERS[self.model_config.kind]
         if self._decoder is None:
-            options = {"seed": self.seed} if spec.startswith("refine") else {}
+            options = ({"seed": self.seed, "length_hyps": defaults.CURVE_LENGTH_HYPS}
+                       if spec.startswith("refine") else {})
             self._decoder = make_decoder(self.model_config, params, self.dev.vocab, spec, name="dev", **options)
             self._decoder.warmup_inputs(EVAL_BATCH)   # fixes the batch size: the last batch pads up to it
         # Parameters are arguments of the decoder's jitted functions: new ones reuse its compilations.

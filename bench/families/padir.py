@@ -18,6 +18,8 @@ Spec section (each key is an axis; the systems are the Cartesian product)::
     glancing = [false]             # glancing training (GLAT): reveal a share of a no-gradient pass's errors
     length_predictor = ["absolute"]  # length classes: absolute lengths (the paper), or offsets from the
                                    # source length (fairseq's NAT models)
+    exclude = [{distill = false, length_hyps = 1}]   # combinations left out of the product: each
+                                   # table drops every system that has all of its values
 
 A system is named ``padir-s{T}-u{rate}[-distill]`` plus a suffix for every axis that differs from
 the paper's default (``-k3``, ``-lb2``, ``-remask-none``, ``-start-mask``, ``-nopos``, ``-st1``, ``-init-ar``,
@@ -26,14 +28,14 @@ the paper's default (``-k3``, ``-lb2``, ``-remask-none``, ``-start-mask``, ``-no
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from bench import families
 from bench.families.base import Context, Family, System, TrainCell
 from bench.rows import Column, fixed
 from narbench_core import defaults as d
-from suites.spec import boolean, integer, list_of, number, string
+from suites.spec import Invalid, boolean, integer, list_of, number, string
 
 
 @dataclass(frozen=True)
@@ -51,6 +53,34 @@ class PaDIRSection:
     recipe: tuple[str, ...] = (d.RECIPE,)
     glancing: tuple[bool, ...] = (d.GLANCING,)
     length_predictor: tuple[str, ...] = (d.LENGTH_PREDICTOR,)
+    exclude: tuple[dict[str, Any], ...] | None = None    # None, not (): suites without it keep their hash
+
+    def excluded(self, values: dict[str, Any]) -> bool:
+        """Does one of the ``exclude`` tables match these axis values?"""
+        return any(all(values[k] == v for k, v in rule.items()) for rule in self.exclude or ())
+
+
+AXES = tuple(f.name for f in fields(PaDIRSection) if f.name != "exclude")
+
+
+def _exclusions(section: PaDIRSection):
+    """The check of ``exclude``: a list of tables, each naming axes of the section with a value of the
+    axis's type. A value the axis does not list matches nothing (a suite that ``extends`` another may
+    narrow an axis its parent's rules name)."""
+    def check(value):
+        if not isinstance(value, list) or not value or not all(isinstance(v, dict) and v for v in value):
+            raise Invalid(f"expected a non-empty list of tables such as {{distill = false, length_hyps = 1}}, "
+                          f"got {value!r}")
+        for rule in value:
+            for key, v in rule.items():
+                if key not in AXES:
+                    raise Invalid(f"{key!r} is not an axis of [padir] (axes: {', '.join(AXES)})")
+                kind = type(getattr(section, key)[0])
+                if type(v) is not kind and not (kind is float and type(v) is int):
+                    raise Invalid(f"{key} = {v!r}: expected a {kind.__name__} like the section's {key} values "
+                                  f"{list(getattr(section, key))}")
+        return tuple(dict(rule) for rule in value)
+    return check
 
 
 def _suffix(length_hyps: int, remask: str, start: str, positional_attention: bool, stages: int, init: str,
@@ -110,7 +140,11 @@ class PaDIRFamily(Family):
             length_predictor=table.get("length_predictor", list_of(
                 string(choices=d.LENGTH_PREDICTORS), f"one of {', '.join(d.LENGTH_PREDICTORS)}"), s.length_predictor),
         )
+        section = replace(section, exclude=table.get("exclude", _exclusions(section), None))
         table.done()
+        combos = (dict(zip(AXES, values)) for values in itertools.product(*(getattr(section, a) for a in AXES)))
+        if section.exclude and all(section.excluded(c) for c in combos):
+            table.fail("exclude", "the rules exclude every system of the section")
         return section
 
     def expand(self, section: PaDIRSection, ctx: Context) -> list[System]:
@@ -127,6 +161,11 @@ class PaDIRFamily(Family):
                              ctx.teacher if init == "ar" else None)
             for steps, k, bonus, remask, start in itertools.product(
                     section.steps, section.length_hyps, section.length_bonus, section.remask, section.start):
+                if section.excluded(dict(
+                        steps=steps, unmask_rate=rate, distill=distill, length_hyps=k, length_bonus=bonus,
+                        remask=remask, start=start, positional_attention=pos, stages=stages, init=init,
+                        recipe=recipe, glancing=glancing, length_predictor=length)):
+                    continue
                 variant = (f"padir-u{rate:g}" + ("-distill" if distill else "")
                            + _suffix(k, remask, start, pos, stages, init, recipe, glancing, length, bonus))
                 name = variant.replace("padir-", f"padir-s{steps}-", 1)

@@ -169,7 +169,12 @@ class JittedDecoder:
         ids = jnp.asarray(prepared)
         if part == "encode":
             return jax.jit(_encode).lower(self.params, ids)
-        if part == "pass":
+        if part in ("pass", "pass2"):
+            def chained(params, h):
+                for _ in range(1 if part == "pass" else 2):
+                    h = _one_pass(params, h)
+                return h
+
             h = jax.ShapeDtypeStruct(ids.shape + (self.dim,), jnp.float32)
-            return jax.jit(_one_pass).lower(self.params, h)
+            return jax.jit(chained).lower(self.params, h)
         raise ValueError(f"unknown part {part!r}")

@@ -49,6 +49,42 @@ def test_decoder_cost_combines_encode_and_passes_per_batch(decoder):
     np.testing.assert_allclose(c2.flops, [b0 / 2, b0 / 2, b1 / 2, b1 / 2])
 
 
+class _InvariantDecoder:
+    """A pass that multiplies by a projection of the source (loop-invariant, like cross-attention K/V)."""
+    d = 16
+
+    def __init__(self):
+        self.w, self.v = jnp.ones((self.d, self.d)) * 0.1, jnp.ones((self.d, self.d)) * 0.2
+
+    @staticmethod
+    def _step(w, h, g):
+        return jnp.tanh(h @ w) * g                                          # [b, n, d]
+
+    def lower(self, src, part):
+        if part == "encode":
+            return jax.jit(lambda s: s * 2.0 + 1.0).lower(src)
+        passes = {"pass": 1, "pass2": 2}[part]
+
+        def chained(w, v, s, h):
+            g = jnp.tanh(s @ v)                                                 # [b, n, d]: invariant
+            for _ in range(passes):
+                h = self._step(w, h, g)
+            return h
+        return jax.jit(chained).lower(self.w, self.v, src, src)
+
+
+def test_loop_costs_count_loop_invariant_work_once_per_call():
+    dec, src = _InvariantDecoder(), jnp.ones((2, 8, _InvariantDecoder.d))
+    parts = costs.loop_costs(dec, src)
+    step = costs.xla_cost(jax.jit(dec._step).lower(dec.w, src, src))
+    invariant = costs.xla_cost(jax.jit(lambda v, s: jnp.tanh(s @ v)).lower(dec.v, src))
+    encode = costs.xla_cost(dec.lower(src, "encode"))
+    assert parts["pass"].flops == step.flops == 2 * 2 * 8 * 16 * 16 + 2 * 8 * 16   # matmul + multiply
+    assert parts["encode"].flops == encode.flops + invariant.flops
+    lone = costs.xla_cost(dec.lower(src, "pass"))
+    assert lone.flops == parts["pass"].flops + invariant.flops                     # a lone pass counts both
+
+
 def test_roofline_share_and_bound(decoder):
     sources = ["a b", "c d e"]
     c = costs.decoder_cost(decoder, sources, [2, 2])

@@ -87,6 +87,23 @@ def test_length_bonus_is_a_decoding_axis(tmp_path):
         load_spec(path)
 
 
+def test_exclude_drops_combinations_and_their_unused_models(tmp_path):
+    path = tmp_path / "exclude.toml"
+    path.write_text(SPEC.replace("length_hyps = [3]", "length_hyps = [1, 3]\n"
+                                 "exclude = [{distill = false, length_hyps = 1}, {steps = 1, length_hyps = 3}]"))
+    plan = expand(load_spec(path))
+    assert [s.name for s in plan.systems if s.family == "padir"] == [
+        "padir-s4-u0.15-k3", "padir-s1-u0.15-distill-k1", "padir-s4-u0.15-distill-k1", "padir-s4-u0.15-distill-k3"]
+    path.write_text(SPEC.replace("length_hyps = [3]", "length_hyps = [1, 3]\nexclude = [{distill = false}]"))
+    plan = expand(load_spec(path))
+    assert [c.family for c in plan.train_cells] == ["ar", "padir"]         # the raw-data model is not trained
+    for bad, message in (("[{foo = 1}]", "not an axis"), ('[{length_hyps = "one"}]', "expected a int"),
+                         ("[{stages = 2}]", "every system"), ("{distill = false}", "list of tables")):
+        path.write_text(SPEC.replace("length_hyps = [3]", f"length_hyps = [1, 3]\nexclude = {bad}"))
+        with pytest.raises(UserError, match=message):
+            load_spec(path)
+
+
 def test_length_predictor_axis_names_and_configures_its_cells(tmp_path):
     from bench import families
 

@@ -117,6 +117,26 @@ def test_map_runs_every_cell_and_resumes_after_a_kill(tmp_path):
     assert json.loads((run_dir / "run.json").read_text())["status"] == "finished"
 
 
+def test_rows_of_an_older_cost_method_are_recosted_on_resume_without_timing(tmp_path):
+    run_dir = sm.run_map(SPEC, tmp_path, "narbench latency --map", factory=FakeFactory(), peaks=PEAKS, env=ENV,
+                         progress=False)
+    fresh = read_jsonl(run_dir / sm.ROWS)
+    assert {r["cost_method"] for r in fresh} == {sm.COST_METHOD}
+    old = [{k: (v * 3 if k in ("pass_flops", "flops") else v) for k, v in r.items() if k != "cost_method"}
+           for r in fresh[:5]] + fresh[5:]                         # one cell's rows from an earlier method
+    sm.write_jsonl(run_dir / sm.ROWS, old)
+    info = json.loads((run_dir / "run.json").read_text())
+    (run_dir / "run.json").write_text(json.dumps({**info, "status": "running"}))   # as if killed at the end
+    again = FakeFactory()
+    assert sm.run_map(SPEC, tmp_path, "narbench latency --map", factory=again, peaks=PEAKS, env=ENV,
+                      progress=False) == run_dir
+    assert again.built == [("s", 8, 1)]                            # built to cost that cell, not timed
+    rows = read_jsonl(run_dir / sm.ROWS)
+    for a, b in zip(rows, fresh):
+        assert (a["pass_flops"], a["flops"], a["cost_method"]) == (b["pass_flops"], b["flops"], sm.COST_METHOD)
+        assert a["latencies_ms"] == b["latencies_ms"]
+
+
 def test_one_cell_of_real_tiny_decoders(tmp_path):
     """The harness's decoders on random tiny models: AR runs exactly `length` steps, PaDIR exactly T
     passes, and PaDIR systems that differ only in T share their per-pass cost, which grows with k."""
