@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import time
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
@@ -43,26 +44,50 @@ PROJECTION_LABEL = "projection"
 class XlaCost:
     flops: float
     bytes_accessed: float
+    ops: float = 0.0         # kernels the compiled program launches (instructions of its entry computation)
+
+
+# Entry-computation instructions that launch no kernel.
+_FREE_OPCODES = frozenset({"parameter", "constant", "tuple", "get-tuple-element", "bitcast"})
+_OPCODE = re.compile(r"(?<![\w.%-])([a-z][a-z0-9-]*)\(")
+
+
+def entry_ops(hlo_text: str) -> int:
+    """Kernels an optimised HLO module's entry computation runs: its instructions other than
+    parameters, constants, tuples and bitcasts (a fusion or a library call is one kernel)."""
+    count, inside = 0, False
+    for line in hlo_text.splitlines():
+        if line.startswith("ENTRY "):
+            inside = True
+        elif inside and line.startswith("}"):
+            break
+        elif inside and " = " in line:
+            found = _OPCODE.search(line.split(" = ", 1)[1])
+            count += bool(found) and found.group(1) not in _FREE_OPCODES
+    return count
 
 
 def xla_cost(lowered: Any) -> XlaCost:
-    """Flops and bytes accessed of a ``jax.stages.Lowered`` after compilation."""
-    analysis = lowered.compile().cost_analysis()
+    """Flops, bytes accessed and kernels (``entry_ops``) of a ``jax.stages.Lowered`` after compilation."""
+    compiled = lowered.compile()
+    analysis = compiled.cost_analysis()
     if isinstance(analysis, (list, tuple)):  # older jax: one dict per device program
         analysis = analysis[0] if analysis else {}
     if not analysis or "flops" not in analysis:
         raise ValueError("XLA cost analysis returned no flops for this computation")
-    return XlaCost(float(analysis.get("flops", 0.0)), float(analysis.get("bytes accessed", 0.0)))
+    return XlaCost(float(analysis.get("flops", 0.0)), float(analysis.get("bytes accessed", 0.0)),
+                   float(entry_ops(compiled.as_text())))
 
 
 def loop_costs(decoder: Any, prepared: Any) -> dict[str, XlaCost]:
     """``{"encode": ..., "pass": ...}`` of one prepared batch: the encoder plus the decode's
     loop-invariant work (once per call), and one more decoder pass (see the module docstring)."""
     enc, one, two = (xla_cost(decoder.lower(prepared, part)) for part in ("encode", "pass", "pass2"))
-    step = XlaCost(min(max(two.flops - one.flops, 0.0), one.flops),
-                   min(max(two.bytes_accessed - one.bytes_accessed, 0.0), one.bytes_accessed))
+    more = lambda a, b: min(max(a - b, 0.0), b)              # what the second pass adds, within [0, one pass]
+    step = XlaCost(more(two.flops, one.flops), more(two.bytes_accessed, one.bytes_accessed), more(two.ops, one.ops))
     return {"encode": XlaCost(enc.flops + one.flops - step.flops,
-                              enc.bytes_accessed + one.bytes_accessed - step.bytes_accessed),
+                              enc.bytes_accessed + one.bytes_accessed - step.bytes_accessed,
+                              enc.ops + one.ops - step.ops),
             "pass": step}
 
 
@@ -108,6 +133,74 @@ def measure_peaks(matmul_n: int = 2048, stream_mib: int = 256, repeats: int = 5,
     return MachinePeaks(key=machine_key(), peak_flops=2 * matmul_n**3 / t_mm, bandwidth=bandwidth,
                         measured_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
                         matmul_n=matmul_n, stream_bytes=4 * n_elems)
+
+
+@dataclass(frozen=True)
+class MachineRates:
+    """In-loop throughput measured on this machine (``measure_rates``): fp32 GEMM flop/s of a
+    transformer layer's matmul shapes by rows, and read bandwidth by working-set size. Inside a jitted
+    loop, so no per-call dispatch is in them; rates between measured points are interpolated log-log
+    (clamped at the ends)."""
+    gemm: dict            # "d_model,d_ff" -> {"rows": flop/s}
+    stream: dict          # "bytes" -> bytes/s
+    measured_at: str
+    key: str = ""
+
+    def gemm_rate(self, d_model: int, d_ff: int, rows: float) -> float:
+        table = self.gemm.get(f"{int(d_model)},{int(d_ff)}")
+        if not table:
+            raise UserError(f"no GEMM rate measured for d_model {d_model}, d_ff {d_ff}; measure the map's sizes "
+                            f"(measured: {', '.join(self.gemm)})")
+        return _loglog(table, rows)
+
+    def bandwidth(self, nbytes: float) -> float:
+        return _loglog(self.stream, nbytes)
+
+
+def _loglog(table: dict, x: float) -> float:
+    xs = np.array([float(k) for k in table])
+    order = np.argsort(xs)
+    ys = np.array([float(v) for v in table.values()])[order]
+    return float(np.exp(np.interp(np.log(max(float(x), 1.0)), np.log(xs[order]), np.log(ys))))
+
+
+def _loop_seconds(body, init, args: tuple, iters: int, repeats: int) -> float:
+    """Best seconds per iteration of ``body(carry, *args)`` run ``iters`` times in one jitted
+    ``fori_loop`` (``args`` are arguments, not constants XLA could fold)."""
+    run = jax.jit(lambda c, *a: jax.lax.fori_loop(0, iters, lambda _, v: body(v, *a), c))
+    return _best_seconds(run, init, *args, repeats=repeats) / iters
+
+
+GEMM_ROWS = (1, 4, 16, 64, 256, 1024, 4096, 16384)
+STREAM_BYTES = tuple(2**p for p in range(18, 30))               # 256 KiB .. 512 MiB
+
+
+def measure_rates(shapes: Sequence[tuple[int, int]], rows: Sequence[int] = GEMM_ROWS,
+                  stream_bytes: Sequence[int] = STREAM_BYTES, work: float = 2e8, repeats: int = 3,
+                  seed: int = 0) -> MachineRates:
+    """GEMM rates of ``[rows, d] @ [d, ff] @ [ff, d]`` per (d, ff) in ``shapes`` and per row count, and the
+    bandwidth of reading a ``bytes`` array, each inside a loop of about ``work`` flops (bytes)."""
+    key = jax.random.PRNGKey(seed)
+    gemm: dict = {}
+    for d, ff in shapes:
+        w1 = jax.random.normal(key, (d, ff), jnp.float32) / np.sqrt(d)
+        w2 = jax.random.normal(jax.random.fold_in(key, 1), (ff, d), jnp.float32) / np.sqrt(ff)
+        table = {}
+        for m in rows:
+            x = jax.random.normal(jax.random.fold_in(key, 2), (m, d), jnp.float32)
+            flops = 4.0 * m * d * ff
+            iters = max(2, int(work / flops))
+            table[str(m)] = flops / _loop_seconds(lambda v, a, b: jnp.tanh((v @ a) @ b), x, (w1, w2), iters, repeats)
+        gemm[f"{d},{ff}"] = table
+    stream = {}
+    for nbytes in stream_bytes:
+        data = jax.random.uniform(jax.random.fold_in(key, 3), (nbytes // 4,), jnp.float32)
+        iters = max(2, int(work / nbytes))
+        # Each iteration reads the whole array (|data - carry| cannot be hoisted out of the loop).
+        seconds = _loop_seconds(lambda c, x: c * 0.5 + jnp.sum(jnp.abs(x - c)) * 1e-9, jnp.float32(1.0), (data,),
+                                iters, repeats)
+        stream[str(nbytes)] = nbytes / seconds
+    return MachineRates(gemm, stream, datetime.now(timezone.utc).isoformat(timespec="seconds"), machine_key())
 
 
 def _peaks_path():

@@ -17,12 +17,14 @@ saved whole, so an interrupted map resumes where it stopped.
 Cost model (:class:`CostModel`). Per system and cell, XLA's cost analysis of the compiled encoder and
 of one more decoder pass (``bench.costs.loop_costs``: the work that does not depend on the tokens,
 such as the source's cross-attention keys and values, counts once per call, as in the decode loop)
-gives flops and bytes; with the machine's measured fp32
-matmul peak and memory bandwidth (``bench.costs.machine_peaks``) they become seconds, and
+gives flops, bytes and kernels. With rates measured on this machine inside a jitted loop
+(``bench.costs.measure_rates``: fp32 GEMM flop/s of the model's matmul shape by rows, read bandwidth by
+working-set size, in ``machine_rates.json``) they become
 
-    predicted_ms = c_call + c_pass * passes + c_flops * flops / peak + c_bytes * bytes / bandwidth
+    predicted_ms = c_call + c_pass * passes + c_kernel * kernels + c_compute * compute_ms + c_memory * memory_ms
 
-(``flops = encode + passes x pass``, the same for bytes) with non-negative coefficients fitted by
+(compute_ms: each part's flops at the rate for its rows, batch x tokens; memory_ms: each part's bytes at
+the bandwidth for its size; ``kernels = encode + passes x pass``) with non-negative coefficients fitted by
 least squares on *relative* error over the calibration sizes only (default ``small``). Every row
 carries ``predicted_p50_ms`` beside ``latency_p50_ms``; the report scores the prediction on the cells
 it was not fitted on. Accelerator columns are roofline *projections* from published peaks (encode
@@ -51,11 +53,13 @@ SUITE = "speedmap"
 ROWS = "rows.jsonl"
 TABLE = "speedmap.md"
 PLOT = "crossover.png"
+RATES = "machine_rates.json"
 AR_NAME = "ar-greedy"
 PROJECTED = ("tpu-v3", "a100-sxm-80gb", "h100-sxm")      # accelerators the report projects onto
 # How rows' cost columns were made; rows of another method are re-costed on resume (``recost``).
-# "loop": one more pass = two chained passes - one (loop-invariant work counted once per call).
-COST_METHOD = "loop"
+# "loop-ops": one more pass = two chained passes - one (loop-invariant work counted once per call), with
+# kernel counts, GEMM shape and rows.
+COST_METHOD = "loop-ops"
 
 
 # ------------------------------------------------------------------------------------------- the map
@@ -138,6 +142,10 @@ class MapSystem:
     def kind(self) -> str:
         """The model kind the system runs on (models.config.ModelConfig.kind): its rows' family."""
         return "ar" if self.steps == 0 else "padir"
+
+    def tokens_per_pass(self, length: int) -> int:
+        """Target positions one decoder pass computes per hypothesis: one AR step, or all of them."""
+        return 1 if self.steps == 0 else int(length)
 
 
 # -------------------------------------------------------------------------------------- decoders
@@ -238,16 +246,23 @@ def time_cell(decoders: Sequence[Any], cell: Cell, spec: MapSpec, platform: str 
 
 @dataclass(frozen=True)
 class PartCosts:
-    """XLA flops / bytes of one decoder's encoder (with the decode's loop-invariant work) and of one
-    more decoder pass (``bench.costs.loop_costs``)."""
+    """XLA flops / bytes / kernels of one decoder's encoder (with the decode's loop-invariant work) and
+    of one more decoder pass (``bench.costs.loop_costs``), and its model's GEMM shape (d_model, d_ff)."""
     encode: costs.XlaCost
     step: costs.XlaCost
+    dims: tuple[int, int] = (0, 0)
 
     def total(self, passes: float) -> costs.XlaCost:
         from bench import costs
 
         return costs.XlaCost(self.encode.flops + passes * self.step.flops,
-                             self.encode.bytes_accessed + passes * self.step.bytes_accessed)
+                             self.encode.bytes_accessed + passes * self.step.bytes_accessed,
+                             self.encode.ops + passes * self.step.ops)
+
+
+def gemm_dims(decoder: Any) -> tuple[int, int]:
+    """(d_model, d_ff) of a decoder's model: the matmul shape whose measured rate the cost model uses."""
+    return int(decoder.config.d_model), int(decoder.config.d_ff)
 
 
 def part_costs(decoders: Sequence[Any], systems: Sequence[MapSystem], batch: int) -> dict[str, PartCosts]:
@@ -262,7 +277,7 @@ def part_costs(decoders: Sequence[Any], systems: Sequence[MapSystem], batch: int
         if key not in shared:
             prepared = decoder.prepare([SOURCE] * batch)
             parts = costs.loop_costs(decoder, prepared)
-            shared[key] = PartCosts(parts["encode"], parts["pass"])
+            shared[key] = PartCosts(parts["encode"], parts["pass"], gemm_dims(decoder))
         out[s.name] = shared[key]
     return out
 
@@ -294,19 +309,22 @@ def cell_rows(cell: Cell, systems: Sequence[MapSystem], timed: CellTiming, parts
             "compile_s": float(timed.compile_s.get(s.name, 0.0)),
             "cpu_model": cpu,
         }
-        rows.append({**row, **cost_columns(parts[s.name], passes, peaks)})
+        rows.append({**row, **cost_columns(parts[s.name], passes, peaks, cell, s)})
     return rows
 
 
-def cost_columns(part: PartCosts, passes: int, peaks: costs.MachinePeaks) -> dict:
-    """A row's XLA cost columns (``COST_METHOD``), roofline bound and accelerator projections."""
+def cost_columns(part: PartCosts, passes: int, peaks: costs.MachinePeaks, cell: Cell, system: MapSystem) -> dict:
+    """A row's XLA cost columns (``COST_METHOD``), GEMM shape and rows, roofline bound and projections."""
     from bench import costs
 
     total = part.total(passes)
     out = {"cost_method": COST_METHOD,
            "encode_flops": part.encode.flops, "encode_bytes": part.encode.bytes_accessed,
-           "pass_flops": part.step.flops, "pass_bytes": part.step.bytes_accessed,
-           "flops": total.flops, "bytes": total.bytes_accessed,
+           "encode_ops": part.encode.ops,
+           "pass_flops": part.step.flops, "pass_bytes": part.step.bytes_accessed, "pass_ops": part.step.ops,
+           "flops": total.flops, "bytes": total.bytes_accessed, "ops": total.ops,
+           "gemm_dims": list(part.dims), "encode_rows": cell.batch * cell.length,
+           "pass_rows": cell.batch * system.length_hyps * system.tokens_per_pass(cell.length),
            "roofline_ms": costs.roofline_ms(total.flops, total.bytes_accessed, peaks.peak_flops, peaks.bandwidth)}
     for name in PROJECTED:
         out[f"projection_{name}_ms"] = projected_ms(part, passes, name)
@@ -326,7 +344,7 @@ def recost(rows: Sequence[dict], spec: MapSpec, factory: DecoderFactory, peaks: 
     for key in stale:
         cell = Cell(*key)
         parts = part_costs(factory(cell, systems), systems, cell.batch)
-        out = [{**r, **cost_columns(parts[r["system"]], r["passes"], peaks)}
+        out = [{**r, **cost_columns(parts[r["system"]], r["passes"], peaks, cell, by_name[r["system"]])}
                if (r["size"], r["target_length"], r["batch_size"]) == key and r["system"] in by_name else r
                for r in out]
     return out
@@ -343,13 +361,21 @@ def projected_ms(part: PartCosts, passes: int, accelerator: str) -> float:
 
 # -------------------------------------------------------------------------------------- cost model
 
-FEATURES = ("call", "pass", "compute", "memory")   # ms per call, ms per pass, x flops/peak, x bytes/bw
+FEATURES = ("call", "pass", "kernel", "compute", "memory")   # ms per call, per pass, per kernel, x compute, x memory
 
 
-def features(row: dict, peaks: costs.MachinePeaks) -> np.ndarray:
-    """The cost model's inputs of one row: [1, passes, flops / peak (ms), bytes / bandwidth (ms)]."""
-    return np.array([1.0, float(row["passes"]), 1e3 * row["flops"] / peaks.peak_flops,
-                     1e3 * row["bytes"] / peaks.bandwidth])
+def features(row: dict, rates: costs.MachineRates) -> np.ndarray:
+    """The cost model's inputs of one row: [1, passes, kernels, compute ms, memory ms]. Compute: each
+    part's flops at the measured rate of the model's GEMM shape with that part's rows (encoder: batch x
+    source tokens; a pass: batch x k x tokens it computes); memory: each part's bytes at the bandwidth
+    measured for a working set of that size (cache-resident or DRAM)."""
+    d, ff = row["gemm_dims"]
+    passes = float(row["passes"])
+    compute = (row["encode_flops"] / rates.gemm_rate(d, ff, row["encode_rows"])
+               + passes * row["pass_flops"] / rates.gemm_rate(d, ff, row["pass_rows"]))
+    memory = (row["encode_bytes"] / rates.bandwidth(row["encode_bytes"])
+              + passes * row["pass_bytes"] / rates.bandwidth(row["pass_bytes"]))
+    return np.array([1.0, passes, float(row["ops"]), 1e3 * compute, 1e3 * memory])
 
 
 @dataclass(frozen=True)
@@ -359,10 +385,10 @@ class CostModel:
     coef: tuple[float, ...]
     calibrated_on: tuple[str, ...]
     cells_fitted: int
-    peaks: dict = field(default_factory=dict)
+    rates: dict = field(default_factory=dict)      # when and where the machine rates were measured
 
     @classmethod
-    def fit(cls, rows: Sequence[dict], peaks: costs.MachinePeaks, sizes: Iterable[str]) -> "CostModel":
+    def fit(cls, rows: Sequence[dict], rates: costs.MachineRates, sizes: Iterable[str]) -> "CostModel":
         from scipy.optimize import nnls
 
         sizes = tuple(sizes)
@@ -370,22 +396,22 @@ class CostModel:
         if len(fit_rows) < len(FEATURES):
             raise UserError(f"the cost model needs at least {len(FEATURES)} timed rows of {list(sizes)} to fit, "
                             f"got {len(fit_rows)}; let the map time more of those cells first")
-        x = np.stack([features(r, peaks) for r in fit_rows])        # [n, 4]
+        x = np.stack([features(r, rates) for r in fit_rows])        # [n, features]
         y = np.array([r["latency_p50_ms"] for r in fit_rows])        # [n]
         coef, _ = nnls(x / y[:, None], np.ones_like(y))               # minimise sum ((pred - y) / y)^2
         return cls(tuple(float(c) for c in coef), sizes, len(fit_rows),
-                   {"peak_flops": peaks.peak_flops, "bandwidth": peaks.bandwidth, "key": peaks.key})
+                   {"measured_at": rates.measured_at, "key": rates.key})
 
-    def predict(self, row: dict, peaks: costs.MachinePeaks) -> float:
-        return float(features(row, peaks) @ np.asarray(self.coef))
+    def predict(self, row: dict, rates: costs.MachineRates) -> float:
+        return float(features(row, rates) @ np.asarray(self.coef))
 
 
-def apply_model(rows: Sequence[dict], model: CostModel, peaks: costs.MachinePeaks) -> list[dict]:
+def apply_model(rows: Sequence[dict], model: CostModel, rates: costs.MachineRates) -> list[dict]:
     """Rows with ``predicted_p50_ms``, ``prediction_error`` ((predicted - measured) / measured) and
     ``calibration`` (True: the model was fitted on this row's size)."""
     out = []
     for r in rows:
-        pred = model.predict(r, peaks)
+        pred = model.predict(r, rates)
         out.append({**r, "predicted_p50_ms": pred, "prediction_error": pred / r["latency_p50_ms"] - 1.0,
                     "calibration": r["size"] in model.calibrated_on})
     return out
@@ -401,7 +427,7 @@ def prediction_score(rows: Sequence[dict], tolerance: float = 0.25) -> tuple[int
 
 def run_map(spec: MapSpec, out_root: Path, command: str, factory: DecoderFactory | None = None,
             peaks: costs.MachinePeaks | None = None, env: dict | None = None, platform: str | None = None,
-            progress: bool = True, force: bool = False) -> Path:
+            progress: bool = True, force: bool = False, rates: costs.MachineRates | None = None) -> Path:
     """Time every missing cell into ``<out_root>/speedmap/<run_id>/rows.jsonl`` (resuming an unfinished
     run of the same settings), then fit the cost model and write the table and the plot."""
     from bench import costs
@@ -435,17 +461,42 @@ def run_map(spec: MapSpec, out_root: Path, command: str, factory: DecoderFactory
         rows = [r for r in rows if (r["size"], r["target_length"], r["batch_size"]) != cell.key]
         rows += cell_rows(cell, systems, timed, parts, peaks, cpu)
         write_jsonl(run.path / ROWS, rows)           # whole file: a kill leaves the previous cells intact
-        write_outputs(run.path, spec, peaks)
+        ensure_rates(run.path, rows, rates)
+        write_outputs(run.path, spec)
         if bar is not None:
             bar.update(1)
     if bar is not None:
         bar.close()
-    write_outputs(run.path, spec, peaks)
+    ensure_rates(run.path, rows, rates)
+    write_outputs(run.path, spec)
     st.finish_run(run)
     return run.path
 
 
-def write_outputs(run_dir: Path, spec: MapSpec, peaks: costs.MachinePeaks) -> None:
+def load_rates(run_dir: Path) -> costs.MachineRates | None:
+    from bench import costs
+
+    path = run_dir / RATES
+    return costs.MachineRates(**json.loads(path.read_text())) if path.is_file() else None
+
+
+def ensure_rates(run_dir: Path, rows: Sequence[dict], given: costs.MachineRates | None = None) -> None:
+    """``machine_rates.json`` in the run folder covers every GEMM shape of ``rows``: the ``given`` rates,
+    else measured here (``bench.costs.measure_rates``, ~10 s a shape) for the shapes it lacks."""
+    from bench import costs
+
+    have = given or load_rates(run_dir)
+    shapes = sorted({tuple(r["gemm_dims"]) for r in rows})
+    missing = [(d, ff) for d, ff in shapes if have is None or f"{d},{ff}" not in have.gemm]
+    if missing:
+        fresh = costs.measure_rates(missing)
+        have = fresh if have is None else costs.MachineRates({**have.gemm, **fresh.gemm}, have.stream,
+                                                             have.measured_at, have.key)
+    if have is not None:
+        write_text(run_dir / RATES, json.dumps(asdict(have), indent=2) + "\n")
+
+
+def write_outputs(run_dir: Path, spec: MapSpec) -> None:
     """Fit the cost model on the calibration sizes (once they have enough timed rows), add its
     predictions to ``rows.jsonl`` and write ``speedmap.md`` and ``crossover.png`` (after every cell,
     so an unfinished map can be read)."""
@@ -453,9 +504,10 @@ def write_outputs(run_dir: Path, spec: MapSpec, peaks: costs.MachinePeaks) -> No
     if not rows:
         raise UserError(f"{run_dir} has no timed cells; run `narbench latency --map` until some finish")
     fitted = [r for r in rows if r["size"] in spec.calibrate]
-    model = CostModel.fit(rows, peaks, spec.calibrate) if len(fitted) >= len(FEATURES) else None
+    rates = load_rates(run_dir)
+    model = CostModel.fit(rows, rates, spec.calibrate) if len(fitted) >= len(FEATURES) and rates else None
     if model is not None:
-        rows = apply_model(rows, model, peaks)
+        rows = apply_model(rows, model, rates)
         write_jsonl(run_dir / ROWS, rows)
         write_text(run_dir / "cost_model.json", json.dumps(asdict(model), indent=2) + "\n")
     plot_crossover(rows, spec, run_dir / PLOT)
@@ -586,12 +638,14 @@ def _model_lines(rows: Sequence[dict], model: CostModel | None) -> list[str]:
     within, scored = prediction_score(rows)
     c = model.coef
     lines = ["## Cost model", "",
-              f"`predicted = {c[0]:.3f} ms per call + {c[1]:.4f} ms per pass + {c[2]:.3f} x flops / peak + "
-              f"{c[3]:.3f} x bytes / bandwidth`, fitted (non-negative least squares on relative error) on the "
-              f"{model.cells_fitted} rows of {', '.join(model.calibrated_on)}; machine peaks measured here: "
-              f"{model.peaks['peak_flops'] / 1e9:.0f} GFLOP/s fp32 matmul, "
-              f"{model.peaks['bandwidth'] / 1e9:.1f} GB/s. Flops and bytes are XLA's cost analysis of the "
-              "compiled encoder and of one decoder pass.", ""]
+              f"`predicted = {c[0]:.3f} ms per call + {c[1]:.4f} ms per pass + {1e3 * c[2]:.2f} µs per kernel + "
+              f"{c[3]:.3f} x compute + {c[4]:.3f} x memory`, fitted (non-negative least squares on relative error) "
+              f"on the {model.cells_fitted} rows of {', '.join(model.calibrated_on)}. Flops, bytes and kernels are "
+              "XLA's cost analysis of the compiled encoder and of one more decoder pass (two chained passes minus "
+              "one: the loop-invariant work counts once per call); compute = flops at the fp32 GEMM rate measured "
+              "on this machine for the model's matmul shape and the part's rows (batch x tokens), memory = bytes "
+              "at the read bandwidth measured for a working set of that size, both inside a jitted loop "
+              f"(`{RATES}`, measured {model.rates.get('measured_at', '?')}).", ""]
     if scored:
         errors = np.array([abs(r["prediction_error"]) for r in rows if not r["calibration"]])
         lines.append(f"Rows it was **not** fitted on: **{within} of {scored} ({100 * within / scored:.0f}%) "

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import partial
+from types import SimpleNamespace
 from typing import Sequence
 
 import jax
@@ -140,6 +141,7 @@ class JittedDecoder:
         self.name, self.family, self.passes = name, family, passes
         self.info = {"steps": passes}
         self.buckets, self.vocab, self.dim = buckets, vocab, dim
+        self.config = SimpleNamespace(d_model=dim, d_ff=dim)      # its GEMM shape, as a model config has
         k1, k2 = jax.random.split(jax.random.PRNGKey(seed))
         self.params = {"embed": jax.random.normal(k1, (vocab, dim)) / np.sqrt(dim),
                        "w": jax.random.normal(k2, (dim, dim)) / np.sqrt(dim)}

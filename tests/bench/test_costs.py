@@ -85,6 +85,41 @@ def test_loop_costs_count_loop_invariant_work_once_per_call():
     assert lone.flops == parts["pass"].flops + invariant.flops                     # a lone pass counts both
 
 
+def test_entry_ops_count_the_kernels_of_the_entry_computation():
+    hlo = """HloModule m
+
+%fused (p: f32[4]) -> f32[4] {
+  %p = f32[4]{0} parameter(0)
+  ROOT %t = f32[4]{0} tanh(%p)
+}
+
+ENTRY %main (x: f32[4], w: f32[4,4]) -> (f32[4], f32[4]) {
+  %x = f32[4]{0} parameter(0)
+  %w = f32[4,4]{1,0} parameter(1)
+  %c = f32[] constant(1)
+  %d = f32[4]{0} dot(%x, %w), lhs_contracting_dims={0}, rhs_contracting_dims={0}
+  %f = f32[4]{0} fusion(%d), kind=kLoop, calls=%fused
+  %b = f32[2,2]{1,0} bitcast(%f)
+  ROOT %out = (f32[4]{0}, f32[4]{0}) tuple(%d, %f)
+}
+"""
+    assert costs.entry_ops(hlo) == 2                                   # the dot and the fusion
+    cost = costs.xla_cost(jax.jit(lambda x, w: jnp.tanh(x @ w)).lower(jnp.ones((4, 8)), jnp.ones((8, 8))))
+    assert cost.ops >= 1
+
+
+def test_machine_rates_interpolate_log_log_and_name_missing_shapes():
+    rates = costs.MachineRates({"8,16": {"1": 1e9, "100": 1e11}}, {"1000": 4e10, "100000": 4e8}, "t")
+    assert rates.gemm_rate(8, 16, 1) == pytest.approx(1e9) and rates.gemm_rate(8, 16, 1e6) == pytest.approx(1e11)
+    assert rates.gemm_rate(8, 16, 10) == pytest.approx(1e10)           # halfway in log rows: geometric mean
+    assert rates.bandwidth(1e4) == pytest.approx(4e9)
+    with pytest.raises(UserError, match="no GEMM rate measured for d_model 4, d_ff 4"):
+        rates.gemm_rate(4, 4, 1)
+    measured = costs.measure_rates([(8, 16)], rows=(1, 32), stream_bytes=(2**12, 2**16), work=1e5, repeats=1)
+    assert set(measured.gemm["8,16"]) == {"1", "32"} and set(measured.stream) == {str(2**12), str(2**16)}
+    assert all(v > 0 for v in [*measured.gemm["8,16"].values(), *measured.stream.values()])
+
+
 def test_roofline_share_and_bound(decoder):
     sources = ["a b", "c d e"]
     c = costs.decoder_cost(decoder, sources, [2, 2])

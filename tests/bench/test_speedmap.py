@@ -8,12 +8,16 @@ import numpy as np
 import pytest
 
 from bench import speedmap as sm
-from bench.costs import MachinePeaks
+from bench.costs import MachinePeaks, MachineRates
 from narbench_core.errors import UserError
 from narbench_core.io import read_jsonl
 from fakes import JittedDecoder
 
 PEAKS = MachinePeaks("test", 1e11, 1e10, "x", 8, 8)
+# Measured-rate stand-ins: GEMM flop/s grow with rows, bandwidth falls past a 1 MB "cache".
+_GEMM = {"1": 2e9, "64": 2e10, "4096": 5e10}
+RATES = MachineRates({"16,16": _GEMM, "32,32": {k: 1.5 * v for k, v in _GEMM.items()}},
+                     {"1000": 4e10, "1000000": 4e10, "4000000": 1e10, "1000000000": 1e10}, "2024-01-01", "test")
 ENV = {"cpu_model": "Test CPU", "threads": 2, "platform": "cpu"}
 SPEC = sm.MapSpec(sizes=("s", "m"), lengths=(8, 16), batches=(1, 2), steps=(1, 4), hyps=(1, 2),
                   calibrate=("s",), cell_seconds=0.05, min_calls=3, max_calls=4)
@@ -57,34 +61,46 @@ def test_bad_map_settings_are_user_errors(changes, message):
 
 def test_cost_model_fitted_on_one_size_predicts_another():
     """Latencies made by a known linear model: the fit on size "s" recovers it and predicts "m" exactly."""
-    coef = np.array([0.5, 0.02, 3.0, 1.5])
+    coef = np.array([0.5, 0.02, 0.004, 1.2, 0.8])
     rng = np.random.default_rng(0)
     rows = []
-    for size, scale in (("s", 1.0), ("m", 8.0)):
+    for size, scale, dims in (("s", 1.0, [16, 16]), ("m", 8.0, [32, 32])):
         for _ in range(12):
-            row = {"size": size, "passes": int(rng.integers(1, 64)), "flops": scale * rng.uniform(1e6, 1e9),
-                   "bytes": scale * rng.uniform(1e5, 1e8)}
-            row["latency_p50_ms"] = float(sm.features(row, PEAKS) @ coef)
+            row = {"size": size, "passes": int(rng.integers(1, 64)), "gemm_dims": dims,
+                   "encode_flops": scale * rng.uniform(1e6, 1e9), "pass_flops": scale * rng.uniform(1e5, 1e8),
+                   "encode_bytes": scale * rng.uniform(1e5, 1e8), "pass_bytes": scale * rng.uniform(1e4, 1e7),
+                   "encode_rows": int(rng.integers(1, 4096)), "pass_rows": int(rng.integers(1, 4096)),
+                   "ops": float(rng.integers(50, 5000))}
+            row["latency_p50_ms"] = float(sm.features(row, RATES) @ coef)
             rows.append(row)
-    model = sm.CostModel.fit(rows, PEAKS, ["s"])
+    model = sm.CostModel.fit(rows, RATES, ["s"])
     np.testing.assert_allclose(model.coef, coef, rtol=1e-6)
-    scored = sm.apply_model(rows, model, PEAKS)
+    scored = sm.apply_model(rows, model, RATES)
     assert sm.prediction_score(scored) == (12, 12)
     assert all(r["calibration"] == (r["size"] == "s") for r in scored)
     # A model that is wrong on "m" scores as such.
     off = [dict(r, latency_p50_ms=r["latency_p50_ms"] * (2.0 if r["size"] == "m" else 1.0)) for r in rows]
-    assert sm.prediction_score(sm.apply_model(off, sm.CostModel.fit(off, PEAKS, ["s"]), PEAKS)) == (0, 12)
+    assert sm.prediction_score(sm.apply_model(off, sm.CostModel.fit(off, RATES, ["s"]), RATES)) == (0, 12)
+
+
+def test_features_use_the_rate_of_each_part_s_rows_and_working_set():
+    row = {"passes": 3, "gemm_dims": [16, 16], "encode_flops": 2e9, "pass_flops": 2e8, "encode_bytes": 1e6,
+           "pass_bytes": 1e9, "encode_rows": 64, "pass_rows": 1, "ops": 120.0}
+    compute = 1e3 * (2e9 / 2e10 + 3 * 2e8 / 2e9)            # 64 rows at 2e10 flop/s, one row at 2e9
+    memory = 1e3 * (1e6 / 4e10 + 3 * 1e9 / 1e10)            # 1 MB in "cache", 1 GB from "DRAM"
+    np.testing.assert_allclose(sm.features(row, RATES), [1.0, 3.0, 120.0, compute, memory])
 
 
 def test_cost_model_needs_enough_rows():
-    with pytest.raises(UserError, match="at least 4 timed rows"):
+    with pytest.raises(UserError, match="at least 5 timed rows"):
         sm.CostModel.fit([{"size": "s", "passes": 1, "flops": 1.0, "bytes": 1.0, "latency_p50_ms": 1.0}], PEAKS, ["s"])
 
 
 def test_map_runs_every_cell_and_resumes_after_a_kill(tmp_path):
     first = FakeFactory(fail_at=3)
     with pytest.raises(KeyboardInterrupt):
-        sm.run_map(SPEC, tmp_path, "narbench latency --map", factory=first, peaks=PEAKS, env=ENV, progress=False)
+        sm.run_map(SPEC, tmp_path, "narbench latency --map", factory=first, peaks=PEAKS, env=ENV, progress=False,
+                   rates=RATES)
     (run_dir,) = (tmp_path / "speedmap").iterdir()
     assert {(r["size"], r["target_length"], r["batch_size"]) for r in read_jsonl(run_dir / sm.ROWS)} == set(first.built)
     assert json.loads((run_dir / "run.json").read_text())["status"] == "running"
@@ -92,7 +108,7 @@ def test_map_runs_every_cell_and_resumes_after_a_kill(tmp_path):
 
     second = FakeFactory()
     assert sm.run_map(SPEC, tmp_path, "narbench latency --map", factory=second, peaks=PEAKS, env=ENV,
-                      progress=False) == run_dir
+                      progress=False, rates=RATES) == run_dir
     assert second.built == [c.key for c in SPEC.cells()][3:]          # only the missing cells ran
     rows = read_jsonl(run_dir / sm.ROWS)
     assert len(rows) == len(SPEC.cells()) * len(SPEC.systems())
@@ -110,6 +126,11 @@ def test_map_runs_every_cell_and_resumes_after_a_kill(tmp_path):
         assert r["speedup_p50_vs_ar"] == pytest.approx(ar["latency_p50_ms"] / r["latency_p50_ms"])
         assert set(r["phase_p50_ms"]) >= {"tokenize", "passes", "detokenize"}
     assert (run_dir / sm.PLOT).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert sm.load_rates(run_dir) == RATES
+    for r in rows:
+        assert r["gemm_dims"] == ([16, 16] if r["size"] == "s" else [32, 32]) and r["pass_ops"] >= 1
+        assert r["encode_rows"] == r["batch_size"] * r["target_length"]
+        assert r["pass_rows"] == r["batch_size"] * r["length_hyps"] * (1 if r["family"] == "ar" else r["target_length"])
     text = (run_dir / sm.TABLE).read_text()
     assert "## m, batch 2: PaDIR speedup over AR greedy (p50)" in text and "Test CPU" in text
     assert "Rows it was **not** fitted on:" in text and "of 20 (" in text
@@ -119,7 +140,7 @@ def test_map_runs_every_cell_and_resumes_after_a_kill(tmp_path):
 
 def test_rows_of_an_older_cost_method_are_recosted_on_resume_without_timing(tmp_path):
     run_dir = sm.run_map(SPEC, tmp_path, "narbench latency --map", factory=FakeFactory(), peaks=PEAKS, env=ENV,
-                         progress=False)
+                         progress=False, rates=RATES)
     fresh = read_jsonl(run_dir / sm.ROWS)
     assert {r["cost_method"] for r in fresh} == {sm.COST_METHOD}
     old = [{k: (v * 3 if k in ("pass_flops", "flops") else v) for k, v in r.items() if k != "cost_method"}
@@ -129,7 +150,7 @@ def test_rows_of_an_older_cost_method_are_recosted_on_resume_without_timing(tmp_
     (run_dir / "run.json").write_text(json.dumps({**info, "status": "running"}))   # as if killed at the end
     again = FakeFactory()
     assert sm.run_map(SPEC, tmp_path, "narbench latency --map", factory=again, peaks=PEAKS, env=ENV,
-                      progress=False) == run_dir
+                      progress=False, rates=RATES) == run_dir
     assert again.built == [("s", 8, 1)]                            # built to cost that cell, not timed
     rows = read_jsonl(run_dir / sm.ROWS)
     for a, b in zip(rows, fresh):
@@ -142,7 +163,12 @@ def test_one_cell_of_real_tiny_decoders(tmp_path):
     passes, and PaDIR systems that differ only in T share their per-pass cost, which grows with k."""
     spec = sm.MapSpec(sizes=("tiny",), lengths=(8,), batches=(1,), steps=(1, 2), hyps=(1, 2), calibrate=("tiny",),
                       cell_seconds=0.01, min_calls=2, max_calls=2)
-    run_dir = sm.run_map(spec, tmp_path, "narbench latency --map", peaks=PEAKS, env=ENV, progress=False)
+    from models.config import preset
+
+    tiny = preset("tiny")
+    rates = MachineRates({f"{tiny.d_model},{tiny.d_ff}": _GEMM}, RATES.stream, "2024-01-01", "test")
+    run_dir = sm.run_map(spec, tmp_path, "narbench latency --map", peaks=PEAKS, env=ENV, progress=False,
+                         rates=rates)
     rows = {r["system"]: r for r in read_jsonl(run_dir / sm.ROWS)}
     assert rows["ar-greedy"]["passes"] == 8
     assert [rows[f"padir-T{t}-k1"]["passes"] for t in (1, 2)] == [1, 2]
