@@ -59,6 +59,9 @@ class FakeLowered:
     def cost_analysis(self):
         return {"flops": self.flops, "bytes accessed": 4 * self.flops}
 
+    def as_text(self):
+        return "ENTRY %main (p: f32[4]) -> f32[4] {\n  %p = f32[4]{0} parameter(0)\n  ROOT %t = f32[4]{0} tanh(%p)\n}\n"
+
 
 class FakeDecoder:
     """Implements ``bench.decoder.Decoder`` structurally, with no model behind it."""
@@ -97,7 +100,8 @@ class FakeDecoder:
         return [self.prepare(["warm up"] * batch_size)]
 
     def lower(self, prepared: dict, part: str) -> FakeLowered:
-        return FakeLowered(1e6 if part == "encode" else 2e5 * len(prepared["sources"]))
+        passes = {"encode": 0, "pass": 1, "pass2": 2}[part]
+        return FakeLowered(1e6 if part == "encode" else 2e5 * passes * len(prepared["sources"]))
 
 
 @dataclass
