@@ -22,6 +22,7 @@ version and thread count. Accelerator figures are *projections* from published p
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import re
 import time
@@ -67,16 +68,24 @@ def entry_ops(hlo_text: str) -> int:
     return count
 
 
+_COSTS: dict[str, XlaCost] = {}     # program text digest -> its cost (one compile per distinct program)
+
+
 def xla_cost(lowered: Any) -> XlaCost:
-    """Flops, bytes accessed and kernels (``entry_ops``) of a ``jax.stages.Lowered`` after compilation."""
-    compiled = lowered.compile()
-    analysis = compiled.cost_analysis()
-    if isinstance(analysis, (list, tuple)):  # older jax: one dict per device program
-        analysis = analysis[0] if analysis else {}
-    if not analysis or "flops" not in analysis:
-        raise ValueError("XLA cost analysis returned no flops for this computation")
-    return XlaCost(float(analysis.get("flops", 0.0)), float(analysis.get("bytes accessed", 0.0)),
-                   float(entry_ops(compiled.as_text())))
+    """Flops, bytes accessed and kernels (``entry_ops``) of a ``jax.stages.Lowered`` after compilation.
+    Programs are compiled once per process: decoders that lower the same program (PaDIR refine:T
+    differing only in T, a decoder costed on two test sets) share its cost."""
+    key = hashlib.sha256(lowered.as_text().encode()).hexdigest()
+    if key not in _COSTS:
+        compiled = lowered.compile()
+        analysis = compiled.cost_analysis()
+        if isinstance(analysis, (list, tuple)):  # older jax: one dict per device program
+            analysis = analysis[0] if analysis else {}
+        if not analysis or "flops" not in analysis:
+            raise ValueError("XLA cost analysis returned no flops for this computation")
+        _COSTS[key] = XlaCost(float(analysis.get("flops", 0.0)), float(analysis.get("bytes accessed", 0.0)),
+                              float(entry_ops(compiled.as_text())))
+    return _COSTS[key]
 
 
 def loop_costs(decoder: Any, prepared: Any) -> dict[str, XlaCost]:

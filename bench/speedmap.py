@@ -485,14 +485,15 @@ def ensure_rates(run_dir: Path, rows: Sequence[dict], given: costs.MachineRates 
     else measured here (``bench.costs.measure_rates``, ~10 s a shape) for the shapes it lacks."""
     from bench import costs
 
-    have = given or load_rates(run_dir)
+    stored = load_rates(run_dir)
+    have = given or stored
     shapes = sorted({tuple(r["gemm_dims"]) for r in rows})
     missing = [(d, ff) for d, ff in shapes if have is None or f"{d},{ff}" not in have.gemm]
     if missing:
         fresh = costs.measure_rates(missing)
         have = fresh if have is None else costs.MachineRates({**have.gemm, **fresh.gemm}, have.stream,
                                                              have.measured_at, have.key)
-    if have is not None:
+    if have is not None and have != stored:
         write_text(run_dir / RATES, json.dumps(asdict(have), indent=2) + "\n")
 
 

@@ -59,8 +59,9 @@ class FakeLowered:
     def cost_analysis(self):
         return {"flops": self.flops, "bytes accessed": 4 * self.flops}
 
-    def as_text(self):
-        return "ENTRY %main (p: f32[4]) -> f32[4] {\n  %p = f32[4]{0} parameter(0)\n  ROOT %t = f32[4]{0} tanh(%p)\n}\n"
+    def as_text(self):      # one text per program: bench.costs keys its compile cache on it
+        return (f"// flops {self.flops}\nENTRY %main (p: f32[4]) -> f32[4] {{\n  %p = f32[4]{{0}} parameter(0)\n"
+                "  ROOT %t = f32[4]{0} tanh(%p)\n}\n")
 
 
 class FakeDecoder:

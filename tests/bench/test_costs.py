@@ -108,6 +108,30 @@ ENTRY %main (x: f32[4], w: f32[4,4]) -> (f32[4], f32[4]) {
     assert cost.ops >= 1
 
 
+def test_a_program_is_compiled_once_for_its_cost():
+    class Counting:
+        compiles = 0
+
+        def __init__(self, text, flops):
+            self.text, self.flops = text, flops
+
+        def as_text(self):
+            return self.text
+
+        def compile(self):
+            Counting.compiles += 1
+            return self
+
+        def cost_analysis(self):
+            return {"flops": self.flops, "bytes accessed": 8.0}
+
+    hlo = "ENTRY %m (p: f32[2]) -> f32[2] {\n  ROOT %t = f32[2]{0} tanh(%p)\n}\n"
+    first = costs.xla_cost(Counting("// program a\n" + hlo, 3.0))
+    again = costs.xla_cost(Counting("// program a\n" + hlo, 3.0))
+    other = costs.xla_cost(Counting("// program b\n" + hlo, 5.0))
+    assert Counting.compiles == 2 and first == again and other.flops == 5.0
+
+
 def test_machine_rates_interpolate_log_log_and_name_missing_shapes():
     rates = costs.MachineRates({"8,16": {"1": 1e9, "100": 1e11}}, {"1000": 4e10, "100000": 4e8}, "t")
     assert rates.gemm_rate(8, 16, 1) == pytest.approx(1e9) and rates.gemm_rate(8, 16, 1e6) == pytest.approx(1e11)
