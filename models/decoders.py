@@ -215,8 +215,7 @@ class ARDecoder(_BaseDecoder):
         b = inputs.shape[0]
         eos_id = EOS_ID if self.force_length is None else decoding.NO_EOS
         if self.parsed.algorithm == "beam":
-            k = self.parsed.k
-            encoded, inputs = jnp.repeat(encoded, k, axis=0), jnp.repeat(inputs, k, axis=0)  # [b*k, ...]
+            k = self.parsed.k   # beams [b*k] attend to their source once (encoded [b, s, d]: grouped cross-attention)
             cache = t5.init_cache(self.config, b * k, inputs.shape[1], max_len)
             fn = lambda tok, c: self._step(params, c, encoded, inputs, tok)
             res = decoding.beam_search(fn, cache, b, k, max_len, self.length_penalty, eos_id, active)
@@ -245,10 +244,10 @@ class ARDecoder(_BaseDecoder):
 
     def _lower_pass(self, prepared: Prepared, passes: int):
         b, s = prepared.inputs.shape
-        rows = b * (self.parsed.k if self.parsed.algorithm == "beam" else 1)
+        rows = b * (self.parsed.k if self.parsed.algorithm == "beam" else 1)                  # decoder rows
         max_len = self.max_len(s)
-        encoded = jax.ShapeDtypeStruct((rows, s, self.config.d_model), self.config.jnp_dtype)
-        inputs = jax.ShapeDtypeStruct((rows, s), jnp.int32)
+        encoded = jax.ShapeDtypeStruct((b, s, self.config.d_model), self.config.jnp_dtype)  # once per source
+        inputs = jax.ShapeDtypeStruct((b, s), jnp.int32)
         if self.parsed.algorithm == "greedy" and not self.cached:
             def uncached(params, encoded, inputs, seqs, index):
                 for i in range(passes):
@@ -361,10 +360,8 @@ class PaDIRDecoder(_BaseDecoder):
         b, s = prepared.inputs.shape
         n_src = int(np.max((prepared.inputs > 0).sum(axis=1)))
         capacity = prepared.target_bucket or self._choose_bucket(s, n_src)
-        rows = b * self.length_hyps
         encoded = jax.eval_shape(self._encode_and_lengths, self.params, prepared.inputs)[0]   # [b, s(+1), d]
-        encoded = jax.ShapeDtypeStruct((rows,) + encoded.shape[1:], encoded.dtype)
-        tokens = jax.ShapeDtypeStruct((rows, capacity), jnp.int32)
+        tokens = jax.ShapeDtypeStruct((b * self.length_hyps, capacity), jnp.int32)             # [b*k, n]
 
         def chained(params, encoded, inputs, tokens, mask):
             for _ in range(passes):
@@ -372,8 +369,7 @@ class PaDIRDecoder(_BaseDecoder):
                 tokens = jnp.argmax(logits, axis=-1).astype(jnp.int32)                        # [b*k, n]
             return logits
 
-        return jax.jit(chained).lower(self.params, encoded, jax.ShapeDtypeStruct((rows, s), jnp.int32),
-                                      tokens, tokens)
+        return jax.jit(chained).lower(self.params, encoded, jax.ShapeDtypeStruct((b, s), jnp.int32), tokens, tokens)
 
 
 @functools.lru_cache(maxsize=None)
@@ -386,11 +382,9 @@ def _shared_refine(config: ModelConfig, length_hyps: int, remask: str, start: st
 
     def refine_all(params, encoded, inputs, lengths, active, rng, num_steps, capacity: int,
                    history_steps: int = 0, attention: bool = False) -> refine.RefineOutput:
-        k = lengths.shape[1]
-        encoded, inputs = jnp.repeat(encoded, k, axis=0), jnp.repeat(inputs, k, axis=0)  # [b*k, ...]
-
         def fn(tokens, mask):
-            """One pass: logits [b*k, n, V]; with ``attention`` also the last layer's weights."""
+            """One pass over tokens/mask [b*k, n] (encoded [b, s, d], once per source): logits [b*k, n, V];
+            with ``attention`` also the last layer's weights."""
             if not attention:
                 return model.apply({"params": params}, encoded, inputs, tokens, mask, method=t5.PaDIR.refine)
             logits, state = model.apply({"params": params}, encoded, inputs, tokens, mask, method=t5.PaDIR.refine,

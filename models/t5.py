@@ -85,6 +85,21 @@ class Encoder(nn.Module):
         return _dropout(cfg)(x, deterministic=det)                                   # [b, s, d]
 
 
+def _cross_attention(attention: MultiHeadAttention, x: Array, encoded: Array, mask: Array, enable_dropout: bool):
+    """Cross-attention of x [b*k, n, d] (k hypotheses of each source, source-major: rows i*k .. i*k + k - 1
+    are source i's) to encoded [b, s, d] with mask [b, 1, 1, s]: each source's k*n query positions attend
+    as one group, so its keys and values are projected once per sentence, not once per hypothesis (the
+    queries never interact, so this is the same attention). Returns [b*k, n, d] and the weights
+    [b*k, h, n, s]."""
+    b, (rows, n, d) = encoded.shape[0], x.shape
+    assert rows % b == 0, f"{rows} decoder rows are not a whole number of hypotheses of {b} sources"
+    k = rows // b
+    out, weights = attention(x.reshape(b, k * n, d), encoded, mask, enable_dropout=enable_dropout)
+    heads, s = weights.shape[1], weights.shape[-1]
+    weights = weights.reshape(b, heads, k, n, s).transpose(0, 2, 1, 3, 4).reshape(rows, heads, n, s)
+    return out.reshape(rows, n, d), weights                                          # [b*k, n, d], [b*k, h, n, s]
+
+
 class DecoderLayer(nn.Module):
     config: ModelConfig
 
@@ -102,8 +117,8 @@ class DecoderLayer(nn.Module):
                                                            enable_dropout=enable_dropout)
             x = x + _dropout(cfg)(h, deterministic=det)
         h = RMSNorm(dtype=cfg.jnp_dtype, name="pre_cross_attention_layer_norm")(x)
-        h, cross_w = _attention(cfg, "encoder_decoder_attention")(h, encoded, cross_mask,
-                                                                  enable_dropout=enable_dropout)
+        h, cross_w = _cross_attention(_attention(cfg, "encoder_decoder_attention"), h, encoded, cross_mask,
+                                      enable_dropout)
         x = x + _dropout(cfg)(h, deterministic=det)
         h = RMSNorm(dtype=cfg.jnp_dtype, name="pre_mlp_layer_norm")(x)
         h = MlpBlock(cfg.d_ff, cfg.dropout_rate, cfg.jnp_dtype, name="mlp")(h, enable_dropout)
@@ -240,7 +255,9 @@ class PaDIR(nn.Module):
 
     def refine(self, encoded: Array, inputs: Array, hypothesis_tokens: Array, hypothesis_mask: Array,
                enable_dropout: bool = False) -> Array:
-        """One parallel decoder pass: token logits [b, n, V] for every hypothesis position."""
+        """One parallel decoder pass: token logits [b*k, n, V] for every position of k hypotheses of
+        each of b sources (tokens and mask [b*k, n], source-major; encoded and inputs [b, ...] once per
+        source, not repeated: the cross-attention groups each source's hypotheses)."""
         return self.decoder(self._source(encoded), inputs, hypothesis_tokens, hypothesis_mask,
                             enable_dropout=enable_dropout)
 

@@ -1,6 +1,7 @@
 """Decoders: prepare / run / finish with tiny random models and a tiny SentencePiece vocabulary."""
 from __future__ import annotations
 
+import math
 import re
 import jax
 import numpy as np
@@ -54,6 +55,31 @@ def test_ar_beam_and_lowering(ar_config, ar_params, tiny_vocab):
         assert cost is not None
     with pytest.raises(UserError):
         beam.lower(warm[0], "everything")
+
+
+def test_ar_beams_attend_to_their_source_once(ar_config, ar_params, tiny_vocab):
+    """Beam search gives the beams of a sentence its encoding once (the cross-attention groups them):
+    the same beams and scores as with the encoding repeated for every beam."""
+    import jax.numpy as jnp
+
+    from models import decoding, t5
+
+    beam = decoders.make_decoder(ar_config, ar_params, tiny_vocab, "beam:3", **OPTS)
+    prepared = beam.prepare(SOURCES)
+    inputs, active = jnp.asarray(prepared.inputs), jnp.asarray(prepared.active)
+    (b, s), k, max_len = inputs.shape, 3, beam.max_len(inputs.shape[1])
+    encoded = beam._encode_jit(beam.params, inputs)
+
+    @jax.jit
+    def repeated(encoded, inputs):
+        enc, inp = jnp.repeat(encoded, k, axis=0), jnp.repeat(inputs, k, axis=0)           # [b*k, ...]
+        fn = lambda tok, c: beam._step(beam.params, c, enc, inp, tok)
+        return decoding.beam_search(fn, t5.init_cache(ar_config, b * k, s, max_len), b, k, max_len,
+                                    beam.length_penalty, active=active)
+
+    grouped, old = beam.run(prepared), repeated(encoded, inputs)
+    np.testing.assert_array_equal(np.asarray(grouped.tokens), np.asarray(old.tokens[:, 0]))
+    np.testing.assert_allclose(np.asarray(grouped.score), np.asarray(old.scores[:, 0]), rtol=1e-5, atol=1e-5)
 
 
 def test_warmed_batch_size_pads_small_batches(ar_greedy):
@@ -263,3 +289,38 @@ def test_padir_loop_holds_only_hypothesis_dependent_work(padir_config, padir_par
     # The hypothesis-dependent work stays inside: self-attention, cross-attention queries, the output.
     for op in ("self_attention/query/", "encoder_decoder_attention/query/", "token_embedder.attend/"):
         assert any(op in n for n in inside), (op, sorted(set(inside))[:5])
+    # The keys/values are projected once per sentence, not once per length hypothesis: their dots
+    # produce b * s * heads * head_dim values (b = 3 sentences), not k = 2 times as many.
+    cfg, (b, s) = padir_config, prepared.inputs.shape
+    for op in ("encoder_decoder_attention/key/", "encoder_decoder_attention/value/"):
+        sizes = [math.prod(int(d) for d in dims.split(",") if d)
+                 for dims, name in re.findall(r"= f32\[([\d,]*)\]\S* dot\(.*?op_name=\"([^\"]+)\"", hlo) if op in name]
+        assert sizes and set(sizes) == {b * s * cfg.num_heads * cfg.head_dim}, (op, sizes)
+
+
+def test_padir_pass_attends_from_k_hypotheses_as_from_k_copies_of_the_source(padir_config, padir_params):
+    """A pass over k hypotheses of each source, given each source once, equals the pass given the
+    source repeated k times (the cross-attention groups a source's hypotheses; the queries never interact)."""
+    import jax.numpy as jnp
+
+    from models import t5
+
+    model, k, n = t5.make_model(padir_config), 3, 7
+    rng = np.random.default_rng(0)
+    inputs = jnp.asarray([[5, 6, 7, 8, 1, 0], [9, 10, 1, 0, 0, 0]], jnp.int32)            # [b, s]
+    tokens = jnp.asarray(rng.integers(4, padir_config.vocab_size, (2 * k, n)), jnp.int32)  # [b*k, n]
+    mask = jnp.asarray((np.arange(n)[None, :] < rng.integers(2, n + 1, (2 * k, 1))), jnp.int32)
+    v = {"params": padir_params}
+    encoded = model.apply(v, inputs, method=t5.PaDIR.encode)
+
+    @jax.jit
+    def run(enc, inp):
+        logits, state = model.apply(v, enc, inp, tokens, mask, method=t5.PaDIR.refine, mutable=["intermediates"])
+        return logits, state["intermediates"]["decoder"]["cross_attention"][0]
+
+    grouped, repeated = run(encoded, inputs), run(jnp.repeat(encoded, k, 0), jnp.repeat(inputs, k, 0))
+    for a, b in zip(grouped, repeated):
+        assert a.shape == b.shape
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-5)
+    with pytest.raises(AssertionError, match="whole number of hypotheses"):
+        model.apply(v, encoded, inputs, tokens[:5], mask[:5], method=t5.PaDIR.refine)
