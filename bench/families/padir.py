@@ -19,7 +19,8 @@ Spec section (each key is an axis; the systems are the Cartesian product)::
     length_predictor = ["absolute"]  # length classes: absolute lengths (the paper), or offsets from the
                                    # source length (fairseq's NAT models)
     exclude = [{distill = false, length_hyps = 1}]   # combinations left out of the product: each
-                                   # table drops every system that has all of its values
+                                   # table drops every system that has all of its values (a list
+                                   # value matches any of its items: {length_hyps = 5, steps = [1, 2]})
 
 A system is named ``padir-s{T}-u{rate}[-distill]`` plus a suffix for every axis that differs from
 the paper's default (``-k3``, ``-lb2``, ``-remask-none``, ``-start-mask``, ``-nopos``, ``-st1``, ``-init-ar``,
@@ -56,8 +57,13 @@ class PaDIRSection:
     exclude: tuple[dict[str, Any], ...] | None = None    # None, not (): suites without it keep their hash
 
     def excluded(self, values: dict[str, Any]) -> bool:
-        """Does one of the ``exclude`` tables match these axis values?"""
-        return any(all(values[k] == v for k, v in rule.items()) for rule in self.exclude or ())
+        """Does one of the ``exclude`` tables match these axis values? (A list value: any of its items.)"""
+        return any(all(values[k] in _any_of(v) for k, v in rule.items()) for rule in self.exclude or ())
+
+
+def _any_of(value: Any) -> list:
+    """An ``exclude`` value as the list of values it matches."""
+    return list(value) if isinstance(value, (list, tuple)) else [value]
 
 
 AXES = tuple(f.name for f in fields(PaDIRSection) if f.name != "exclude")
@@ -65,8 +71,8 @@ AXES = tuple(f.name for f in fields(PaDIRSection) if f.name != "exclude")
 
 def _exclusions(section: PaDIRSection):
     """The check of ``exclude``: a list of tables, each naming axes of the section with a value of the
-    axis's type. A value the axis does not list matches nothing (a suite that ``extends`` another may
-    narrow an axis its parent's rules name)."""
+    axis's type or a non-empty list of them. A value the axis does not list matches nothing (a suite
+    that ``extends`` another may narrow an axis its parent's rules name)."""
     def check(value):
         if not isinstance(value, list) or not value or not all(isinstance(v, dict) and v for v in value):
             raise Invalid(f"expected a non-empty list of tables such as {{distill = false, length_hyps = 1}}, "
@@ -76,9 +82,10 @@ def _exclusions(section: PaDIRSection):
                 if key not in AXES:
                     raise Invalid(f"{key!r} is not an axis of [padir] (axes: {', '.join(AXES)})")
                 kind = type(getattr(section, key)[0])
-                if type(v) is not kind and not (kind is float and type(v) is int):
+                if isinstance(v, list) and not v or any(type(x) is not kind and not (kind is float and type(x) is int)
+                                                        for x in _any_of(v)):
                     raise Invalid(f"{key} = {v!r}: expected a {kind.__name__} like the section's {key} values "
-                                  f"{list(getattr(section, key))}")
+                                  f"{list(getattr(section, key))}, or a non-empty list of them")
         return tuple(dict(rule) for rule in value)
     return check
 

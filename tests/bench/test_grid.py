@@ -94,10 +94,15 @@ def test_exclude_drops_combinations_and_their_unused_models(tmp_path):
     plan = expand(load_spec(path))
     assert [s.name for s in plan.systems if s.family == "padir"] == [
         "padir-s4-u0.15-k3", "padir-s1-u0.15-distill-k1", "padir-s4-u0.15-distill-k1", "padir-s4-u0.15-distill-k3"]
+    path.write_text(SPEC.replace("length_hyps = [3]", "length_hyps = [1, 3]\n"
+                                 "exclude = [{distill = false, length_hyps = 1}, {steps = [1, 2], length_hyps = 3}]"))
+    assert [s.name for s in expand(load_spec(path)).systems if s.family == "padir"] == [
+        "padir-s4-u0.15-k3", "padir-s1-u0.15-distill-k1", "padir-s4-u0.15-distill-k1", "padir-s4-u0.15-distill-k3"]
     path.write_text(SPEC.replace("length_hyps = [3]", "length_hyps = [1, 3]\nexclude = [{distill = false}]"))
     plan = expand(load_spec(path))
     assert [c.family for c in plan.train_cells] == ["ar", "padir"]         # the raw-data model is not trained
     for bad, message in (("[{foo = 1}]", "not an axis"), ('[{length_hyps = "one"}]', "expected a int"),
+                         ('[{length_hyps = [1, "3"]}]', "expected a int"), ("[{length_hyps = []}]", "non-empty list"),
                          ("[{stages = 2}]", "every system"), ("{distill = false}", "list of tables")):
         path.write_text(SPEC.replace("length_hyps = [3]", f"length_hyps = [1, 3]\nexclude = {bad}"))
         with pytest.raises(UserError, match=message):
