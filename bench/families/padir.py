@@ -82,8 +82,8 @@ def _exclusions(section: PaDIRSection):
                 if key not in AXES:
                     raise Invalid(f"{key!r} is not an axis of [padir] (axes: {', '.join(AXES)})")
                 kind = type(getattr(section, key)[0])
-                if isinstance(v, list) and not v or any(type(x) is not kind and not (kind is float and type(x) is int)
-                                                        for x in _any_of(v)):
+                if (isinstance(v, list) and not v) or any(type(x) is not kind and not (kind is float and type(x) is int)
+                                                          for x in _any_of(v)):
                     raise Invalid(f"{key} = {v!r}: expected a {kind.__name__} like the section's {key} values "
                                   f"{list(getattr(section, key))}, or a non-empty list of them")
         return tuple(dict(rule) for rule in value)
