@@ -71,6 +71,8 @@ def register(sub) -> None:
                        help=f"{text} (default: {' '.join(map(str, default)) if isinstance(default, tuple) else default})")
     m.add_argument("--out", default="results", help="results root folder of the map (default: results)")
     m.add_argument("--force", action="store_true", help="start a fresh map folder instead of resuming")
+    m.add_argument("--cost-model", metavar="FILE", help="score this map with the cost model of another map (its "
+                   "cost_model.json) instead of fitting one: every row is then a prediction (not with --calibrate)")
     p.set_defaults(func=cmd_latency)
 
 
@@ -294,11 +296,16 @@ def _cmd_map(args) -> int:
                         "and --lengths")
     changes = {n: (tuple(v) if isinstance(v, list) else v) for n, *_ in _MAP_ARGS
                if (v := getattr(args, n)) is not None}
+    if args.cost_model:              # scored by a model fitted in another map: this one fits nothing
+        if args.calibrate is not None:
+            raise UserError("--cost-model scores the map with a model fitted in another map; drop --calibrate")
+        changes["calibrate"] = ()
     spec = speedmap.MapSpec(**{**speedmap.MapSpec().to_dict(), **changes})
     platform = _setup(args.platform)
     env = benv.capture(seeds={"weights": spec.seed, "source": spec.seed, "decoder": spec.seed}, platform=platform)
-    command = _command(args, ("map", *(n for n, *_ in _MAP_ARGS), "out", "platform", "no_progress"))
+    command = _command(args, ("map", *(n for n, *_ in _MAP_ARGS), "out", "cost_model", "platform", "no_progress"))
+    model = speedmap.CostModel.load(Path(args.cost_model)) if args.cost_model else None
     run_dir = speedmap.run_map(spec, Path(args.out), command, env=env, platform=platform,
-                               progress=not args.no_progress, force=args.force)
+                               progress=not args.no_progress, force=args.force, model=model)
     sys.stdout.write(f"latency map: {run_dir / speedmap.TABLE}\n")
     return 0

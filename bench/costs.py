@@ -23,10 +23,11 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import math
 import json
 import re
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Sequence
 
@@ -46,6 +47,11 @@ class XlaCost:
     flops: float
     bytes_accessed: float
     ops: float = 0.0         # kernels the compiled program launches (instructions of its entry computation)
+    # From the optimised HLO (:func:`hlo_work`): flops of each batched dot (attention's score and value
+    # products) by "B,M,K,N" (batch, rows, contraction, columns), and layout moves (transposes and copies
+    # that only rearrange data) as "output bytes" -> kernels of that size.
+    dots: dict = field(default_factory=dict)
+    moves: dict = field(default_factory=dict)
 
 
 # Entry-computation instructions that launch no kernel.
@@ -68,6 +74,79 @@ def entry_ops(hlo_text: str) -> int:
     return count
 
 
+_INSTRUCTION = re.compile(r"^\s*(?:ROOT\s+)?%([\w.\-]+)\s*=\s*(\(.*?\)|\S+)\s+([a-z][a-z0-9-]*)\(([^)]*)\)(.*)$")
+_ARRAY = re.compile(r"([a-z]+[0-9]*)\[([0-9,]*)\]")
+_DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "bf16": 2, "f16": 2, "s16": 2, "u16": 2, "f32": 4, "s32": 4, "u32": 4,
+                "f64": 8, "s64": 8, "u64": 8}
+_MOVE_OPCODES = frozenset({"transpose", "copy"})                 # kernels that only rearrange data ...
+_MOVE_FREE = frozenset({"parameter", "bitcast", "reshape"})      # ... with these around them in a fusion
+
+
+def _dims(shape: str) -> list[int]:
+    found = _ARRAY.match(shape)
+    return [int(d) for d in found.group(2).split(",") if d] if found else []
+
+
+def _shape_bytes(shape: str) -> int:
+    return sum(_DTYPE_BYTES.get(dtype, 4) * math.prod(int(d) for d in dims.split(",") if d)
+               for dtype, dims in _ARRAY.findall(shape))
+
+
+def _attr_dims(attrs: str, name: str) -> list[int]:
+    found = re.search(rf"{name}=\{{([0-9,]*)\}}", attrs)
+    return [int(d) for d in found.group(1).split(",") if d] if found else []
+
+
+def hlo_work(hlo_text: str) -> tuple[dict, dict]:
+    """Two things XLA's cost analysis lumps in with the rest, read from an optimised HLO module:
+
+    - ``dots``: flops of every dot with batch dimensions (in a transformer: attention's score and
+      value products), by ``"B,M,K,N"`` (batch, lhs rows, contraction, rhs columns);
+    - ``moves``: layout moves, ``"output bytes" -> count``: kernels (a ``transpose`` or ``copy``, or a
+      fusion of nothing but those, bitcasts and reshapes) launched by a non-fused computation.
+
+    Each computation counts once per call site (a ``while`` body once, as in ``cost_analysis``)."""
+    comps: dict[str, list[tuple]] = {}
+    entry, current = "", None
+    for line in hlo_text.splitlines():
+        if line and not line[0].isspace() and line.rstrip().endswith("{"):
+            head = line.split()[1] if line.startswith("ENTRY ") else line.split()[0]
+            current = head.lstrip("%")
+            comps[current] = []
+            entry = current if line.startswith("ENTRY ") else entry
+        elif current is not None and (found := _INSTRUCTION.match(line)):
+            comps[current].append(found.groups())   # name, shape, opcode, operands, attributes
+    fused = {c for insts in comps.values() for _, _, op, _, attrs in insts if op == "fusion"
+             for c in re.findall(r"calls=%([\w.\-]+)", attrs)}
+    dots: dict[str, float] = {}
+    moves: dict[str, float] = {}
+
+    def visit(comp: str, times: float) -> None:
+        shapes = {name: shape for name, shape, *_ in comps.get(comp, [])}
+        for name, shape, op, operands, attrs in comps.get(comp, []):
+            if op == "dot" and "lhs_batch_dims" in attrs:
+                lhs, rhs = (shapes.get(o.strip().lstrip("%"), "") for o in operands.split(",")[:2])
+                ld, rd = _dims(lhs), _dims(rhs)
+                lb, lc = _attr_dims(attrs, "lhs_batch_dims"), _attr_dims(attrs, "lhs_contracting_dims")
+                rb, rc = _attr_dims(attrs, "rhs_batch_dims"), _attr_dims(attrs, "rhs_contracting_dims")
+                if ld and rd:
+                    b, k = math.prod(ld[i] for i in lb), math.prod(ld[i] for i in lc)
+                    m = math.prod(d for i, d in enumerate(ld) if i not in lb and i not in lc)
+                    n = math.prod(d for i, d in enumerate(rd) if i not in rb and i not in rc)
+                    key = f"{b},{m},{k},{n}"
+                    dots[key] = dots.get(key, 0.0) + times * 2.0 * b * m * k * n
+            called = re.findall(r"(?:calls|body)=%([\w.\-]+)", attrs)
+            if comp not in fused and (op in _MOVE_OPCODES or op == "fusion" and called and all(
+                    o in _MOVE_FREE or o in _MOVE_OPCODES for c in called for _, _, o, _, _ in comps.get(c, []))):
+                size = str(_shape_bytes(shape))
+                moves[size] = moves.get(size, 0.0) + times
+            for c in called:
+                visit(c, times)
+
+    visit(entry, 1.0)
+    return dots, moves
+
+
 _COSTS: dict[str, XlaCost] = {}     # program text digest -> its cost (one compile per distinct program)
 
 
@@ -83,8 +162,10 @@ def xla_cost(lowered: Any) -> XlaCost:
             analysis = analysis[0] if analysis else {}
         if not analysis or "flops" not in analysis:
             raise ValueError("XLA cost analysis returned no flops for this computation")
+        text = compiled.as_text()
+        dots, moves = hlo_work(text)
         _COSTS[key] = XlaCost(float(analysis.get("flops", 0.0)), float(analysis.get("bytes accessed", 0.0)),
-                              float(entry_ops(compiled.as_text())))
+                              float(entry_ops(text)), dots, moves)
     return _COSTS[key]
 
 
@@ -93,10 +174,15 @@ def loop_costs(decoder: Any, prepared: Any) -> dict[str, XlaCost]:
     loop-invariant work (once per call), and one more decoder pass (see the module docstring)."""
     enc, one, two = (xla_cost(decoder.lower(prepared, part)) for part in ("encode", "pass", "pass2"))
     more = lambda a, b: min(max(a - b, 0.0), b)              # what the second pass adds, within [0, one pass]
-    step = XlaCost(more(two.flops, one.flops), more(two.bytes_accessed, one.bytes_accessed), more(two.ops, one.ops))
+    more_each = lambda a, b: {k: m for k in sorted(set(a) | set(b)) if (m := more(a.get(k, 0.0), b.get(k, 0.0)))}
+    rest = lambda e, o, s: {k: v for k in sorted(set(e) | set(o))
+                            if (v := e.get(k, 0.0) + o.get(k, 0.0) - s.get(k, 0.0)) > 0}
+    step = XlaCost(more(two.flops, one.flops), more(two.bytes_accessed, one.bytes_accessed), more(two.ops, one.ops),
+                   more_each(two.dots, one.dots), more_each(two.moves, one.moves))
     return {"encode": XlaCost(enc.flops + one.flops - step.flops,
                               enc.bytes_accessed + one.bytes_accessed - step.bytes_accessed,
-                              enc.ops + one.ops - step.ops),
+                              enc.ops + one.ops - step.ops,
+                              rest(enc.dots, one.dots, step.dots), rest(enc.moves, one.moves, step.moves)),
             "pass": step}
 
 
@@ -154,6 +240,19 @@ class MachineRates:
     stream: dict          # "bytes" -> bytes/s
     measured_at: str
     key: str = ""
+    dots: dict = field(default_factory=dict)     # batched dot "B,M,K,N" (``hlo_work``) -> flop/s
+    moves: dict = field(default_factory=dict)    # "bytes" -> bytes/s of a transpose that writes that many
+    measured: dict = field(default_factory=dict)  # table ("dots", "moves") -> UTC time, when measured later
+
+    def dot_rate(self, key: str) -> float:
+        if key not in self.dots:
+            raise UserError(f"no rate measured for the batched dot {key}; measure it (bench.costs.measure_dot_rates)")
+        return float(self.dots[key])
+
+    def move_rate(self, nbytes: float) -> float:
+        if not self.moves:
+            raise UserError("no layout-move rates measured; measure them (bench.costs.measure_move_rates)")
+        return _loglog(self.moves, nbytes)
 
     def gemm_rate(self, d_model: int, d_ff: int, rows: float) -> float:
         table = self.gemm.get(f"{int(d_model)},{int(d_ff)}")
@@ -210,6 +309,38 @@ def measure_rates(shapes: Sequence[tuple[int, int]], rows: Sequence[int] = GEMM_
                                 iters, repeats)
         stream[str(nbytes)] = nbytes / seconds
     return MachineRates(gemm, stream, datetime.now(timezone.utc).isoformat(timespec="seconds"), machine_key())
+
+
+def measure_dot_rates(keys: Sequence[str], work: float = 2e8, repeats: int = 3, seed: int = 0) -> dict:
+    """flop/s of each batched dot ``"B,M,K,N"`` (``[B, M, K] @ [B, K, N]``), inside a loop of about ``work``
+    flops whose carry scales the right operand (so the dot cannot be hoisted out of the loop)."""
+    key = jax.random.PRNGKey(seed)
+    out = {}
+    for k in keys:
+        b, m, kk, n = (int(v) for v in k.split(","))
+        lhs = jax.random.normal(key, (b, m, kk), jnp.float32)
+        rhs = jax.random.normal(jax.random.fold_in(key, 1), (b, kk, n), jnp.float32)
+        flops = 2.0 * b * m * kk * n
+        body = lambda s, x, y: s * 0.5 + jnp.sum(jnp.einsum("bmk,bkn->bmn", x, y * s)) * 1e-12
+        out[k] = flops / _loop_seconds(body, jnp.float32(1.0), (lhs, rhs), max(2, int(work / flops)), repeats)
+    return out
+
+
+MOVE_BYTES = tuple(2**p for p in range(12, 29, 2))             # 4 KiB .. 256 MiB
+
+
+def measure_move_rates(sizes: Sequence[int] = MOVE_BYTES, work: float = 2e8, repeats: int = 3,
+                       seed: int = 0) -> dict:
+    """Bytes/s written by a materialised transpose (``[n, n, 64]`` -> its first two axes swapped, the kind
+    of move XLA makes between attention's head-major and position-major layouts), by output bytes."""
+    out = {}
+    for nbytes in sizes:
+        n = max(1, int(round(math.sqrt(nbytes / 256))))
+        x = jax.random.normal(jax.random.PRNGKey(seed), (n, n, 64), jnp.float32)
+        body = lambda c: jnp.transpose(c, (1, 0, 2)) * 0.5
+        moved = 256.0 * n * n
+        out[str(int(moved))] = moved / _loop_seconds(lambda c: body(c), x, (), max(2, int(work / moved)), repeats)
+    return out
 
 
 def _peaks_path():

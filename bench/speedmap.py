@@ -17,14 +17,17 @@ saved whole, so an interrupted map resumes where it stopped.
 Cost model (:class:`CostModel`). Per system and cell, XLA's cost analysis of the compiled encoder and
 of one more decoder pass (``bench.costs.loop_costs``: the work that does not depend on the tokens,
 such as the source's cross-attention keys and values, counts once per call, as in the decode loop)
-gives flops, bytes and kernels. With rates measured on this machine inside a jitted loop
-(``bench.costs.measure_rates``: fp32 GEMM flop/s of the model's matmul shape by rows, read bandwidth by
-working-set size, in ``machine_rates.json``) they become
+gives flops, bytes and kernels; the optimised HLO adds each batched dot (attention's score and value
+products, by shape) and each layout move (a transpose or copy, by size) (``bench.costs.hlo_work``).
+With rates measured on this machine inside jitted loops (``machine_rates.json``: fp32 GEMM flop/s of
+the model's matmul shape by rows, each batched dot's flop/s, a transpose's bytes/s by size, read
+bandwidth by working-set size) they become
 
-    predicted_ms = c_call + c_pass * passes + c_kernel * kernels + c_compute * compute_ms + c_memory * memory_ms
+    predicted_ms = c_call + c_pass * passes + c_kernel * kernels + c_work * work_ms
+    work_ms = compute_ms + attention_ms + layout_ms + memory_ms                       (:func:`work_ms`)
 
-(compute_ms: each part's flops at the rate for its rows, batch x tokens; memory_ms: each part's bytes at
-the bandwidth for its size; ``kernels = encode + passes x pass``) with non-negative coefficients fitted by
+(``kernels = encode + passes x pass``; each work term sums the encoder and every pass at the rate for
+that part's shape or size) with non-negative coefficients fitted by
 least squares on *relative* error over the calibration sizes only (default ``small``). Every row
 carries ``predicted_p50_ms`` beside ``latency_p50_ms``; the report scores the prediction on the cells
 it was not fitted on. Accelerator columns are roofline *projections* from published peaks (encode
@@ -33,10 +36,12 @@ measurements.
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import math
 from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
@@ -58,8 +63,9 @@ AR_NAME = "ar-greedy"
 PROJECTED = ("tpu-v3", "a100-sxm-80gb", "h100-sxm")      # accelerators the report projects onto
 # How rows' cost columns were made; rows of another method are re-costed on resume (``recost``).
 # "loop-ops": one more pass = two chained passes - one (loop-invariant work counted once per call), with
-# kernel counts, GEMM shape and rows.
-COST_METHOD = "loop-ops"
+# kernel counts, GEMM shape and rows; "loop-ops-hlo": and each part's batched dots and layout moves read
+# from the optimised HLO (``bench.costs.hlo_work``).
+COST_METHOD = "loop-ops-hlo"
 
 
 # ------------------------------------------------------------------------------------------- the map
@@ -257,7 +263,7 @@ class PartCosts:
 
         return costs.XlaCost(self.encode.flops + passes * self.step.flops,
                              self.encode.bytes_accessed + passes * self.step.bytes_accessed,
-                             self.encode.ops + passes * self.step.ops)
+                             self.encode.ops + passes * self.step.ops)   # totals only: dots and moves stay per part
 
 
 def gemm_dims(decoder: Any) -> tuple[int, int]:
@@ -322,6 +328,8 @@ def cost_columns(part: PartCosts, passes: int, peaks: costs.MachinePeaks, cell: 
            "encode_flops": part.encode.flops, "encode_bytes": part.encode.bytes_accessed,
            "encode_ops": part.encode.ops,
            "pass_flops": part.step.flops, "pass_bytes": part.step.bytes_accessed, "pass_ops": part.step.ops,
+           "encode_dots": dict(part.encode.dots), "pass_dots": dict(part.step.dots),
+           "encode_moves": dict(part.encode.moves), "pass_moves": dict(part.step.moves),
            "flops": total.flops, "bytes": total.bytes_accessed, "ops": total.ops,
            "gemm_dims": list(part.dims), "encode_rows": cell.batch * cell.length,
            "pass_rows": cell.batch * system.length_hyps * system.tokens_per_pass(cell.length),
@@ -361,21 +369,39 @@ def projected_ms(part: PartCosts, passes: int, accelerator: str) -> float:
 
 # -------------------------------------------------------------------------------------- cost model
 
-FEATURES = ("call", "pass", "kernel", "compute", "memory")   # ms per call, per pass, per kernel, x compute, x memory
+FEATURES = ("call", "pass", "kernel", "work")    # ms per call, per pass, per kernel, x work ms (``work_ms``)
+WORK = ("compute", "attention", "layout", "memory")
+
+
+def work_ms(row: dict, rates: costs.MachineRates) -> dict[str, float]:
+    """A row's work per call, in ms at the rates measured on this machine (``machine_rates.json``). Each
+    part (the encoder, and every pass) adds:
+
+    - compute: its flops other than batched dots, at the measured rate of the model's GEMM shape with
+      that part's rows (encoder: batch x source tokens; a pass: batch x k x tokens it computes);
+    - attention: each batched dot's flops (``hlo_work``: attention's score and value products) at the
+      rate measured for that dot's shape;
+    - layout: each layout move's bytes at the rate measured for a transpose of that size;
+    - memory: its bytes at the bandwidth measured for a working set of that size (cache or DRAM)."""
+    d, ff = row["gemm_dims"]
+
+    def part(name: str, rows: float) -> np.ndarray:
+        dots, moves = row[f"{name}_dots"], row[f"{name}_moves"]
+        dense = max(row[f"{name}_flops"] - sum(dots.values()), 0.0)
+        return 1e3 * np.array([dense / rates.gemm_rate(d, ff, rows),
+                               sum(f / rates.dot_rate(k) for k, f in dots.items()),
+                               sum(n * float(b) / rates.move_rate(float(b)) for b, n in moves.items()),
+                               row[f"{name}_bytes"] / rates.bandwidth(row[f"{name}_bytes"])])
+
+    total = part("encode", row["encode_rows"]) + float(row["passes"]) * part("pass", row["pass_rows"])
+    return dict(zip(WORK, (float(v) for v in total)))
 
 
 def features(row: dict, rates: costs.MachineRates) -> np.ndarray:
-    """The cost model's inputs of one row: [1, passes, kernels, compute ms, memory ms]. Compute: each
-    part's flops at the measured rate of the model's GEMM shape with that part's rows (encoder: batch x
-    source tokens; a pass: batch x k x tokens it computes); memory: each part's bytes at the bandwidth
-    measured for a working set of that size (cache-resident or DRAM)."""
-    d, ff = row["gemm_dims"]
-    passes = float(row["passes"])
-    compute = (row["encode_flops"] / rates.gemm_rate(d, ff, row["encode_rows"])
-               + passes * row["pass_flops"] / rates.gemm_rate(d, ff, row["pass_rows"]))
-    memory = (row["encode_bytes"] / rates.bandwidth(row["encode_bytes"])
-              + passes * row["pass_bytes"] / rates.bandwidth(row["pass_bytes"]))
-    return np.array([1.0, passes, float(row["ops"]), 1e3 * compute, 1e3 * memory])
+    """The cost model's inputs of one row: [1, passes, kernels, work ms]. The four kinds of work are
+    times at measured rates, so they are added as one timeline with one coefficient: fitting one
+    coefficient each over-fits the calibration size, where they move together (README, latency map)."""
+    return np.array([1.0, float(row["passes"]), float(row["ops"]), sum(work_ms(row, rates).values())])
 
 
 @dataclass(frozen=True)
@@ -386,6 +412,22 @@ class CostModel:
     calibrated_on: tuple[str, ...]
     cells_fitted: int
     rates: dict = field(default_factory=dict)      # when and where the machine rates were measured
+    fitted_in: str = ""         # run id of the map it was fitted in, when not this one (``--cost-model``)
+
+    @classmethod
+    def load(cls, path: Path) -> "CostModel":
+        """A model fitted in another map (its ``cost_model.json``), to score this map's rows without fitting."""
+        path = Path(path)
+        try:
+            data = json.loads(path.read_text())
+            model = cls(tuple(data["coef"]), tuple(data["calibrated_on"]), int(data["cells_fitted"]),
+                        data.get("rates", {}), data.get("fitted_in") or path.resolve().parent.name)
+        except (OSError, ValueError, KeyError, TypeError) as err:
+            raise UserError(f"cannot read a cost model from {path} ({err}); pass a map's cost_model.json") from None
+        if len(model.coef) != len(FEATURES):
+            raise UserError(f"{path} has {len(model.coef)} coefficients but this cost model has {len(FEATURES)} "
+                            f"features ({', '.join(FEATURES)}); refit it by re-running its map")
+        return model
 
     @classmethod
     def fit(cls, rows: Sequence[dict], rates: costs.MachineRates, sizes: Iterable[str]) -> "CostModel":
@@ -400,20 +442,21 @@ class CostModel:
         y = np.array([r["latency_p50_ms"] for r in fit_rows])        # [n]
         coef, _ = nnls(x / y[:, None], np.ones_like(y))               # minimise sum ((pred - y) / y)^2
         return cls(tuple(float(c) for c in coef), sizes, len(fit_rows),
-                   {"measured_at": rates.measured_at, "key": rates.key})
+                   {"measured_at": rates.measured_at, "key": rates.key, "measured": dict(rates.measured)})
 
     def predict(self, row: dict, rates: costs.MachineRates) -> float:
         return float(features(row, rates) @ np.asarray(self.coef))
 
 
 def apply_model(rows: Sequence[dict], model: CostModel, rates: costs.MachineRates) -> list[dict]:
-    """Rows with ``predicted_p50_ms``, ``prediction_error`` ((predicted - measured) / measured) and
-    ``calibration`` (True: the model was fitted on this row's size)."""
+    """Rows with ``predicted_p50_ms``, ``prediction_error`` ((predicted - measured) / measured),
+    ``calibration`` (True: the model was fitted on this row's size in this map) and ``work_ms``."""
     out = []
     for r in rows:
         pred = model.predict(r, rates)
         out.append({**r, "predicted_p50_ms": pred, "prediction_error": pred / r["latency_p50_ms"] - 1.0,
-                    "calibration": r["size"] in model.calibrated_on})
+                    "calibration": not model.fitted_in and r["size"] in model.calibrated_on,
+                    "work_ms": work_ms(r, rates)})
     return out
 
 
@@ -427,7 +470,8 @@ def prediction_score(rows: Sequence[dict], tolerance: float = 0.25) -> tuple[int
 
 def run_map(spec: MapSpec, out_root: Path, command: str, factory: DecoderFactory | None = None,
             peaks: costs.MachinePeaks | None = None, env: dict | None = None, platform: str | None = None,
-            progress: bool = True, force: bool = False, rates: costs.MachineRates | None = None) -> Path:
+            progress: bool = True, force: bool = False, rates: costs.MachineRates | None = None,
+            model: CostModel | None = None) -> Path:
     """Time every missing cell into ``<out_root>/speedmap/<run_id>/rows.jsonl`` (resuming an unfinished
     run of the same settings), then fit the cost model and write the table and the plot."""
     from bench import costs
@@ -462,13 +506,13 @@ def run_map(spec: MapSpec, out_root: Path, command: str, factory: DecoderFactory
         rows += cell_rows(cell, systems, timed, parts, peaks, cpu)
         write_jsonl(run.path / ROWS, rows)           # whole file: a kill leaves the previous cells intact
         ensure_rates(run.path, rows, rates)
-        write_outputs(run.path, spec)
+        write_outputs(run.path, spec, model)
         if bar is not None:
             bar.update(1)
     if bar is not None:
         bar.close()
     ensure_rates(run.path, rows, rates)
-    write_outputs(run.path, spec)
+    write_outputs(run.path, spec, model)
     st.finish_run(run)
     return run.path
 
@@ -481,8 +525,9 @@ def load_rates(run_dir: Path) -> costs.MachineRates | None:
 
 
 def ensure_rates(run_dir: Path, rows: Sequence[dict], given: costs.MachineRates | None = None) -> None:
-    """``machine_rates.json`` in the run folder covers every GEMM shape of ``rows``: the ``given`` rates,
-    else measured here (``bench.costs.measure_rates``, ~10 s a shape) for the shapes it lacks."""
+    """``machine_rates.json`` in the run folder covers every GEMM shape, batched dot and layout move of
+    ``rows``: the ``given`` rates, else measured here for what they lack (``bench.costs.measure_rates``,
+    ~10 s a GEMM shape; ``measure_dot_rates``, about a second a dot; ``measure_move_rates``, ~10 s)."""
     from bench import costs
 
     stored = load_rates(run_dir)
@@ -491,30 +536,48 @@ def ensure_rates(run_dir: Path, rows: Sequence[dict], given: costs.MachineRates 
     missing = [(d, ff) for d, ff in shapes if have is None or f"{d},{ff}" not in have.gemm]
     if missing:
         fresh = costs.measure_rates(missing)
-        have = fresh if have is None else costs.MachineRates({**have.gemm, **fresh.gemm}, have.stream,
-                                                             have.measured_at, have.key)
-    if have is not None and have != stored:
+        have = fresh if have is None else dataclasses.replace(have, gemm={**have.gemm, **fresh.gemm})
+    if have is None:             # no rows
+        return
+    dots = sorted({k for r in rows for part in ("encode_dots", "pass_dots") for k in r.get(part, {})} - set(have.dots))
+    now = lambda: datetime.now(timezone.utc).isoformat(timespec="seconds")     # when each table was (last) added
+    if dots:
+        have = dataclasses.replace(have, dots={**have.dots, **costs.measure_dot_rates(dots)},
+                                   measured={**have.measured, "dots": now()})
+    if not have.moves:
+        have = dataclasses.replace(have, moves=costs.measure_move_rates(), measured={**have.measured, "moves": now()})
+    if have != stored:
         write_text(run_dir / RATES, json.dumps(asdict(have), indent=2) + "\n")
 
 
-def write_outputs(run_dir: Path, spec: MapSpec) -> None:
+MODEL = "cost_model.json"
+
+
+def write_outputs(run_dir: Path, spec: MapSpec, model: CostModel | None = None) -> None:
     """Fit the cost model on the calibration sizes (once they have enough timed rows), add its
     predictions to ``rows.jsonl`` and write ``speedmap.md`` and ``crossover.png`` (after every cell,
-    so an unfinished map can be read)."""
+    so an unfinished map can be read). A map with no calibration sizes fits nothing: it is scored by
+    ``model`` (fitted in another map), or by the one it was first given (its ``cost_model.json``)."""
     rows = read_jsonl(run_dir / ROWS)
     if not rows:
         raise UserError(f"{run_dir} has no timed cells; run `narbench latency --map` until some finish")
     fitted = [r for r in rows if r["size"] in spec.calibrate]
     rates = load_rates(run_dir)
-    model = CostModel.fit(rows, rates, spec.calibrate) if len(fitted) >= len(FEATURES) and rates else None
-    if model is not None:
+    if spec.calibrate and model is not None:
+        raise UserError("a map fits its own cost model on --calibrate sizes or is scored by --cost-model, not "
+                        "both; pass --calibrate with no sizes")
+    if model is None and not spec.calibrate and (run_dir / MODEL).is_file():
+        model = CostModel.load(run_dir / MODEL)
+    if model is None and len(fitted) >= len(FEATURES) and rates:
+        model = CostModel.fit(rows, rates, spec.calibrate)
+    if model is not None and rates:
         rows = apply_model(rows, model, rates)
         write_jsonl(run_dir / ROWS, rows)
-        write_text(run_dir / "cost_model.json", json.dumps(asdict(model), indent=2) + "\n")
+        write_text(run_dir / MODEL, json.dumps(asdict(model), indent=2) + "\n")
     plot_crossover(rows, spec, run_dir / PLOT)
     done = {(r["size"], r["target_length"], r["batch_size"]) for r in rows}
     write_text(run_dir / TABLE, render(rows, spec, model, st.RunStore(run_dir).env(),
-                                       run_finished=all(c.key in done for c in spec.cells())))
+                                       run_finished=all(c.key in done for c in spec.cells()), rates=rates))
 
 
 # ---------------------------------------------------------------------------------------- reports
@@ -593,7 +656,8 @@ def _table(rows: Sequence[dict], columns=COLUMNS) -> list[str]:
     return lines
 
 
-def render(rows: Sequence[dict], spec: MapSpec, model: CostModel | None, env: dict, run_finished: bool = True) -> str:
+def render(rows: Sequence[dict], spec: MapSpec, model: CostModel | None, env: dict, run_finished: bool = True,
+           rates: costs.MachineRates | None = None) -> str:
     """``speedmap.md``: where PaDIR wins (speedup grids), the cost model's accuracy, projections, rows."""
     cpu = env.get("cpu_model", "unknown CPU")
     lines = ["# Latency map: AR greedy vs PaDIR refine:T (k length hypotheses)", "",
@@ -627,12 +691,12 @@ def render(rows: Sequence[dict], spec: MapSpec, model: CostModel | None, env: di
     if not run_finished:
         lines += [f"**Unfinished map**: {len({(r['size'], r['target_length'], r['batch_size']) for r in rows})} of "
                   f"{len(spec.cells())} cells timed so far; re-running the command resumes it.", ""]
-    lines += _model_lines(rows, model) + _projection_lines(rows, spec)
+    lines += _model_lines(rows, model, rates) + _projection_lines(rows, spec)
     lines += ["", "## Every timed row", ""] + _table(rows) + [""]
     return "\n".join(lines)
 
 
-def _model_lines(rows: Sequence[dict], model: CostModel | None) -> list[str]:
+def _model_lines(rows: Sequence[dict], model: CostModel | None, rates: costs.MachineRates | None) -> list[str]:
     if model is None:
         return ["## Cost model", "", "Not fitted yet: the calibration sizes have fewer than "
                 f"{len(FEATURES)} timed rows.", ""]
@@ -640,13 +704,18 @@ def _model_lines(rows: Sequence[dict], model: CostModel | None) -> list[str]:
     c = model.coef
     lines = ["## Cost model", "",
               f"`predicted = {c[0]:.3f} ms per call + {c[1]:.4f} ms per pass + {1e3 * c[2]:.2f} µs per kernel + "
-              f"{c[3]:.3f} x compute + {c[4]:.3f} x memory`, fitted (non-negative least squares on relative error) "
-              f"on the {model.cells_fitted} rows of {', '.join(model.calibrated_on)}. Flops, bytes and kernels are "
-              "XLA's cost analysis of the compiled encoder and of one more decoder pass (two chained passes minus "
-              "one: the loop-invariant work counts once per call); compute = flops at the fp32 GEMM rate measured "
-              "on this machine for the model's matmul shape and the part's rows (batch x tokens), memory = bytes "
-              "at the read bandwidth measured for a working set of that size, both inside a jitted loop "
-              f"(`{RATES}`, measured {model.rates.get('measured_at', '?')}).", ""]
+              f"{c[3]:.3f} x work`, fitted (non-negative least squares on relative error) on the "
+              f"{model.cells_fitted} rows of {', '.join(model.calibrated_on)}"
+              + (f" **in another map, `{model.fitted_in}`**: none of this map's rows was fitted on" if model.fitted_in
+                 else "") + ". Flops, bytes and kernels are XLA's "
+              "cost analysis of the compiled encoder and of one more decoder pass (two chained passes minus one: "
+              "the loop-invariant work counts once per call); batched dots (attention's products) and layout "
+              "moves (transposes and copies) are read from the optimised HLO. work = compute + attention + layout "
+              "+ memory, each at a rate measured on this machine inside a jitted loop: the other flops at the fp32 "
+              "GEMM rate of the model's matmul shape and the part's rows, each batched dot at its shape's rate, "
+              "each move at a transpose's rate for its size, bytes at the read bandwidth for a working set of that "
+              f"size (this map's `{RATES}`, measured {_measured(asdict(rates) if rates else {})}). Each row's "
+              "`work_ms` gives the four terms.", ""]
     if scored:
         errors = np.array([abs(r["prediction_error"]) for r in rows if not r["calibration"]])
         lines.append(f"Rows it was **not** fitted on: **{within} of {scored} ({100 * within / scored:.0f}%) "
@@ -656,6 +725,11 @@ def _model_lines(rows: Sequence[dict], model: CostModel | None) -> list[str]:
         lines.append("No row outside the calibration sizes has been timed yet, so the prediction is not scored.")
     fitted = np.array([abs(r["prediction_error"]) for r in rows if r["calibration"]])
     return lines + [f"On the rows it was fitted on: median absolute error {100 * np.median(fitted):.0f}%.", ""]
+
+
+def _measured(rates: dict) -> str:
+    later = rates.get("measured", {})
+    return ", ".join([rates.get("measured_at", "?")] + [f"{name} {at}" for name, at in sorted(later.items())])
 
 
 def _projection_lines(rows: Sequence[dict], spec: MapSpec) -> list[str]:

@@ -167,3 +167,12 @@ def test_latency_map_options(env, capsys, tmp_path, monkeypatch):
     assert code == 2 and "do not apply to --map" in err
     code, _, err = run_cli(["latency", "--map", "--sizes", "tiny"], capsys)
     assert code == 2 and "calibration sizes ['small'] are not among" in err
+    # Scored by another map's model: this map fits nothing.
+    (tmp_path / "model.json").write_text(json.dumps({"coef": [0.0, 0.0, 0.0, 1.0], "calibrated_on": ["small"],
+                                                     "cells_fitted": 9}))
+    code, _, _ = run_cli(["latency", "--map", "--sizes", "paper", "--cost-model", str(tmp_path / "model.json"),
+                          "--no-progress", "--out", str(tmp_path)], capsys)
+    assert code == 0 and seen["spec"].calibrate == () and "--cost-model" in seen["command"]
+    code, _, err = run_cli(["latency", "--map", "--sizes", "paper", "--calibrate", "paper", "--cost-model",
+                            str(tmp_path / "model.json")], capsys)
+    assert code == 2 and "drop --calibrate" in err

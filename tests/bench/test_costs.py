@@ -108,6 +108,59 @@ ENTRY %main (x: f32[4], w: f32[4,4]) -> (f32[4], f32[4]) {
     assert cost.ops >= 1
 
 
+_HLO_WITH_ATTENTION = """HloModule m
+
+%fused_move (p0: f32[2,8,4,16]) -> f32[2,4,8,16] {
+  %p0 = f32[2,8,4,16]{3,2,1,0} parameter(0)
+  %t0 = f32[2,4,8,16]{2,1,3,0} transpose(%p0), dimensions={0,2,1,3}
+  ROOT %c0 = f32[2,4,8,16]{3,2,1,0} copy(%t0)
+}
+
+%fused_scale (p1: f32[2,4,8,16]) -> f32[2,4,8,16] {
+  %p1 = f32[2,4,8,16]{3,2,1,0} parameter(0)
+  %t1 = f32[2,4,8,16]{3,2,1,0} transpose(%p1), dimensions={0,1,2,3}
+  ROOT %e = f32[2,4,8,16]{3,2,1,0} exponential(%t1)
+}
+
+%fused_scores (q: f32[2,4,8,16], k: f32[2,4,8,16]) -> f32[2,4,8,8] {
+  %q = f32[2,4,8,16]{3,2,1,0} parameter(0)
+  %k = f32[2,4,8,16]{3,2,1,0} parameter(1)
+  ROOT %s = f32[2,4,8,8]{3,2,1,0} dot(%q, %k), lhs_batch_dims={0,1}, lhs_contracting_dims={3}, rhs_batch_dims={0,1}, rhs_contracting_dims={3}
+}
+
+ENTRY %main (x: f32[2,8,4,16], w: f32[16,16]) -> f32[2,4,1,8] {
+  %x = f32[2,8,4,16]{3,2,1,0} parameter(0)
+  %w = f32[16,16]{1,0} parameter(1)
+  %m = f32[2,4,8,16]{3,2,1,0} fusion(%x), kind=kLoop, calls=%fused_move
+  %e = f32[2,4,8,16]{3,2,1,0} fusion(%m), kind=kLoop, calls=%fused_scale
+  %s = f32[2,4,8,8]{3,2,1,0} fusion(%m, %e), kind=kCustom, calls=%fused_scores
+  %c = f32[2,4,8,8]{3,2,1,0} copy(%s)
+  %r = f32[2,4,1,8]{3,2,1,0} slice(%c), slice={[0:2], [0:4], [0:1], [0:8]}
+  %v = f32[2,4,1,8]{3,2,1,0} dot(%r, %c), lhs_batch_dims={0,1}, lhs_contracting_dims={3}, rhs_batch_dims={0,1}, rhs_contracting_dims={2}
+  %d = f32[16,16]{1,0} dot(%w, %w), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+  ROOT %out = f32[2,4,1,8]{3,2,1,0} tanh(%v)
+}
+"""
+
+
+def test_hlo_work_finds_batched_dots_and_layout_moves():
+    dots, moves = costs.hlo_work(_HLO_WITH_ATTENTION)
+    # Scores: batch 2 x 4, 8 rows, 16 contracted, 8 columns (inside a fusion); the second: 1 row, 8 contracted.
+    # The plain [16, 16] dot has no batch dimensions: it is a dense layer's, not attention's.
+    assert dots == {"8,8,16,8": 2.0 * 8 * 8 * 16 * 8, "8,1,8,8": 2.0 * 8 * 1 * 8 * 8}
+    # The transpose-and-copy fusion (1 KiB x 4) and the plain copy (2 KiB) move data; a fusion that also
+    # computes (the exponential) does not, nor do the transpose and copy inside the fusions themselves.
+    assert moves == {str(2 * 4 * 8 * 16 * 4): 1.0, str(2 * 4 * 8 * 8 * 4): 1.0}
+
+
+def test_hlo_work_of_a_compiled_attention_counts_both_products():
+    b, h, q, k, d = 2, 3, 5, 7, 8
+    attend = lambda x, y: jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(jnp.einsum("bqhd,bkhd->bhqk", x, y)), y)
+    cost = costs.xla_cost(jax.jit(attend).lower(jnp.ones((b, q, h, d)), jnp.ones((b, k, h, d))))
+    assert sum(cost.dots.values()) == pytest.approx(2 * (2.0 * b * h * q * k * d))
+    assert all(int(key.split(",")[0]) == b * h for key in cost.dots)
+
+
 def test_a_program_is_compiled_once_for_its_cost():
     class Counting:
         compiles = 0
@@ -142,6 +195,32 @@ def test_machine_rates_interpolate_log_log_and_name_missing_shapes():
     measured = costs.measure_rates([(8, 16)], rows=(1, 32), stream_bytes=(2**12, 2**16), work=1e5, repeats=1)
     assert set(measured.gemm["8,16"]) == {"1", "32"} and set(measured.stream) == {str(2**12), str(2**16)}
     assert all(v > 0 for v in [*measured.gemm["8,16"].values(), *measured.stream.values()])
+
+
+def test_dot_and_move_rates_are_measured_and_looked_up():
+    rates = costs.MachineRates({}, {}, "t", dots={"4,1,8,16": 2e9}, moves={"1024": 1e10, "1048576": 1e9})
+    assert rates.dot_rate("4,1,8,16") == 2e9 and rates.move_rate(32768) == pytest.approx(10 ** 9.5)
+    with pytest.raises(UserError, match="no rate measured for the batched dot 4,8,8,16"):
+        rates.dot_rate("4,8,8,16")
+    with pytest.raises(UserError, match="no layout-move rates measured"):
+        costs.MachineRates({}, {}, "t").move_rate(1e3)
+    dots = costs.measure_dot_rates(["4,1,8,16", "2,8,8,8"], work=1e5, repeats=1)
+    moves = costs.measure_move_rates((2**12, 2**14), work=1e5, repeats=1)
+    assert set(dots) == {"4,1,8,16", "2,8,8,8"} and set(moves) == {str(2**12), str(2**14)}
+    assert all(v > 0 for v in [*dots.values(), *moves.values()])
+
+
+def test_loop_costs_split_dots_and_moves_like_flops():
+    class Attending:
+        """Encode: no product; each pass: one [2, 4, 8] x [2, 8, 8] batched product of the carried state."""
+        def lower(self, x, part):
+            step = lambda v: jnp.einsum("bmk,bkn->bmn", v, jnp.swapaxes(v, 1, 2) @ jnp.ones((4, 8)))
+            fns = {"encode": lambda v: v * 2.0, "pass": step, "pass2": lambda v: step(step(v))}
+            return jax.jit(fns[part]).lower(x)
+
+    parts = costs.loop_costs(Attending(), jnp.ones((2, 4, 8)))
+    assert parts["pass"].dots == {"2,4,8,8": 2.0 * 2 * 4 * 8 * 8}
+    assert parts["encode"].dots == {}
 
 
 def test_roofline_share_and_bound(decoder):

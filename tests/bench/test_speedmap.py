@@ -16,8 +16,10 @@ from fakes import JittedDecoder
 PEAKS = MachinePeaks("test", 1e11, 1e10, "x", 8, 8)
 # Measured-rate stand-ins: GEMM flop/s grow with rows, bandwidth falls past a 1 MB "cache".
 _GEMM = {"1": 2e9, "64": 2e10, "4096": 5e10}
+# Batched dots: single-query (AR-like) slower than many-query; layout moves slower past 1 MB.
 RATES = MachineRates({"16,16": _GEMM, "32,32": {k: 1.5 * v for k, v in _GEMM.items()}},
-                     {"1000": 4e10, "1000000": 4e10, "4000000": 1e10, "1000000000": 1e10}, "2024-01-01", "test")
+                     {"1000": 4e10, "1000000": 4e10, "4000000": 1e10, "1000000000": 1e10}, "2024-01-01", "test",
+                     dots={"8,1,64,16": 3e9, "8,16,64,16": 2e10}, moves={"1000": 2e10, "1000000": 2e10, "4000000": 2e9})
 ENV = {"cpu_model": "Test CPU", "threads": 2, "platform": "cpu"}
 SPEC = sm.MapSpec(sizes=("s", "m"), lengths=(8, 16), batches=(1, 2), steps=(1, 4), hyps=(1, 2),
                   calibrate=("s",), cell_seconds=0.05, min_calls=3, max_calls=4)
@@ -61,7 +63,7 @@ def test_bad_map_settings_are_user_errors(changes, message):
 
 def test_cost_model_fitted_on_one_size_predicts_another():
     """Latencies made by a known linear model: the fit on size "s" recovers it and predicts "m" exactly."""
-    coef = np.array([0.5, 0.02, 0.004, 1.2, 0.8])
+    coef = np.array([0.5, 0.02, 0.004, 1.2])
     rng = np.random.default_rng(0)
     rows = []
     for size, scale, dims in (("s", 1.0, [16, 16]), ("m", 8.0, [32, 32])):
@@ -70,6 +72,10 @@ def test_cost_model_fitted_on_one_size_predicts_another():
                    "encode_flops": scale * rng.uniform(1e6, 1e9), "pass_flops": scale * rng.uniform(1e5, 1e8),
                    "encode_bytes": scale * rng.uniform(1e5, 1e8), "pass_bytes": scale * rng.uniform(1e4, 1e7),
                    "encode_rows": int(rng.integers(1, 4096)), "pass_rows": int(rng.integers(1, 4096)),
+                   "encode_dots": {"8,16,64,16": scale * rng.uniform(1e4, 1e5)},
+                   "pass_dots": {"8,1,64,16": scale * rng.uniform(1e3, 1e5)},
+                   "encode_moves": {"4096": float(rng.integers(0, 9))},
+                   "pass_moves": {str(int(scale * 2**20)): float(rng.integers(0, 40))},
                    "ops": float(rng.integers(50, 5000))}
             row["latency_p50_ms"] = float(sm.features(row, RATES) @ coef)
             rows.append(row)
@@ -85,14 +91,20 @@ def test_cost_model_fitted_on_one_size_predicts_another():
 
 def test_features_use_the_rate_of_each_part_s_rows_and_working_set():
     row = {"passes": 3, "gemm_dims": [16, 16], "encode_flops": 2e9, "pass_flops": 2e8, "encode_bytes": 1e6,
-           "pass_bytes": 1e9, "encode_rows": 64, "pass_rows": 1, "ops": 120.0}
-    compute = 1e3 * (2e9 / 2e10 + 3 * 2e8 / 2e9)            # 64 rows at 2e10 flop/s, one row at 2e9
-    memory = 1e3 * (1e6 / 4e10 + 3 * 1e9 / 1e10)            # 1 MB in "cache", 1 GB from "DRAM"
-    np.testing.assert_allclose(sm.features(row, RATES), [1.0, 3.0, 120.0, compute, memory])
+           "pass_bytes": 1e9, "encode_rows": 64, "pass_rows": 1, "ops": 120.0,
+           "encode_dots": {"8,16,64,16": 4e8}, "pass_dots": {"8,1,64,16": 3e7},
+           "encode_moves": {"1000000": 2.0}, "pass_moves": {"4000000": 5.0}}
+    compute = 1e3 * ((2e9 - 4e8) / 2e10 + 3 * (2e8 - 3e7) / 2e9)    # the rest of the flops: 64 rows, then one
+    attention = 1e3 * (4e8 / 2e10 + 3 * 3e7 / 3e9)                 # each dot at its own rate
+    layout = 1e3 * (2 * 1e6 / 2e10 + 3 * 5 * 4e6 / 2e9)            # each move at its size's rate
+    memory = 1e3 * (1e6 / 4e10 + 3 * 1e9 / 1e10)                    # 1 MB in "cache", 1 GB from "DRAM"
+    parts = sm.work_ms(row, RATES)
+    np.testing.assert_allclose([parts[k] for k in sm.WORK], [compute, attention, layout, memory])
+    np.testing.assert_allclose(sm.features(row, RATES), [1.0, 3.0, 120.0, compute + attention + layout + memory])
 
 
 def test_cost_model_needs_enough_rows():
-    with pytest.raises(UserError, match="at least 5 timed rows"):
+    with pytest.raises(UserError, match="at least 4 timed rows"):
         sm.CostModel.fit([{"size": "s", "passes": 1, "flops": 1.0, "bytes": 1.0, "latency_p50_ms": 1.0}], PEAKS, ["s"])
 
 
@@ -166,11 +178,44 @@ def test_one_cell_of_real_tiny_decoders(tmp_path):
     from models.config import preset
 
     tiny = preset("tiny")
-    rates = MachineRates({f"{tiny.d_model},{tiny.d_ff}": _GEMM}, RATES.stream, "2024-01-01", "test")
+    rates = MachineRates({f"{tiny.d_model},{tiny.d_ff}": _GEMM}, RATES.stream, "2024-01-01", "test",
+                         moves=RATES.moves)
     run_dir = sm.run_map(spec, tmp_path, "narbench latency --map", peaks=PEAKS, env=ENV, progress=False,
                          rates=rates)
     rows = {r["system"]: r for r in read_jsonl(run_dir / sm.ROWS)}
+    # Attention's products are found in the programs, and their rates measured for the map (not given).
+    dots = {k for r in rows.values() for part in ("encode_dots", "pass_dots") for k in r[part]}
+    assert all(r["encode_dots"] for r in rows.values()) and rows["padir-T1-k1"]["pass_dots"]
+    assert set(sm.load_rates(run_dir).dots) == dots
     assert rows["ar-greedy"]["passes"] == 8
     assert [rows[f"padir-T{t}-k1"]["passes"] for t in (1, 2)] == [1, 2]
     assert rows["padir-T1-k1"]["pass_flops"] == rows["padir-T2-k1"]["pass_flops"]
     assert 1.8 < rows["padir-T1-k2"]["pass_flops"] / rows["padir-T1-k1"]["pass_flops"] <= 2.05
+
+
+def test_a_map_scored_by_another_map_s_model_fits_nothing(tmp_path):
+    first = sm.run_map(SPEC, tmp_path / "a", "narbench latency --map", factory=FakeFactory(), peaks=PEAKS, env=ENV,
+                       progress=False, rates=RATES)
+    model = sm.CostModel.load(first / sm.MODEL)
+    assert model.fitted_in == first.name and model.calibrated_on == ("s",)
+    spec = sm.MapSpec(**{**SPEC.to_dict(), "sizes": ("m",), "lengths": (12,), "calibrate": ()})
+    second = sm.run_map(spec, tmp_path / "b", "narbench latency --map", factory=FakeFactory(), peaks=PEAKS, env=ENV,
+                        progress=False, rates=RATES, model=model)
+    rows = read_jsonl(second / sm.ROWS)
+    assert rows and not any(r["calibration"] for r in rows)
+    for r in rows:
+        assert r["predicted_p50_ms"] == pytest.approx(float(sm.features(r, RATES) @ np.asarray(model.coef)))
+    assert f"in another map, `{first.name}`" in (second / sm.TABLE).read_text()
+    assert sm.CostModel.load(second / sm.MODEL).coef == model.coef            # kept with the map it scored
+    with pytest.raises(UserError, match="fits its own cost model on --calibrate sizes or is scored by"):
+        sm.write_outputs(second, SPEC, model)
+
+
+def test_a_cost_model_file_that_does_not_fit_is_a_user_error(tmp_path):
+    (tmp_path / "bad.json").write_text("{not json")
+    with pytest.raises(UserError, match="cannot read a cost model from"):
+        sm.CostModel.load(tmp_path / "bad.json")
+    (tmp_path / "old.json").write_text(json.dumps({"coef": [0, 0, 0, 1.1, 0.8], "calibrated_on": ["small"],
+                                                   "cells_fitted": 135}))
+    with pytest.raises(UserError, match="has 5 coefficients but this cost model has 4 features"):
+        sm.CostModel.load(tmp_path / "old.json")
