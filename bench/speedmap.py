@@ -724,7 +724,9 @@ def _model_lines(rows: Sequence[dict], model: CostModel | None, rates: costs.Mac
     else:
         lines.append("No row outside the calibration sizes has been timed yet, so the prediction is not scored.")
     fitted = np.array([abs(r["prediction_error"]) for r in rows if r["calibration"]])
-    return lines + [f"On the rows it was fitted on: median absolute error {100 * np.median(fitted):.0f}%.", ""]
+    if fitted.size:
+        lines.append(f"On the rows it was fitted on: median absolute error {100 * np.median(fitted):.0f}%.")
+    return lines + [""]
 
 
 def _measured(rates: dict) -> str:
