@@ -194,11 +194,12 @@ def test_one_cell_of_real_tiny_decoders(tmp_path):
 
 
 def test_a_map_scored_by_another_map_s_model_fits_nothing(tmp_path):
-    first = sm.run_map(SPEC, tmp_path / "a", "narbench latency --map", factory=FakeFactory(), peaks=PEAKS, env=ENV,
+    small = sm.MapSpec(**{**SPEC.to_dict(), "sizes": ("s",), "lengths": (8,)})          # 2 cells, 10 rows
+    first = sm.run_map(small, tmp_path / "a", "narbench latency --map", factory=FakeFactory(), peaks=PEAKS, env=ENV,
                        progress=False, rates=RATES)
     model = sm.CostModel.load(first / sm.MODEL)
     assert model.fitted_in == first.name and model.calibrated_on == ("s",)
-    spec = sm.MapSpec(**{**SPEC.to_dict(), "sizes": ("m",), "lengths": (12,), "calibrate": ()})
+    spec = sm.MapSpec(**{**SPEC.to_dict(), "sizes": ("m",), "lengths": (12,), "batches": (1,), "calibrate": ()})
     second = sm.run_map(spec, tmp_path / "b", "narbench latency --map", factory=FakeFactory(), peaks=PEAKS, env=ENV,
                         progress=False, rates=RATES, model=model)
     rows = read_jsonl(second / sm.ROWS)
