@@ -23,8 +23,8 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import math
 import json
+import math
 import re
 import time
 from dataclasses import asdict, dataclass, field
@@ -56,22 +56,13 @@ class XlaCost:
 
 # Entry-computation instructions that launch no kernel.
 _FREE_OPCODES = frozenset({"parameter", "constant", "tuple", "get-tuple-element", "bitcast"})
-_OPCODE = re.compile(r"(?<![\w.%-])([a-z][a-z0-9-]*)\(")
 
 
 def entry_ops(hlo_text: str) -> int:
     """Kernels an optimised HLO module's entry computation runs: its instructions other than
     parameters, constants, tuples and bitcasts (a fusion or a library call is one kernel)."""
-    count, inside = 0, False
-    for line in hlo_text.splitlines():
-        if line.startswith("ENTRY "):
-            inside = True
-        elif inside and line.startswith("}"):
-            break
-        elif inside and " = " in line:
-            found = _OPCODE.search(line.split(" = ", 1)[1])
-            count += bool(found) and found.group(1) not in _FREE_OPCODES
-    return count
+    comps, entry = _computations(hlo_text)
+    return sum(op not in _FREE_OPCODES for _, _, op, _, _ in comps.get(entry, []))
 
 
 _INSTRUCTION = re.compile(r"^\s*(?:ROOT\s+)?%([\w.\-]+)\s*=\s*(\(.*?\)|\S+)\s+([a-z][a-z0-9-]*)\(([^)]*)\)(.*)$")
@@ -97,15 +88,9 @@ def _attr_dims(attrs: str, name: str) -> list[int]:
     return [int(d) for d in found.group(1).split(",") if d] if found else []
 
 
-def hlo_work(hlo_text: str) -> tuple[dict, dict]:
-    """Two things XLA's cost analysis lumps in with the rest, read from an optimised HLO module:
-
-    - ``dots``: flops of every dot with batch dimensions (in a transformer: attention's score and
-      value products), by ``"B,M,K,N"`` (batch, lhs rows, contraction, rhs columns);
-    - ``moves``: layout moves, ``"output bytes" -> count``: kernels (a ``transpose`` or ``copy``, or a
-      fusion of nothing but those, bitcasts and reshapes) launched by a non-fused computation.
-
-    Each computation counts once per call site (a ``while`` body once, as in ``cost_analysis``)."""
+def _computations(hlo_text: str) -> tuple[dict[str, list[tuple]], str]:
+    """An HLO module's computations, name -> its instructions as (name, shape, opcode, operands,
+    attributes), and the entry computation's name."""
     comps: dict[str, list[tuple]] = {}
     entry, current = "", None
     for line in hlo_text.splitlines():
@@ -115,7 +100,20 @@ def hlo_work(hlo_text: str) -> tuple[dict, dict]:
             comps[current] = []
             entry = current if line.startswith("ENTRY ") else entry
         elif current is not None and (found := _INSTRUCTION.match(line)):
-            comps[current].append(found.groups())   # name, shape, opcode, operands, attributes
+            comps[current].append(found.groups())
+    return comps, entry
+
+
+def hlo_work(hlo_text: str) -> tuple[dict, dict]:
+    """Two things XLA's cost analysis lumps in with the rest, read from an optimised HLO module:
+
+    - ``dots``: flops of every dot with batch dimensions (in a transformer: attention's score and
+      value products), by ``"B,M,K,N"`` (batch, lhs rows, contraction, rhs columns);
+    - ``moves``: layout moves, ``"output bytes" -> count``: kernels (a ``transpose`` or ``copy``, or a
+      fusion of nothing but those, bitcasts and reshapes) launched by a non-fused computation.
+
+    Each computation counts once per call site (a ``while`` body once, as in ``cost_analysis``)."""
+    comps, entry = _computations(hlo_text)
     fused = {c for insts in comps.values() for _, _, op, _, attrs in insts if op == "fusion"
              for c in re.findall(r"calls=%([\w.\-]+)", attrs)}
     dots: dict[str, float] = {}
@@ -315,13 +313,13 @@ def measure_dot_rates(keys: Sequence[str], work: float = 2e8, repeats: int = 3, 
     """flop/s of each batched dot ``"B,M,K,N"`` (``[B, M, K] @ [B, K, N]``), inside a loop of about ``work``
     flops whose carry scales the right operand (so the dot cannot be hoisted out of the loop)."""
     key = jax.random.PRNGKey(seed)
+    body = lambda s, x, y: s * 0.5 + jnp.sum(jnp.einsum("bmk,bkn->bmn", x, y * s)) * 1e-12
     out = {}
     for k in keys:
         b, m, kk, n = (int(v) for v in k.split(","))
         lhs = jax.random.normal(key, (b, m, kk), jnp.float32)
         rhs = jax.random.normal(jax.random.fold_in(key, 1), (b, kk, n), jnp.float32)
         flops = 2.0 * b * m * kk * n
-        body = lambda s, x, y: s * 0.5 + jnp.sum(jnp.einsum("bmk,bkn->bmn", x, y * s)) * 1e-12
         out[k] = flops / _loop_seconds(body, jnp.float32(1.0), (lhs, rhs), max(2, int(work / flops)), repeats)
     return out
 
@@ -333,13 +331,13 @@ def measure_move_rates(sizes: Sequence[int] = MOVE_BYTES, work: float = 2e8, rep
                        seed: int = 0) -> dict:
     """Bytes/s written by a materialised transpose (``[n, n, 64]`` -> its first two axes swapped, the kind
     of move XLA makes between attention's head-major and position-major layouts), by output bytes."""
+    body = lambda c: jnp.transpose(c, (1, 0, 2)) * 0.5
     out = {}
     for nbytes in sizes:
         n = max(1, int(round(math.sqrt(nbytes / 256))))
         x = jax.random.normal(jax.random.PRNGKey(seed), (n, n, 64), jnp.float32)
-        body = lambda c: jnp.transpose(c, (1, 0, 2)) * 0.5
         moved = 256.0 * n * n
-        out[str(int(moved))] = moved / _loop_seconds(lambda c: body(c), x, (), max(2, int(work / moved)), repeats)
+        out[str(int(moved))] = moved / _loop_seconds(body, x, (), max(2, int(work / moved)), repeats)
     return out
 
 

@@ -476,6 +476,9 @@ def run_map(spec: MapSpec, out_root: Path, command: str, factory: DecoderFactory
     run of the same settings), then fit the cost model and write the table and the plot."""
     from bench import costs
 
+    if spec.calibrate and model is not None:      # before any cell is timed
+        raise UserError("a map fits its own cost model on its calibration sizes or is scored by another map's "
+                        "(--cost-model), not both")
     run, resumed = st.open_run(Path(out_root), SUITE, spec.spec_hash(), spec.to_toml(), command, force=force)
     if env is not None and not (run.path / st.ENV).is_file():
         run.write_env(env)
@@ -563,9 +566,6 @@ def write_outputs(run_dir: Path, spec: MapSpec, model: CostModel | None = None) 
         raise UserError(f"{run_dir} has no timed cells; run `narbench latency --map` until some finish")
     fitted = [r for r in rows if r["size"] in spec.calibrate]
     rates = load_rates(run_dir)
-    if spec.calibrate and model is not None:
-        raise UserError("a map fits its own cost model on --calibrate sizes or is scored by --cost-model, not "
-                        "both; pass --calibrate with no sizes")
     if model is None and not spec.calibrate and (run_dir / MODEL).is_file():
         model = CostModel.load(run_dir / MODEL)
     if model is None and len(fitted) >= len(FEATURES) and rates:
@@ -714,7 +714,7 @@ def _model_lines(rows: Sequence[dict], model: CostModel | None, rates: costs.Mac
               "+ memory, each at a rate measured on this machine inside a jitted loop: the other flops at the fp32 "
               "GEMM rate of the model's matmul shape and the part's rows, each batched dot at its shape's rate, "
               "each move at a transpose's rate for its size, bytes at the read bandwidth for a working set of that "
-              f"size (this map's `{RATES}`, measured {_measured(asdict(rates) if rates else {})}). Each row's "
+              f"size (this map's `{RATES}`, measured {_measured(rates)}). Each row's "
               "`work_ms` gives the four terms.", ""]
     if scored:
         errors = np.array([abs(r["prediction_error"]) for r in rows if not r["calibration"]])
@@ -729,9 +729,10 @@ def _model_lines(rows: Sequence[dict], model: CostModel | None, rates: costs.Mac
     return lines + [""]
 
 
-def _measured(rates: dict) -> str:
-    later = rates.get("measured", {})
-    return ", ".join([rates.get("measured_at", "?")] + [f"{name} {at}" for name, at in sorted(later.items())])
+def _measured(rates: costs.MachineRates | None) -> str:
+    if rates is None:
+        return "?"
+    return ", ".join([rates.measured_at] + [f"{name} {at}" for name, at in sorted(rates.measured.items())])
 
 
 def _projection_lines(rows: Sequence[dict], spec: MapSpec) -> list[str]:

@@ -208,8 +208,10 @@ def test_a_map_scored_by_another_map_s_model_fits_nothing(tmp_path):
         assert r["predicted_p50_ms"] == pytest.approx(float(sm.features(r, RATES) @ np.asarray(model.coef)))
     assert f"in another map, `{first.name}`" in (second / sm.TABLE).read_text()
     assert sm.CostModel.load(second / sm.MODEL).coef == model.coef            # kept with the map it scored
-    with pytest.raises(UserError, match="fits its own cost model on --calibrate sizes or is scored by"):
-        sm.write_outputs(second, SPEC, model)
+    with pytest.raises(UserError, match="fits its own cost model on its calibration sizes or is scored by"):
+        sm.run_map(SPEC, tmp_path / "c", "narbench latency --map", factory=FakeFactory(), peaks=PEAKS, env=ENV,
+                   progress=False, rates=RATES, model=model)
+    assert not (tmp_path / "c").exists()                                       # refused before timing anything
 
 
 def test_a_cost_model_file_that_does_not_fit_is_a_user_error(tmp_path):
