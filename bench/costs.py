@@ -197,9 +197,9 @@ class MachinePeaks:
 
 
 def machine_key() -> str:
-    from bench.env import cpu_model, thread_count
+    from bench.env import cpu_signature, thread_count
 
-    return f"{cpu_model()}|jax-{jax.__version__}|threads-{thread_count()}"
+    return f"{cpu_signature()}|jax-{jax.__version__}|threads-{thread_count()}"
 
 
 def _best_seconds(fn, *args, repeats: int) -> float:
@@ -270,75 +270,113 @@ def _loglog(table: dict, x: float) -> float:
     return float(np.exp(np.interp(np.log(max(float(x), 1.0)), np.log(xs[order]), np.log(ys))))
 
 
-def _loop_seconds(body, init, args: tuple, iters: int, repeats: int) -> float:
-    """Best seconds per iteration of ``body(carry, *args)`` run ``iters`` times in one jitted
-    ``fori_loop`` (``args`` are arguments, not constants XLA could fold)."""
-    run = jax.jit(lambda c, *a: jax.lax.fori_loop(0, iters, lambda _, v: body(v, *a), c))
-    return _best_seconds(run, init, *args, repeats=repeats) / iters
+@dataclass(frozen=True)
+class _Probe:
+    """One rate to measure: ``run(n, init, *args)`` runs ``n`` iterations of a loop body doing ``work``
+    (flops or bytes) each."""
+    run: Any
+    init: Any
+    args: tuple
+    work: float
+
+
+def _loop(body) -> Any:
+    """``run(n, carry, *args)``: ``n`` iterations of ``body(carry, *args)`` in one jitted ``fori_loop``
+    (``n`` and ``args`` are arguments, so one compile serves every length and XLA cannot fold them)."""
+    return jax.jit(lambda n, c, *a: jax.lax.fori_loop(0, n, lambda _, v: body(v, *a), c))
+
+
+def _seconds(probe: _Probe, n: int) -> float:
+    start = time.perf_counter()
+    jax.block_until_ready(probe.run(n, probe.init, *probe.args))
+    return time.perf_counter() - start
+
+
+def _rates(probes: dict[Any, _Probe], sample_s: float, rounds: int) -> dict[Any, float]:
+    """Work per second of each probe, as the timer measures latency: each probe's loop is sized to take
+    about ``sample_s``, then ``rounds`` rounds run every probe once in turn, and each rate is its median
+    round. Rates from single short loops (best of 3, a few ms each) wandered 1.1-2.3x between runs on a
+    2-core VM; these repeat within 20% for 91-100% of entries (README, latency map)."""
+    sized: dict[Any, int] = {}
+    for name, probe in probes.items():
+        n = 1
+        _seconds(probe, n)                                       # compile and first touch
+        for _ in range(4):                                       # grow until a loop is long enough to time
+            seconds = _seconds(probe, n)
+            if seconds >= sample_s / 4:
+                break
+            n = max(2 * n, int(n * sample_s / max(seconds, 1e-6) / 2))
+        sized[name] = max(1, round(n * sample_s / seconds))
+    samples: dict[Any, list[float]] = {name: [] for name in probes}
+    for _ in range(rounds):
+        for name, probe in probes.items():
+            samples[name].append(_seconds(probe, sized[name]) / sized[name])
+    return {name: probes[name].work / float(np.median(s)) for name, s in samples.items()}
 
 
 GEMM_ROWS = (1, 4, 16, 64, 256, 1024, 4096, 16384)
 STREAM_BYTES = tuple(2**p for p in range(18, 30))               # 256 KiB .. 512 MiB
+SAMPLE_S, ROUNDS = 0.05, 5                                      # the rate protocol (``_rates``)
 
 
 def measure_rates(shapes: Sequence[tuple[int, int]], rows: Sequence[int] = GEMM_ROWS,
-                  stream_bytes: Sequence[int] = STREAM_BYTES, work: float = 2e8, repeats: int = 3,
+                  stream_bytes: Sequence[int] = STREAM_BYTES, sample_s: float = SAMPLE_S, rounds: int = ROUNDS,
                   seed: int = 0) -> MachineRates:
     """GEMM rates of ``[rows, d] @ [d, ff] @ [ff, d]`` per (d, ff) in ``shapes`` and per row count, and the
-    bandwidth of reading a ``bytes`` array, each inside a loop of about ``work`` flops (bytes)."""
+    bandwidth of reading a ``bytes`` array (:func:`_rates`)."""
     key = jax.random.PRNGKey(seed)
-    gemm: dict = {}
+    probes: dict[tuple, _Probe] = {}
+    gemm = _loop(lambda v, a, b: jnp.tanh((v @ a) @ b))
     for d, ff in shapes:
         w1 = jax.random.normal(key, (d, ff), jnp.float32) / np.sqrt(d)
         w2 = jax.random.normal(jax.random.fold_in(key, 1), (ff, d), jnp.float32) / np.sqrt(ff)
-        table = {}
         for m in rows:
             x = jax.random.normal(jax.random.fold_in(key, 2), (m, d), jnp.float32)
-            flops = 4.0 * m * d * ff
-            iters = max(2, int(work / flops))
-            table[str(m)] = flops / _loop_seconds(lambda v, a, b: jnp.tanh((v @ a) @ b), x, (w1, w2), iters, repeats)
-        gemm[f"{d},{ff}"] = table
-    stream = {}
+            probes[("gemm", f"{d},{ff}", str(m))] = _Probe(gemm, x, (w1, w2), 4.0 * m * d * ff)
+    # Each iteration reads the whole array (|data - carry| cannot be hoisted out of the loop).
+    stream = _loop(lambda c, x: c * 0.5 + jnp.sum(jnp.abs(x - c)) * 1e-9)
     for nbytes in stream_bytes:
         data = jax.random.uniform(jax.random.fold_in(key, 3), (nbytes // 4,), jnp.float32)
-        iters = max(2, int(work / nbytes))
-        # Each iteration reads the whole array (|data - carry| cannot be hoisted out of the loop).
-        seconds = _loop_seconds(lambda c, x: c * 0.5 + jnp.sum(jnp.abs(x - c)) * 1e-9, jnp.float32(1.0), (data,),
-                                iters, repeats)
-        stream[str(nbytes)] = nbytes / seconds
-    return MachineRates(gemm, stream, datetime.now(timezone.utc).isoformat(timespec="seconds"), machine_key())
+        probes[("stream", str(nbytes))] = _Probe(stream, jnp.float32(1.0), (data,), float(nbytes))
+    measured = _rates(probes, sample_s, rounds)
+    tables: dict = {"gemm": {}, "stream": {}}
+    for (table, *where), rate in measured.items():
+        if table == "gemm":
+            tables["gemm"].setdefault(where[0], {})[where[1]] = rate
+        else:
+            tables["stream"][where[0]] = rate
+    return MachineRates(tables["gemm"], tables["stream"], datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                        machine_key())
 
 
-def measure_dot_rates(keys: Sequence[str], work: float = 2e8, repeats: int = 3, seed: int = 0) -> dict:
-    """flop/s of each batched dot ``"B,M,K,N"`` (``[B, M, K] @ [B, K, N]``), inside a loop of about ``work``
-    flops whose carry scales the right operand (so the dot cannot be hoisted out of the loop)."""
+def measure_dot_rates(keys: Sequence[str], sample_s: float = SAMPLE_S, rounds: int = ROUNDS, seed: int = 0) -> dict:
+    """flop/s of each batched dot ``"B,M,K,N"`` (``[B, M, K] @ [B, K, N]``), in a loop whose carry scales
+    the right operand (so the dot cannot be hoisted out of the loop) (:func:`_rates`)."""
     key = jax.random.PRNGKey(seed)
-    body = lambda s, x, y: s * 0.5 + jnp.sum(jnp.einsum("bmk,bkn->bmn", x, y * s)) * 1e-12
-    out = {}
+    run = _loop(lambda s, x, y: s * 0.5 + jnp.sum(jnp.einsum("bmk,bkn->bmn", x, y * s)) * 1e-12)
+    probes = {}
     for k in keys:
         b, m, kk, n = (int(v) for v in k.split(","))
         lhs = jax.random.normal(key, (b, m, kk), jnp.float32)
         rhs = jax.random.normal(jax.random.fold_in(key, 1), (b, kk, n), jnp.float32)
-        flops = 2.0 * b * m * kk * n
-        out[k] = flops / _loop_seconds(body, jnp.float32(1.0), (lhs, rhs), max(2, int(work / flops)), repeats)
-    return out
+        probes[k] = _Probe(run, jnp.float32(1.0), (lhs, rhs), 2.0 * b * m * kk * n)
+    return _rates(probes, sample_s, rounds)
 
 
 MOVE_BYTES = tuple(2**p for p in range(12, 29, 2))             # 4 KiB .. 256 MiB
 
 
-def measure_move_rates(sizes: Sequence[int] = MOVE_BYTES, work: float = 2e8, repeats: int = 3,
+def measure_move_rates(sizes: Sequence[int] = MOVE_BYTES, sample_s: float = SAMPLE_S, rounds: int = ROUNDS,
                        seed: int = 0) -> dict:
     """Bytes/s written by a materialised transpose (``[n, n, 64]`` -> its first two axes swapped, the kind
     of move XLA makes between attention's head-major and position-major layouts), by output bytes."""
-    body = lambda c: jnp.transpose(c, (1, 0, 2)) * 0.5
-    out = {}
+    run = _loop(lambda c: jnp.transpose(c, (1, 0, 2)) * 0.5)
+    probes = {}
     for nbytes in sizes:
         n = max(1, int(round(math.sqrt(nbytes / 256))))
-        x = jax.random.normal(jax.random.PRNGKey(seed), (n, n, 64), jnp.float32)
-        moved = 256.0 * n * n
-        out[str(int(moved))] = moved / _loop_seconds(body, x, (), max(2, int(work / moved)), repeats)
-    return out
+        probes[str(256 * n * n)] = _Probe(run, jax.random.normal(jax.random.PRNGKey(seed), (n, n, 64), jnp.float32),
+                                          (), 256.0 * n * n)
+    return _rates(probes, sample_s, rounds)
 
 
 def _peaks_path():

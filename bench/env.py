@@ -25,6 +25,41 @@ def cpu_model() -> str:
     return _platform.processor() or _platform.machine() or "unknown"
 
 
+ISA_FLAGS = ("avx2", "fma", "avx512f", "avx512_bf16", "amx_tile")    # the extensions XLA's CPU kernels use
+
+
+def cpu_details(cpuinfo: str | None = None, cache_root: Path = Path("/sys/devices/system/cpu/cpu0/cache")) -> dict[str, Any]:
+    """What tells CPUs sold under one name apart ("AMD EPYC" was a Zen 3 with 32 MiB L3 and no AVX-512 in one
+    session, an AVX-512 part in another): vendor, family, model, stepping, ISA extensions and cache sizes."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            cpuinfo = ""
+    first: dict[str, str] = {}
+    for line in cpuinfo.splitlines():
+        if not line.strip():
+            break                                           # the first processor's block only
+        name, _, value = line.partition(":")
+        first.setdefault(name.strip(), value.strip())
+    flags = set(first.get("flags", "").split())
+    caches = {}
+    for index in sorted(cache_root.glob("index*")) if cache_root.is_dir() else []:
+        try:
+            level, kind, size = ((index / f).read_text().strip() for f in ("level", "type", "size"))
+        except OSError:
+            continue
+        caches[f"L{level}{'d' if kind == 'Data' else 'i' if kind == 'Instruction' else ''}"] = size
+    return {"vendor": first.get("vendor_id"), "family": first.get("cpu family"), "model": first.get("model"),
+            "stepping": first.get("stepping"), "isa": [f for f in ISA_FLAGS if f in flags], "caches": caches}
+
+
+def cpu_signature() -> str:
+    """``cpu_model`` with family/model and the ISA extensions: the key under which machine rates are cached."""
+    d = cpu_details()
+    return f"{cpu_model()} (family {d['family']} model {d['model']}; {' '.join(d['isa']) or 'no avx2'})"
+
+
 def thread_count() -> int:
     """CPUs this process may run on (affinity mask), which is what XLA's thread pool uses."""
     try:
@@ -93,6 +128,7 @@ def capture(seeds: Mapping[str, int] | None = None, platform: str | None = None,
     return {
         **device_info(platform),
         "cpu_model": cpu_model(),
+        "cpu": cpu_details(),
         "threads": thread_count(),
         "cores": core_count(),
         "xla_flags": os.environ.get("XLA_FLAGS", ""),

@@ -530,7 +530,7 @@ def load_rates(run_dir: Path) -> costs.MachineRates | None:
 def ensure_rates(run_dir: Path, rows: Sequence[dict], given: costs.MachineRates | None = None) -> None:
     """``machine_rates.json`` in the run folder covers every GEMM shape, batched dot and layout move of
     ``rows``: the ``given`` rates, else measured here for what they lack (``bench.costs.measure_rates``,
-    ~10 s a GEMM shape; ``measure_dot_rates``, about a second a dot; ``measure_move_rates``, ~10 s)."""
+    ``measure_dot_rates``, ``measure_move_rates``: about 1.5 s a rate, ~30 s for a GEMM shape's table)."""
     from bench import costs
 
     stored = load_rates(run_dir)

@@ -192,7 +192,7 @@ def test_machine_rates_interpolate_log_log_and_name_missing_shapes():
     assert rates.bandwidth(1e4) == pytest.approx(4e9)
     with pytest.raises(UserError, match="no GEMM rate measured for d_model 4, d_ff 4"):
         rates.gemm_rate(4, 4, 1)
-    measured = costs.measure_rates([(8, 16)], rows=(1, 32), stream_bytes=(2**12, 2**16), work=1e5, repeats=1)
+    measured = costs.measure_rates([(8, 16)], rows=(1, 32), stream_bytes=(2**12, 2**16), sample_s=1e-3, rounds=1)
     assert set(measured.gemm["8,16"]) == {"1", "32"} and set(measured.stream) == {str(2**12), str(2**16)}
     assert all(v > 0 for v in [*measured.gemm["8,16"].values(), *measured.stream.values()])
 
@@ -204,8 +204,8 @@ def test_dot_and_move_rates_are_measured_and_looked_up():
         rates.dot_rate("4,8,8,16")
     with pytest.raises(UserError, match="no layout-move rates measured"):
         costs.MachineRates({}, {}, "t").move_rate(1e3)
-    dots = costs.measure_dot_rates(["4,1,8,16", "2,8,8,8"], work=1e5, repeats=1)
-    moves = costs.measure_move_rates((2**12, 2**14), work=1e5, repeats=1)
+    dots = costs.measure_dot_rates(["4,1,8,16", "2,8,8,8"], sample_s=1e-3, rounds=1)
+    moves = costs.measure_move_rates((2**12, 2**14), sample_s=1e-3, rounds=1)
     assert set(dots) == {"4,1,8,16", "2,8,8,8"} and set(moves) == {str(2**12), str(2**14)}
     assert all(v > 0 for v in [*dots.values(), *moves.values()])
 
@@ -283,3 +283,16 @@ def test_bucket_key_sees_inside_dataclasses():
     assert key(a) != key(Prepared(np.zeros((1, 16), np.int64), 1))         # dtypes do
     assert key(a) != key(Prepared(np.zeros((1, 16), np.int32), 1, 32))     # scalar fields do
     assert key({"ids": a.inputs}) != key({"ids": a.inputs[:, :8]})
+
+
+def test_rates_size_each_loop_then_interleave_rounds_and_take_medians():
+    calls: list[tuple[str, int]] = []
+
+    def probe(name: str) -> costs._Probe:
+        return costs._Probe(lambda n, c: calls.append((name, n)) or c, 0.0, (), 10.0)
+
+    rates = costs._rates({"a": probe("a"), "b": probe("b")}, sample_s=1e-3, rounds=3)
+    timed = calls[-6:]                                     # the rounds, after each probe was sized
+    assert [name for name, _ in timed] == ["a", "b"] * 3
+    assert len({n for name, n in timed if name == "a"}) == 1 and all(n >= 1 for _, n in timed)
+    assert set(rates) == {"a", "b"} and all(r > 0 for r in rates.values())

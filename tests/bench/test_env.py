@@ -63,3 +63,19 @@ def test_cpu_model_matches_proc_cpuinfo():
 
 def test_unknown_library_version_is_none():
     assert env.versions(("no-such-distribution-xyz",)) == {"no-such-distribution-xyz": None}
+
+
+def test_cpu_details_tell_apart_cpus_sold_under_one_name(tmp_path):
+    cpuinfo = ("processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 25\nmodel\t\t: 1\nmodel name\t: AMD EPYC\n"
+               "stepping\t: 1\nflags\t\t: fpu avx2 fma\n\nprocessor\t: 1\nflags\t\t: avx512f\n")
+    for i, (level, kind, size) in enumerate([("1", "Data", "32K"), ("2", "Unified", "512K"), ("3", "Unified", "32768K")]):
+        folder = tmp_path / f"index{i}"
+        folder.mkdir()
+        for name, value in (("level", level), ("type", kind), ("size", size)):
+            (folder / name).write_text(value + "\n")
+    d = env.cpu_details(cpuinfo, tmp_path)
+    assert (d["vendor"], d["family"], d["model"], d["stepping"]) == ("AuthenticAMD", "25", "1", "1")
+    assert d["isa"] == ["avx2", "fma"]                         # the second processor's flags are not read
+    assert d["caches"] == {"L1d": "32K", "L2": "512K", "L3": "32768K"}
+    assert env.cpu_details("", tmp_path / "missing") == {"vendor": None, "family": None, "model": None,
+                                                        "stepping": None, "isa": [], "caches": {}}
