@@ -299,14 +299,14 @@ def _rates(probes: dict[Any, _Probe], sample_s: float, rounds: int) -> dict[Any,
     2-core VM; these repeat within 20% for 91-100% of entries (README, latency map)."""
     sized: dict[Any, int] = {}
     for name, probe in probes.items():
-        n = 1
-        _seconds(probe, n)                                       # compile and first touch
+        _seconds(probe, 1)                                       # compile and first touch
+        n, seconds = 1, _seconds(probe, 1)
         for _ in range(4):                                       # grow until a loop is long enough to time
-            seconds = _seconds(probe, n)
             if seconds >= sample_s / 4:
                 break
             n = max(2 * n, int(n * sample_s / max(seconds, 1e-6) / 2))
-        sized[name] = max(1, round(n * sample_s / seconds))
+            seconds = _seconds(probe, n)
+        sized[name] = max(1, round(n * sample_s / seconds))     # from the last (n, seconds) timed together
     samples: dict[Any, list[float]] = {name: [] for name in probes}
     for _ in range(rounds):
         for name, probe in probes.items():

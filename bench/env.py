@@ -29,8 +29,9 @@ ISA_FLAGS = ("avx2", "fma", "avx512f", "avx512_bf16", "amx_tile")    # the exten
 
 
 def cpu_details(cpuinfo: str | None = None, cache_root: Path = Path("/sys/devices/system/cpu/cpu0/cache")) -> dict[str, Any]:
-    """What tells CPUs sold under one name apart ("AMD EPYC" was a Zen 3 with 32 MiB L3 and no AVX-512 in one
-    session, an AVX-512 part in another): vendor, family, model, stepping, ISA extensions and cache sizes."""
+    """What tells CPUs sold under one name apart (``/proc/cpuinfo`` names several Zen generations "AMD EPYC";
+    one session's was family 25 model 1, a Zen 3 with AVX2 and 32 MiB L3): vendor, family, model, stepping,
+    ISA extensions and cache sizes."""
     if cpuinfo is None:
         try:
             cpuinfo = Path("/proc/cpuinfo").read_text()

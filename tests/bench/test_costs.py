@@ -296,3 +296,20 @@ def test_rates_size_each_loop_then_interleave_rounds_and_take_medians():
     assert [name for name, _ in timed] == ["a", "b"] * 3
     assert len({n for name, n in timed if name == "a"}) == 1 and all(n >= 1 for _, n in timed)
     assert set(rates) == {"a", "b"} and all(r > 0 for r in rates.values())
+
+
+def test_rates_size_each_loop_from_one_timing_of_that_loop(monkeypatch):
+    """The loop length of the rounds comes from the last (iterations, seconds) pair timed together, also
+    when sizing stops after its last growth step (a loop whose time grows slowly with its length)."""
+    timed: list[int] = []
+
+    def seconds(probe, n):
+        timed.append(n)
+        return 1e-4 * n ** 0.25
+
+    monkeypatch.setattr(costs, "_seconds", seconds)
+    probe = costs._Probe(lambda n, c: c, 0.0, (), 1.0)
+    rates = costs._rates({"a": probe}, sample_s=0.05, rounds=1)
+    sizing_last, rounds_n = timed[-2], timed[-1]
+    assert rounds_n == round(sizing_last * 0.05 / seconds(None, sizing_last))
+    assert rates["a"] == pytest.approx(rounds_n / seconds(None, rounds_n))
