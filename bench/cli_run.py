@@ -266,7 +266,8 @@ def cmd_results(args) -> int:
 
 
 LATENCY_COLUMNS = ("system", "test_set", "n_sentences", "latency_p50_ms", "latency_p90_ms", "latency_p99_ms",
-                   "latency_mean_ms", "speedup_p50_vs_ar", "passes_mean", "compile_s")
+                   "latency_mean_ms", "speedup_p50_vs_ar", "solo_p50_ms", "interference", "engine_threads",
+                   "passes_mean", "compile_s")
 
 
 def cmd_latency(args) -> int:

@@ -472,6 +472,14 @@ def decoder_cost(decoder: Any, sources: Sequence[str], passes: Sequence[int] | n
                        batch_flops=batch_flops, batch_bytes=batch_bytes, buckets=buckets)
 
 
+def cost_of(decoder: Any, sources: Sequence[str], passes: Sequence[int] | np.ndarray,
+            batch_size: int = 1) -> DecoderCost | None:
+    """``decoder_cost``, or None for a decoder that runs outside XLA (``xla_costs = False``: CTranslate2)."""
+    if not getattr(decoder, "xla_costs", True):
+        return None
+    return decoder_cost(decoder, sources, passes, batch_size)
+
+
 def roofline_share(cost: DecoderCost, latencies_ms: Sequence[float] | np.ndarray, peaks: MachinePeaks) -> np.ndarray:
     """Per sentence, the share of the roofline bound the measured latency reaches (1.0 = at the bound)."""
     lat = np.asarray(latencies_ms, dtype=np.float64)

@@ -16,16 +16,9 @@ values back, ``sync()`` per blocking wait); the timer closes ``tokenize``, ``pas
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Protocol, Sequence, runtime_checkable
 
-import numpy as np
-
-
-@dataclass(frozen=True)
-class DecodeOutput:
-    hypotheses: list[str]   # one detokenized string per source, same order
-    passes: np.ndarray      # [batch] int: decoder forward passes actually run for each sentence
+from narbench_core.outputs import DecodeOutput
 
 
 @runtime_checkable
@@ -49,6 +42,9 @@ class Decoder(Protocol):
         (one decoder forward pass) or "pass2" (two chained passes: the second takes the first's argmax,
         so work that does not depend on the tokens is shared), for XLA cost analysis. A decoder that runs outside XLA
         (CTranslate2) sets a class attribute ``xla_costs = False`` and is not costed."""
+
+
+__all__ = ["DecodeOutput", "Decoder", "translate"]
 
 
 def translate(decoder: Decoder, sources: Sequence[str]) -> DecodeOutput:

@@ -15,6 +15,7 @@ copied into the run folder's ``curves.jsonl``.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 from dataclasses import dataclass, field
@@ -98,6 +99,9 @@ class Deps:
     train_curve: Callable[[Path], list[dict]]        # ckpt dir -> its learning-curve points ([] if none)
     step_cost: Callable[..., float]                  # (match, task, model_config, train_config) -> flops | s per step
     costs: bool = True                               # XLA cost analysis per decoder (needs .lower)
+    # The decoder factory a timing worker process calls, (family, ckpt dir, spec, **options) -> Decoder;
+    # it must pickle by reference. None: systems are timed in this process (fakes holding state).
+    worker_factory: Callable[..., Any] | None = None
 
 
 def real_configs(spec: SuiteSpec, cell: TrainCell) -> tuple[Any, Any]:
@@ -121,9 +125,6 @@ def real_deps() -> Deps:
         done = _distill(teacher_dir, task, **kwargs)
         return done.task, done.record
 
-    def load_decoder(family, checkpoint_dir, spec, **options):
-        return families.get(family).load_decoder(checkpoint_dir, spec, **options)
-
     def load_text(task, split):
         from suites.tasks import load_text as _load
         return _load(task, split)
@@ -145,8 +146,8 @@ def real_deps() -> Deps:
         per_step = {"flops": _train.flops_per_step, "seconds": _train.seconds_per_step}[match]
         return per_step(task, model_config, train_config)
 
-    return Deps(train, distill, load_decoder, load_text, target_lang, real_configs, train_record, train_curve,
-                step_cost)
+    return Deps(train, distill, families.load_decoder, load_text, target_lang, real_configs, train_record, train_curve,
+                step_cost, worker_factory=families.load_decoder)
 
 
 MATCHED = {"flops": "train_flops", "seconds": "train_seconds"}   # a budget's match -> the record it equals
@@ -323,30 +324,39 @@ class Runner:
         self.store.save_distill(key, record, keyed=len(teachers) > 1)
 
     def evaluate(self, systems: list[tuple[System, Path]], data: TestData, targets: list[Target]) -> list[Row]:
-        """Warm up and time the systems interleaved on ``data`` once, then score and save every target."""
+        """Warm up and time the systems interleaved on ``data`` once (each in its own worker process
+        unless the spec says ``isolate = false``), time each alone on a seeded sample (the solo check),
+        then score and save every target."""
+        from tqdm.auto import tqdm
+
         from bench import timing
         from narbench_core.paths import portable
 
         spec = self.spec
-        decoders = [self.deps.load_decoder(s.family, ckpt, s.decoder, name=s.name, **dict(s.options))
-                    for s, ckpt in systems]
-        from tqdm.auto import tqdm
-
-        bar = tqdm(total=len(data.sources) * spec.timing.repeats, unit="sent", leave=False, dynamic_ncols=True,
-                   desc=f"warm up {len(decoders)} systems", disable=not self.progress)
+        solo = timing.solo_sample(len(data.sources), spec.batch_size, spec.timing.solo_sentences, spec.seeds[0])
+        total = len(data.sources) * spec.timing.repeats
+        bar = tqdm(total=total, unit="sent", leave=False, dynamic_ncols=True,
+                   desc=f"start {len(systems)} systems", disable=not self.progress)
         try:
-            compile_s = timing.warmup(decoders, spec.batch_size, platform=self.platform)
-            bar.set_description(f"time {len(decoders)} systems interleaved")
+            with self._timed_systems(systems) as timed:
+                bar.set_description(f"warm up {len(timed)} systems")
+                compile_s = timing.warm_up(timed, spec.batch_size, platform=self.platform)
+                bar.set_description(f"time {len(timed)} systems interleaved")
 
-            def advance(done: int, total: int) -> None:
-                bar.update(done - bar.n)
+                def advance(done: int, total: int) -> None:
+                    bar.update(done - bar.n)
+                    if done == total and solo:
+                        bar.set_description(f"time each of {len(timed)} systems alone on {len(solo)} batches")
 
-            m = timing.measure(decoders, data.sources, batch_size=spec.batch_size, phase=spec.timing.phase,
-                               repeats=spec.timing.repeats, rotate=spec.timing.rotate, platform=self.platform,
-                               on_batch=advance)
+                m = timing.measure_systems(timed, data.sources, batch_size=spec.batch_size, phase=spec.timing.phase,
+                                           repeats=spec.timing.repeats, rotate=spec.timing.rotate,
+                                           platform=self.platform, on_batch=advance, solo_batches=solo)
+                costs = self._costs(timed, data, m) if spec.timing.costs and self.deps.costs else {}
+                where = {t.name: {**t.info, "peak_rss_mb": t.peak_rss_mb(), "isolated": self._isolated}
+                         for t in timed}
         finally:
             bar.close()
-        costs = self._costs(decoders, data, m) if spec.timing.costs and self.deps.costs else {}
+        self._record_workers(where)
         target_lang = self.deps.target_lang(data.task)
         unset = {c.name: None for c in columns()}         # the columns no family fills for this system
         rows, samples = [], []
@@ -366,12 +376,14 @@ class Runner:
                     **dict(system.info), "batch_size": spec.batch_size,
                     **figures(t.hypotheses, refs, t.latencies_ms, t.passes, target_lang, base_lat, base_hyp,
                               spec.bootstrap_resamples, spec.seeds[0], self.score, t.phase_ms or None,
-                              None if t.host_syncs is None else list(t.host_syncs)),
+                              None if t.host_syncs is None else list(t.host_syncs), _solo(t)),
                     "bleurt": self._bleurt(refs[0], t.hypotheses) if self.score else None,
                     "compile_s": compile_s[system.name], "platform": m.platform, "phase": m.phase,
                     "repeats": m.repeats, "target_lang": target_lang, "n_references": len(refs),
                     "baseline_system": system.baseline, "baseline_timed_together": base is not None,
                     "checkpoint": portable(ckpt), "decoder_options": dict(system.options),
+                    "isolated": where[system.name]["isolated"], "engine_threads": where[system.name]["threads"],
+                    "worker_peak_rss_mb": where[system.name]["peak_rss_mb"] if self._isolated else None,
                     **self._training(system.cell, ckpt),
                     **costs.get(system.name, {}), **_env_fields(self.env),
                 }))
@@ -385,10 +397,42 @@ class Runner:
                         sample["references"] = [r[j] for r in refs]
                     if m.repeats > 1:
                         sample["latency_raw_ms"] = [float(x) for x in t.raw_ms[:, j]]
+                    if t.solo_ms is not None and not np.isnan(t.solo_ms[j]):
+                        sample["solo_latency_ms"] = float(t.solo_ms[j])
                     samples.append(sample)
         if self.store is not None:
             self.store.save_cells(rows, samples)
         return rows
+
+    @property
+    def _isolated(self) -> bool:
+        return self.spec.timing.isolate and self.deps.worker_factory is not None
+
+    @contextlib.contextmanager
+    def _timed_systems(self, systems: list[tuple[System, Path]]):
+        """The systems as ``bench.timing.TimedSystem``s: one worker process each (``bench.workers``), or
+        decoders of this process when the spec says ``isolate = false`` or the deps have no worker factory."""
+        from bench import workers
+
+        if self._isolated:
+            specs = [workers.WorkerSpec(s.name, self.deps.worker_factory, (s.family, str(ckpt), s.decoder),
+                                        {"name": s.name, **dict(s.options)},
+                                        families.get(s.family).worker_env(dict(s.options)), self.platform)
+                     for s, ckpt in systems]
+            with workers.WorkerPool(specs) as pool:
+                yield pool.workers
+        else:
+            yield [workers.Local(self.deps.load_decoder(s.family, ckpt, s.decoder, name=s.name, **dict(s.options)))
+                   for s, ckpt in systems]
+
+    def _record_workers(self, where: dict[str, dict]) -> None:
+        """env.json's ``workers``: per system, its process's threads, environment and peak memory."""
+        if self.store is None:
+            return
+        env = self.store.env()
+        self.store.write_env({**env, "workers": {**env.get("workers", {}),
+                                                  **{n: {k: v for k, v in w.items() if k != "pid"}
+                                                     for n, w in where.items()}}})
 
     def _training(self, cell: TrainCell, path: Path) -> dict:
         if cell not in self.trained:       # evaluate() alone (`narbench eval`): no distillation record at hand
@@ -413,25 +457,33 @@ class Runner:
                              [by_index[i]["hypothesis"] for i in data.indices])
         return out
 
-    def _costs(self, decoders, data: TestData, m) -> dict[str, dict]:
+    def _costs(self, timed, data: TestData, m) -> dict[str, dict]:
+        """Each system's XLA cost (computed where the system runs) against this machine's peaks."""
         from bench import costs
 
         peaks = costs.machine_peaks()
         out = {}
-        for decoder in decoders:
-            if not getattr(decoder, "xla_costs", True):    # runs outside XLA (CTranslate2): nothing to cost
+        for system in timed:
+            t = m.systems[system.name]
+            c = system.cost(data.sources, t.passes, self.spec.batch_size)
+            if c is None:                                  # runs outside XLA (CTranslate2): nothing to cost
                 continue
-            t = m.systems[decoder.name]
-            c = costs.decoder_cost(decoder, data.sources, t.passes, self.spec.batch_size)
             share = costs.roofline_share(c, t.latencies_ms, peaks)
             bound = c.bound_ms(peaks.peak_flops, peaks.bandwidth)
-            out[decoder.name] = {
+            out[system.name] = {
                 "flops_per_sentence": float(c.flops.mean()), "bytes_per_sentence": float(c.bytes_accessed.mean()),
                 "roofline_p50_ms": float(np.percentile(bound, 50)), "roofline_share_p50": float(np.median(share)),
                 "peak_flops": peaks.peak_flops, "bandwidth_bytes_s": peaks.bandwidth,
                 "tpu_v4_projection_p50_ms": costs.project(c, "tpu-v4").p50_bound_ms,
             }
         return out
+
+
+def _solo(t) -> list[float | None] | None:
+    """A system's solo-check latencies aligned with its sentences (None outside the sample)."""
+    if t.solo_ms is None:
+        return None
+    return [None if np.isnan(x) else float(x) for x in t.solo_ms]
 
 
 def _needed_cells(plan: Plan, todo: list[EvalCell]) -> list[TrainCell]:

@@ -12,6 +12,7 @@ from typing import Sequence
 
 from bench import families, store as st
 from bench.rows import P99_MIN_N, Row, column
+from narbench_core import defaults
 from narbench_core.errors import UserError
 from narbench_core.io import write_text
 from narbench_core.phases import PHASES
@@ -27,7 +28,10 @@ LATENCY_TABLE = ("system", "hypotheses", "steps_view", "bleu", "bleu_delta_vs_ar
                  "compile_s")
 LEADERBOARD = ("system", "family", "hypotheses", "steps_view", "bleu", "train_steps", "train_seconds", "train_flops",
                "still_improving", "bleu_delta_vs_ar", "chrf", "bleurt",
-               "latency_p50_ms", "latency_p99_ms", "speedup_p50_vs_ar", "stutter_per_1k_words", "length_ratio")
+               "latency_p50_ms", "latency_p99_ms", "speedup_p50_vs_ar", "interference", "stutter_per_1k_words",
+               "length_ratio")
+ISOLATION_TABLE = ("system", "isolated", "engine_threads", "latency_p50_ms", "solo_p50_ms", "interference",
+                   "worker_peak_rss_mb")
 PHASE_TABLE = ("system", "hypotheses", "steps_view", *(f"phase_{p}_view" for p in PHASES), "phase_p50_sum_ratio",
                "latency_p50_ms", "host_syncs")
 STUTTER_CLAIM = 2.0        # the paper: non-autoregressive outputs stutter 2x or more as often as AR ones
@@ -104,6 +108,7 @@ def render_table(rows: list[Row], info: dict, env: dict) -> str:
         lines.extend([f"## {ts}: latency and quality (n = {ts_rows[0].n_sentences} sentences)", "",
                       *markdown_table(ts_rows, LATENCY_TABLE), ""])
     lines.extend(render_phases(rows, order))
+    lines.extend(render_isolation(rows, order))
     lines.extend(["ΔBLEU: paired bootstrap against AR greedy on the same sentences; * p < 0.05, ** p < 0.01. "
                   "Speedup: median of per-sentence ratios (AR greedy ms / system ms), sentences timed "
                   f"interleaved; CIs from order statistics. p99 needs n >= {P99_MIN_N} (MLPerf LoadGen rule). "
@@ -112,6 +117,16 @@ def render_table(rows: list[Row], info: dict, env: dict) -> str:
     if sigs:
         lines.extend(["SacreBLEU: " + "; ".join(f"`{s}`" for s in sigs), ""])
     return "\n".join(lines)
+
+
+def render_isolation(rows: Sequence[Row], order: Sequence[str]) -> list[str]:
+    """Where each system ran, with how many threads, and its solo check (first test set with one)."""
+    ts = next((t for t in test_sets(rows) if any(r.test_set == t and r.interference is not None for r in rows)), None)
+    if ts is None:
+        return []
+    ts_rows = [r for n in order for r in rows if r.system == n and r.test_set == ts]
+    return [f"## Isolation and the solo check: {ts}", "", *markdown_table(ts_rows, ISOLATION_TABLE, mark_best=False),
+            "", *isolation_note(rows)]
 
 
 def render_phases(rows: Sequence[Row], order: Sequence[str]) -> list[str]:
@@ -241,6 +256,26 @@ def fastest_ar(rows: Sequence[Row], samples: Sequence[dict]) -> list[str]:
     return lines
 
 
+def isolation_note(rows: Sequence[Row]) -> list[str]:
+    """How the systems were kept apart while timed, and a flag on every row the others slowed (or sped up)."""
+    timed = [r for r in rows if r.interference is not None]
+    if not timed:
+        return []
+    lo, hi = defaults.INTERFERENCE_OK
+    isolated = all(r.isolated for r in timed)
+    lines = [("Each system was timed in a worker process of its own" if isolated else
+              "The systems shared one process while timed") + "; after the interleaved schedule, each was timed "
+             "again alone on a seeded sample of the sentences (solo check). In suite / solo is the p50 over those "
+             "sentences in the schedule divided by their solo p50."]
+    off = [r for r in timed if not lo <= r.interference <= hi]
+    if off:
+        lines[0] += (f" **Flagged (outside {lo:g}-{hi:g}, the other systems changed its speed):** "
+                     + ", ".join(f"{r.system} on {r.test_set} ({r.interference:.2f}x)" for r in off) + ".")
+    else:
+        lines[0] += f" Every row is within {lo:g}-{hi:g}."
+    return [*lines, ""]
+
+
 def _theory_links(run_dir: Path) -> list[str]:
     """Relative links to theory pages under ``<results>/theory`` (latest run of each, if any)."""
     theory = run_dir.parent.parent / "theory"
@@ -279,6 +314,7 @@ def render_leaderboard(rows: list[Row], info: dict, env: dict, run_dir: Path, sa
     verdict = stutter_verdict(rows)
     if verdict:
         lines.extend([verdict, ""])
+    lines.extend(isolation_note(rows))
     lines.extend(fastest_ar(rows, samples))
     lines.extend(["ΔBLEU: paired bootstrap against AR greedy; * p < 0.05, ** p < 0.01. Bold: the best value of a "
                   "column. Len ratio: hypothesis words / reference words. Full tables with CIs, passes and stutter: "

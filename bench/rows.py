@@ -171,6 +171,12 @@ FIGURES = (
     C("latency_mean_ms", "mean ms", ms, False), C("latency_min_ms", "min ms", ms, False),
     C("latency_max_ms", "max ms", ms, False),
     C("latency_p50_ci_ms"), C("latency_p90_ci_ms"), C("latency_p99_ci_ms"),
+    C("solo_p50_ms", "solo p50 ms", ms, False, added=True,
+      doc="p50 of the solo check: the system timed again alone (back to back) on a seeded sample of the batches"),
+    C("interference", "in suite / solo", fixed(2), None, added=True,
+      doc="p50 over the solo check's sentences as timed in the interleaved schedule, over solo_p50_ms "
+          f"(1.0: the other systems did not slow it; the leaderboard flags values outside "
+          f"{defaults.INTERFERENCE_OK[0]:g}-{defaults.INTERFERENCE_OK[1]:g})"),
     C("speedup_p50_vs_ar", "speedup p50 vs AR greedy [95% CI]", fixed(2), True, _speedup),
     C("speedup_p50_ci"), C("speedup_share_faster", "share faster", fixed(2), True),
     C("passes_mean", "passes mean", fixed(1), None), C("passes_p99", "passes p99", fixed(0)),
@@ -187,6 +193,11 @@ RUN = (
     C("compile_s", "compile s", fixed(1)), C("platform"), C("phase"), C("repeats"), C("target_lang"),
     C("n_references", "refs"), C("baseline_system"), C("baseline_timed_together"),
     C("checkpoint", doc="the checkpoint folder under the data root"), C("decoder_options"),
+    C("isolated", doc="timed in a worker process of its own (bench.workers)", added=True),
+    C("engine_threads", "threads", doc="intra-op threads of the system's engine (XLA's pool or CTranslate2's)",
+      added=True),
+    C("worker_peak_rss_mb", "worker MB", fixed(0), doc="peak resident memory of the system's worker process",
+      added=True),
 )
 COSTS = (
     C("flops_per_sentence"), C("bytes_per_sentence"), C("roofline_p50_ms", "roofline p50 ms", ms),
@@ -309,10 +320,12 @@ def figures(hypotheses: Sequence[str], references: Sequence[Sequence[str]], late
             passes: Sequence[int], target_lang: str, baseline_latencies_ms: Sequence[float] | None = None,
             baseline_hypotheses: Sequence[str] | None = None, bootstrap_resamples: int = 1000,
             seed: int = 0, score: bool = True, phase_ms: Sequence[Mapping[str, float]] | None = None,
-            host_syncs: Sequence[int] | None = None) -> dict[str, Any]:
+            host_syncs: Sequence[int] | None = None,
+            solo_ms: Sequence[float | None] | None = None) -> dict[str, Any]:
     """Every column of a row that follows from per-sentence data (``verify_run`` recomputes these);
     without ``score`` (timing only) the quality columns are None; without ``phase_ms`` (runs that
-    predate phases) the phase columns are."""
+    predate phases) the phase columns are; without ``solo_ms`` (the solo check's latencies, None for
+    sentences outside its sample) the solo columns are."""
     from bench import quality, stats
 
     lat = stats.summarize(latencies_ms)
@@ -331,6 +344,7 @@ def figures(hypotheses: Sequence[str], references: Sequence[Sequence[str]], late
         "bleu_delta_vs_ar": None, "bleu_delta_ci": None, "bleu_delta_p_value": None,
         "agreement_with_ar_greedy": None,
         **phase_figures(phase_ms, host_syncs, lat.p50),
+        **solo_figures(latencies_ms, solo_ms),
     }
     if baseline_latencies_ms is not None:
         sp = stats.paired_speedup(baseline_latencies_ms, latencies_ms)
@@ -366,6 +380,16 @@ def phase_figures(phase_ms: Sequence[Mapping[str, float]] | None, host_syncs: Se
     if host_syncs is not None and len(host_syncs):
         out["host_syncs"] = float(np.mean(host_syncs))
     return out
+
+
+def solo_figures(latencies_ms: Sequence[float], solo_ms: Sequence[float | None] | None) -> dict[str, Any]:
+    """``solo_p50_ms`` and ``interference``: the in-suite p50 over the solo check's sentences / their solo p50."""
+    picked = [(lat, solo) for lat, solo in zip(latencies_ms, solo_ms or ()) if solo is not None]
+    if not picked:
+        return {"solo_p50_ms": None, "interference": None}
+    suite, solo = (np.asarray(x, np.float64) for x in zip(*picked))
+    solo_p50 = float(np.percentile(solo, 50))
+    return {"solo_p50_ms": solo_p50, "interference": float(np.percentile(suite, 50)) / solo_p50}
 
 
 FIGURE_FIELDS = tuple(figures(["a"], [["a"]], [1.0], [1], "en", score=False))   # what figures() returns
@@ -426,7 +450,8 @@ def verify_run(run_dir) -> list[str]:
             [s["hypothesis"] for s in base] if base_ok and row.bleu_delta_vs_ar is not None else None,
             settings["bootstrap_resamples"], settings["seed"], score=row.bleu is not None,
             phase_ms=[s["phase_ms"] for s in g] if all("phase_ms" in s for s in g) else None,
-            host_syncs=[s["host_syncs"] for s in g] if all("host_syncs" in s for s in g) else None)
+            host_syncs=[s["host_syncs"] for s in g] if all("host_syncs" in s for s in g) else None,
+            solo_ms=[s.get("solo_latency_ms") for s in g])
         for name, value in recomputed.items():
             if row[name] is None and name in predates:      # a figure added after the row was written
                 continue

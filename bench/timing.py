@@ -17,6 +17,11 @@ Protocol
 5. A batch's wall time is every one of its sentences' latency (what each sentence waited).
    ``repeats > 1`` runs the whole interleaved schedule again; per-sentence latency is the median
    over repeats (raw times are kept).
+6. Where a system runs: the schedule drives ``TimedSystem``s. ``InProcess`` times a decoder of this
+   process; ``bench.workers.Worker`` one in a worker process of its own (the suite runner's default),
+   which times its own calls by ``time_call`` and sends the results back.
+7. The solo check (``solo_batches``): after the schedule, each system in turn runs one untimed call,
+   then every sampled batch back to back, with no other system in between; ``SystemTiming.solo_ms``.
 Clock: ``time.perf_counter_ns`` (injectable for tests); Python's cyclic GC is paused inside each timed
 window and runs between windows. Nothing here computes percentiles.
 """
@@ -26,12 +31,12 @@ import contextlib
 import gc
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Callable, Protocol, Sequence
 
 import jax
 import numpy as np
 
-from bench.decoder import DecodeOutput, Decoder
+from bench.decoder import Decoder
 from narbench_core import phases
 from narbench_core.errors import UserError
 
@@ -75,17 +80,14 @@ def warmup(decoders: Sequence[Decoder], batch_size: int = 1, clock: Clock = time
            platform: str | None = None) -> dict[str, float]:
     """Run every warm-up shape bucket once per decoder; returns compile (warm-up) seconds per decoder."""
     _check_decoders(decoders)
-    seconds: dict[str, float] = {}
+    return warm_up([InProcess(d, clock) for d in decoders], batch_size, platform)
+
+
+def warm_up(systems: Sequence["TimedSystem"], batch_size: int = 1, platform: str | None = None) -> dict[str, float]:
+    """Warm up timed systems one after another (so each compile is timed alone); seconds per system."""
+    _check_decoders(systems)
     with _device_scope(platform):
-        for decoder in decoders:
-            inputs = decoder.warmup_inputs(batch_size)
-            start = clock()
-            for prepared in inputs:
-                outputs = decoder.run(prepared)
-                jax.block_until_ready(outputs)
-                decoder.finish(outputs, prepared)
-            seconds[decoder.name] = (clock() - start) / 1e9
-    return seconds
+        return {s.name: s.warmup(batch_size) for s in systems}
 
 
 @dataclass(frozen=True)
@@ -100,6 +102,8 @@ class SystemTiming:
     phase_ms: list[dict[str, float]] = field(default_factory=list)  # [n_sentences] phase -> ms, of the
                                       # repeat whose time is the median (the lower middle one if even)
     host_syncs: np.ndarray | None = None  # [n_sentences] int: blocking waits in that repeat's call
+    solo_ms: np.ndarray | None = None     # [n_sentences] float64: its batch's time when the system ran alone
+                                          # (the solo check); NaN for sentences outside the sample
 
 
 @dataclass(frozen=True)
@@ -113,6 +117,7 @@ class Measurement:
     rotate: bool
     systems: dict[str, SystemTiming]
     schedule: list[tuple[int, int, str]] = field(default_factory=list)  # (repeat, batch, system) in run order
+    solo_batches: list[int] = field(default_factory=list)               # batches timed again alone
 
     def latencies(self, name: str) -> np.ndarray:
         return self.systems[name].latencies_ms
@@ -136,15 +141,17 @@ def _gc_paused():
 
 
 @dataclass(frozen=True)
-class _Timed:
-    """One timed call: its window, its phases (which add up to it) and its blocking waits."""
+class Timed:
+    """One timed call: its window, its outputs, its phases (which add up to it) and its blocking waits."""
     elapsed_ns: int
-    result: DecodeOutput
+    hypotheses: list[str]
+    passes: np.ndarray                # [batch] int
     phase_ms: dict[str, float]
     syncs: int
 
 
-def _time_one(decoder: Decoder, sources: list[str], phase: str, clock: Clock) -> _Timed:
+def time_call(decoder: Decoder, sources: list[str], phase: str, clock: Clock = time.perf_counter_ns) -> Timed:
+    """One decoder call on ``sources`` timed by the protocol (``phase``: end_to_end or device)."""
     if phase == "end_to_end":
         with _gc_paused(), phases.recording(clock) as rec:
             prepared = decoder.prepare(sources)
@@ -163,17 +170,76 @@ def _time_one(decoder: Decoder, sources: list[str], phase: str, clock: Clock) ->
             rec.mark(phases.PASSES)
             rec.sync()
         result = decoder.finish(outputs, prepared)
-    return _Timed(rec.last - rec.start, result, dict(rec.ms), rec.syncs)
+    return Timed(rec.last - rec.start, list(result.hypotheses), np.asarray(result.passes).reshape(-1),
+                 dict(rec.ms), rec.syncs)
+
+
+def warm_up_decoder(decoder: Decoder, batch_size: int, clock: Clock = time.perf_counter_ns) -> float:
+    """Every warm-up shape bucket of ``decoder`` once (run + block + finish); returns the seconds taken."""
+    start = clock()
+    for prepared in decoder.warmup_inputs(batch_size):
+        outputs = decoder.run(prepared)
+        jax.block_until_ready(outputs)
+        decoder.finish(outputs, prepared)
+    return (clock() - start) / 1e9
+
+
+class TimedSystem(Protocol):
+    """What the schedule drives: a named system that warms up and times one call. ``InProcess`` wraps a
+    decoder in this process; ``bench.workers.Worker`` runs one in a process of its own."""
+
+    name: str
+
+    def warmup(self, batch_size: int) -> float: ...
+
+    def timed(self, sources: list[str], phase: str) -> Timed: ...
+
+
+@dataclass
+class InProcess:
+    """A decoder timed in the calling process (tests, the latency map, ``--no-isolate``)."""
+
+    decoder: Decoder
+    clock: Clock = time.perf_counter_ns
+
+    @property
+    def name(self) -> str:
+        return self.decoder.name
+
+    def warmup(self, batch_size: int) -> float:
+        return warm_up_decoder(self.decoder, batch_size, self.clock)
+
+    def timed(self, sources: list[str], phase: str) -> Timed:
+        return time_call(self.decoder, sources, phase, self.clock)
 
 
 def measure(decoders: Sequence[Decoder], sources: Sequence[str], batch_size: int = 1,
             phase: str = "end_to_end", repeats: int = 1, rotate: bool = True,
             clock: Clock = time.perf_counter_ns, platform: str | None = None,
             on_batch: Callable[[int, int], None] | None = None) -> Measurement:
-    """Time all systems interleaved on the same sentences (see module docstring). ``on_batch(done,
+    """Time decoders of this process interleaved on the same sentences (see module docstring)."""
+    _check_decoders(decoders)
+    return measure_systems([InProcess(d, clock) for d in decoders], sources, batch_size, phase, repeats, rotate,
+                           platform, on_batch)
+
+
+def solo_sample(n_sentences: int, batch_size: int, sentences: int, seed: int) -> list[int]:
+    """The batches the solo check times again: a seeded sample holding about ``sentences`` sentences."""
+    n_batches = len(batches(n_sentences, batch_size))
+    k = min(n_batches, max(0, -(-sentences // batch_size)))
+    rng = np.random.default_rng(seed)
+    return sorted(int(b) for b in rng.choice(n_batches, size=k, replace=False)) if k else []
+
+
+def measure_systems(systems: Sequence[TimedSystem], sources: Sequence[str], batch_size: int = 1,
+                    phase: str = "end_to_end", repeats: int = 1, rotate: bool = True,
+                    platform: str | None = None, on_batch: Callable[[int, int], None] | None = None,
+                    solo_batches: Sequence[int] = ()) -> Measurement:
+    """The schedule (see module docstring) over timed systems, then the solo check: each system alone
+    on ``solo_batches`` (one untimed call first, then every sampled batch back to back). ``on_batch(done,
     total)`` is called after every batch's round of systems (outside the timed windows), with the
     sentences timed so far over all repeats, e.g. to move a progress bar."""
-    _check_decoders(decoders)
+    _check_decoders(systems)
     if phase not in PHASES:
         raise UserError(f"unknown timing phase {phase!r}; choose one of {list(PHASES)}")
     if batch_size < 1:
@@ -183,41 +249,53 @@ def measure(decoders: Sequence[Decoder], sources: Sequence[str], batch_size: int
     sources = list(sources)
     if not sources:
         raise UserError("no sentences to time; the test set is empty")
-    n, k = len(sources), len(decoders)
+    n, k = len(sources), len(systems)
+    ranges = batches(n, batch_size)
     raw = np.zeros((k, repeats, n), dtype=np.float64)                # [system, repeat, sentence] ms
     hyps: list[list[str | None]] = [[None] * n for _ in range(k)]
     passes = np.zeros((k, n), dtype=np.int64)
     calls: list[list[list[tuple[dict[str, float], int] | None]]] = [
         [[None] * n for _ in range(repeats)] for _ in range(k)]           # [system][repeat][sentence]
+    solo = np.full((k, n), np.nan)                                         # [system, sentence] ms
     schedule: list[tuple[int, int, str]] = []
+
+    def call(s: int, idx: range) -> Timed:
+        timed = systems[s].timed([sources[i] for i in idx], phase)
+        if len(timed.hypotheses) != len(idx):
+            raise ValueError(f"decoder {systems[s].name!r} returned {len(timed.hypotheses)} "
+                             f"hypotheses for {len(idx)} sources")
+        return timed
+
     with _device_scope(platform):
         for rep in range(repeats):
-            for b, idx in enumerate(batches(n, batch_size)):
+            for b, idx in enumerate(ranges):
                 offset = (b + rep) % k if rotate else 0
                 for j in range(k):
                     s = (j + offset) % k
-                    decoder = decoders[s]
-                    schedule.append((rep, b, decoder.name))
-                    timed = _time_one(decoder, [sources[i] for i in idx], phase, clock)
-                    result = timed.result
-                    if len(result.hypotheses) != len(idx):
-                        raise ValueError(f"decoder {decoder.name!r} returned {len(result.hypotheses)} "
-                                         f"hypotheses for {len(idx)} sources")
+                    schedule.append((rep, b, systems[s].name))
+                    timed = call(s, idx)
                     raw[s, rep, idx.start:idx.stop] = timed.elapsed_ns / 1e6
                     calls[s][rep][idx.start:idx.stop] = [(timed.phase_ms, timed.syncs)] * len(idx)
                     if rep == 0:
-                        hyps[s][idx.start:idx.stop] = list(result.hypotheses)
-                        passes[s, idx.start:idx.stop] = np.asarray(result.passes).reshape(-1)
+                        hyps[s][idx.start:idx.stop] = timed.hypotheses
+                        passes[s, idx.start:idx.stop] = timed.passes
                 if on_batch is not None:
                     on_batch(rep * n + idx.stop, repeats * n)
-    systems = {}
-    for s, decoder in enumerate(decoders):
+        for s in range(k if solo_batches else 0):
+            call(s, ranges[solo_batches[0]])                               # untimed: the caches are its own
+            for b in solo_batches:
+                idx = ranges[b]
+                solo[s, idx.start:idx.stop] = call(s, idx).elapsed_ns / 1e6
+    out = {}
+    for s, system in enumerate(systems):
         per_sentence = np.median(raw[s], axis=0)  # [n_sentences]
         middle = np.argsort(raw[s], axis=0, kind="stable")[(repeats - 1) // 2]   # [n_sentences] repeat index
         chosen = [calls[s][int(r)][j] for j, r in enumerate(middle)]
-        systems[decoder.name] = SystemTiming(
-            name=decoder.name, latencies_ms=per_sentence, raw_ms=raw[s].copy(),
+        out[system.name] = SystemTiming(
+            name=system.name, latencies_ms=per_sentence, raw_ms=raw[s].copy(),
             hypotheses=[str(h) for h in hyps[s]], passes=passes[s].copy(),
-            phase_ms=[dict(c[0]) for c in chosen], host_syncs=np.asarray([c[1] for c in chosen], np.int64))
+            phase_ms=[dict(c[0]) for c in chosen], host_syncs=np.asarray([c[1] for c in chosen], np.int64),
+            solo_ms=solo[s].copy() if len(solo_batches) else None)
     return Measurement(platform=platform or default_platform(), phase=phase, batch_size=batch_size,
-                       repeats=repeats, rotate=rotate, systems=systems, schedule=schedule)
+                       repeats=repeats, rotate=rotate, systems=out, schedule=schedule,
+                       solo_batches=list(solo_batches))

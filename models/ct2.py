@@ -246,7 +246,8 @@ class CT2Decoder:
         return [(r.hypotheses[0], max_len) for r in results]
 
     def finish(self, outputs, prepared):
-        from models.decoders import DecodeOutput, detokenize
+        from models.decoders import detokenize
+        from narbench_core.outputs import DecodeOutput
 
         sp = self.vocab.tokenizer                       # detokenized as narbench's decoders do (special ids dropped)
         hyps = [detokenize(self.vocab, [sp.piece_to_id(p) for p in tokens]) for tokens, _ in outputs]

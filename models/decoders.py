@@ -21,6 +21,7 @@ import numpy as np
 
 from narbench_core import defaults, phases
 from narbench_core.errors import UserError
+from narbench_core.outputs import DecodeOutput
 from narbench_core.tokens import EOS_ID, FIRST_REGULAR_ID
 from models import decoding, refine, t5
 from models.config import ModelConfig
@@ -33,13 +34,6 @@ class DeviceOutput(NamedTuple):
     tokens: Array                        # [B, n] int32 each row's best hypothesis (text up to its first EOS)
     passes: Array                        # [B] int32 decoder passes run per row
     score: Array                         # [B] float32 AR: log-prob (beam: / length penalty); PaDIR: mean log-prob
-
-
-@dataclass(frozen=True)
-class DecodeOutput:
-    """Same fields as ``bench.decoder.DecodeOutput`` (models/ does not import bench.decoder)."""
-    hypotheses: list[str]
-    passes: np.ndarray                   # [batch] decoder passes actually run per sentence
 
 
 @dataclass
@@ -440,12 +434,13 @@ def checkpoint_vocabulary(meta: dict):
     """The vocabulary a checkpoint was trained with (its recorded path, else its task's)."""
     path = meta.get("vocab_path")
     if path:
-        from suites.vocab import load_vocabulary
         from pathlib import Path
+
+        from suites.sentencepiece_text import SentencePieceText
 
         if not Path(path).is_file():
             raise UserError(f"the checkpoint's vocabulary {path} is missing; rebuild it with the task's data step")
-        return load_vocabulary(path)
+        return SentencePieceText(path)        # no seqio: a timing worker loads no TensorFlow
     task = meta.get("task")
     if not task:
         raise UserError("the checkpoint names neither a vocabulary nor a task; retrain it with `narbench train`")

@@ -51,6 +51,9 @@ CURVE_LENGTH_HYPS = 1
 CURVE_RISE = 0.5               # "still improving": dev BLEU rose by more than this ...
 CURVE_TAIL = 0.2               # ... over this last share of the training steps
 
+# -- timing -----------------------------------------------------------------------------------------
+INTERFERENCE_OK = (0.9, 1.1)   # in-suite p50 / solo p50 outside this range: the leaderboard flags the row
+
 # -- shapes ------------------------------------------------------------------------------------------
 DECODE_BUCKETS = (16, 32, 64, 128)                 # source-length shape buckets of a decoder
 TRAIN_BUCKETS = (16, 24, 32, 40, 48, 64, 96, 128)  # sequence-length buckets of the training batcher

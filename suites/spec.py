@@ -125,6 +125,8 @@ class TimingSpec:
     phase: str = "end_to_end"
     rotate: bool = True
     costs: bool = True     # XLA flops/bytes per sentence and the roofline bound (compiles 2 programs)
+    isolate: bool = True   # each system in a worker process of its own (bench.workers); false: all in one
+    solo_sentences: int = 100   # sentences (whole batches, a seeded sample) each system is timed on again alone
 
 
 @dataclass(frozen=True)
@@ -463,7 +465,9 @@ def parse_spec(data: dict[str, Any], source: str = "<spec>",
     timing = TimingSpec(repeats=t.get("repeats", integer(1), 1),
                         phase=t.get("phase", string(choices=PHASES), "end_to_end"),
                         rotate=t.get("rotate", boolean, True),
-                        costs=t.get("costs", boolean, True))
+                        costs=t.get("costs", boolean, True),
+                        isolate=t.get("isolate", boolean, True),
+                        solo_sentences=t.get("solo_sentences", integer(0), TimingSpec.solo_sentences))
     t.done()
 
     spec = SuiteSpec(

@@ -21,7 +21,7 @@ BASELINE = "ar"                    # its greedy system is every speedup's baseli
 _REGISTRY: dict[str, Family] = {}
 
 __all__ = ["BASELINE", "BUILTIN", "Context", "Family", "System", "TrainCell", "all_families", "get",
-           "load_suite", "parse_suite", "register", "unregister"]
+           "load_decoder", "load_suite", "parse_suite", "register", "unregister"]
 
 
 def register(family: Family) -> Family:
@@ -55,6 +55,12 @@ def get(name: str) -> Family:
     if name not in _REGISTRY:
         raise UserError(f"unknown system family {name!r}; known: {', '.join(f.name for f in all_families())}")
     return _REGISTRY[name]
+
+
+def load_decoder(family: str, checkpoint_dir, spec: str, **options):
+    """The family's decoder ``spec`` on a checkpoint: the factory a timing worker builds its system with
+    (module-level, so it pickles by reference)."""
+    return get(family).load_decoder(checkpoint_dir, spec, **options)
 
 
 def rank(name: str) -> int:

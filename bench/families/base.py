@@ -111,6 +111,11 @@ class Family:
 
         return load_decoder(checkpoint_dir, spec, **options)
 
+    def worker_env(self, options: Mapping[str, Any]) -> dict[str, str]:
+        """Environment variables of the worker process that times one of the family's systems (set
+        before any library loads: thread pools, wait policies). Recorded in env.json."""
+        return {}
+
     # -- the report ------------------------------------------------------------------------------------
     def sort_key(self, row) -> tuple:
         """Order of the family's rows in tables (families themselves sort in registry order)."""

@@ -6,11 +6,18 @@ Spec section (needs the optional extra: ``pip install -e ".[ct2]"``)::
     [ct2]
     decoders = ["greedy", "beam:5", "int8:greedy"]   # [int8:]greedy | [int8:]beam:K
     length_penalty = 0.6                             # beam search's length penalty
-    threads = 0                                      # intra-op threads; 0 = every core
+    threads = [1, 2]                                 # intra-op threads (0 = every core): one value, or an
+                                                     # axis (every decoder at every count)
 
-Systems are named ``ct2-greedy``, ``ct2-beam5``, ``ct2-int8-greedy``. They run the AR cell's
-checkpoint (nothing more is trained), exported once into ``<data root>/ct2/``. Float32 greedy should
-reproduce AR greedy: every row carries ``agreement_with_ar_greedy``.
+Systems are named ``ct2-greedy``, ``ct2-beam5``, ``ct2-int8-greedy``, with ``-t{N}`` appended when
+``threads`` lists several counts (a CPU user deploys the count that is fastest, so the fastest-AR
+anchor is each engine at its best measured setting). They run the AR cell's checkpoint (nothing more
+is trained), exported once into ``<data root>/ct2/``. Float32 greedy should reproduce AR greedy:
+every row carries ``agreement_with_ar_greedy``.
+
+Each system is timed in a worker process of its own (``bench.workers``) whose OpenMP pool sleeps as
+soon as a call ends (``OMP_WAIT_POLICY=PASSIVE``, ``worker_env``): CTranslate2's libgomp otherwise
+spins after every call and takes the cores from whichever system runs next.
 """
 from __future__ import annotations
 
@@ -23,6 +30,7 @@ from bench.families.base import Context, Family, System
 from narbench_core import defaults
 from suites.spec import integer, list_of, number, string
 
+OMP_ENV = {"OMP_WAIT_POLICY": "PASSIVE"}   # libgomp's threads sleep when a call ends (see the docstring)
 DECODER_RE = re.compile(r"^(int8:)?(greedy|beam:([1-9][0-9]*))$")
 
 
@@ -30,7 +38,12 @@ DECODER_RE = re.compile(r"^(int8:)?(greedy|beam:([1-9][0-9]*))$")
 class CT2Section:
     decoders: tuple[str, ...] = ("greedy", f"beam:{defaults.BEAM_SIZE}", "int8:greedy")
     length_penalty: float = defaults.LENGTH_PENALTY
-    threads: int = 0
+    threads: tuple[int, ...] = (0,)
+
+
+def _threads(value) -> tuple[int, ...]:
+    """``threads``: one count (0 = every core) or a list of distinct counts."""
+    return (integer(0)(value),) if not isinstance(value, list) else list_of(integer(0), "thread counts >= 0")(value)
 
 
 def system_name(decoder: str) -> str:
@@ -50,23 +63,25 @@ class CT2Family(Family):
             decoders=table.get("decoders", list_of(string(DECODER_RE, what='"[int8:]greedy" or "[int8:]beam:K"'),
                                                    '"[int8:]greedy" or "[int8:]beam:K" strings'), d.decoders),
             length_penalty=table.get("length_penalty", number(0.0), d.length_penalty),
-            threads=table.get("threads", integer(0), d.threads))
+            threads=table.get("threads", _threads, d.threads))
         table.done()
         return section
 
     def expand(self, section: CT2Section, ctx: Context) -> list[System]:
         out = []
-        for decoder in section.decoders:
+        swept = len(section.threads) > 1
+        for decoder, threads in ((d, t) for d in section.decoders for t in section.threads):
             m = DECODER_RE.match(decoder)
             search = m[2]
             beam = 1 if search == "greedy" else int(m[3])
             quantization = "int8" if m[1] else "float32"
             options = {"buckets": ctx.shapes.get("buckets"), "max_decode_length": ctx.shapes.get("max_decode_length"),
-                       "threads": section.threads, "quantization": quantization,
+                       "threads": threads, "quantization": quantization,
                        **({"length_penalty": section.length_penalty} if beam > 1 else {})}
             options = {k: v for k, v in options.items() if v is not None}
             info = {"hypotheses": beam, "decoder": decoder, "variant": None}
-            out.append(System(system_name(decoder), self.name, search, ctx.teacher, tuple(sorted(options.items())),
+            name = system_name(decoder) + (f"-t{threads}" if swept else "")
+            out.append(System(name, self.name, search, ctx.teacher, tuple(sorted(options.items())),
                               tuple(info.items())))
         return out
 
@@ -74,6 +89,9 @@ class CT2Family(Family):
         from models import ct2
 
         return ct2.load_decoder(checkpoint_dir, spec, **options)
+
+    def worker_env(self, options) -> dict[str, str]:
+        return dict(OMP_ENV)
 
     def point_label(self, row) -> str:
         return row.system.removeprefix("ct2-")

@@ -187,8 +187,9 @@ def test_crash_mid_grid_then_resume_recomputes_only_missing(tmp_path, spec):
 
 
 def test_keyboard_interrupt_mid_measurement_keeps_whole_files(tmp_path, spec):
-    # 6 warm-ups + 6 x 20 timed runs for the first split, then 6 warm-ups and 10 timed runs of the second.
-    factory = FakeFactory(interrupt_after_runs=6 + 6 * 20 + 6 + 10)
+    # 6 warm-ups + 6 x 20 timed runs + the solo check (6 x (1 untimed + all 20 batches)) for the first
+    # split, then 6 warm-ups and 10 timed runs of the second.
+    factory = FakeFactory(interrupt_after_runs=6 + 6 * 20 + 6 * 21 + 6 + 10)
     run = new_store(tmp_path, spec)
     with pytest.raises(KeyboardInterrupt):
         Runner(spec, fake_deps(tmp_path / "ckpt", factory), run, progress=False).run()
@@ -336,6 +337,20 @@ def test_ct2_family_runs_the_ar_model_and_reports_agreement(tmp_path):
     assert rows[("padir-s1-u0.15-k3", "fake_task:test")].agreement_with_ar_greedy < 1.0
     assert greedy.flops_per_sentence is None and ar.flops_per_sentence is not None
     assert verify_run(run.path) == []
+
+
+def test_ct2_threads_axis_names_each_count_and_sets_its_worker_env(tmp_path):
+    from bench import families
+
+    path = tmp_path / "ct2.toml"
+    path.write_text(SPEC + '\n[ct2]\ndecoders = ["greedy", "int8:greedy"]\nthreads = [1, 2]\n')
+    ct2 = [s for s in expand(load_spec(path)).systems if s.family == "ct2"]
+    assert [(s.name, dict(s.options)["threads"]) for s in ct2] == [
+        ("ct2-greedy-t1", 1), ("ct2-greedy-t2", 2), ("ct2-int8-greedy-t1", 1), ("ct2-int8-greedy-t2", 2)]
+    assert families.get("ct2").worker_env(dict(ct2[0].options)) == {"OMP_WAIT_POLICY": "PASSIVE"}
+    path.write_text(SPEC + '\n[ct2]\nthreads = [1, 1]\n')
+    with pytest.raises(UserError, match="threads"):
+        load_spec(path)
 
 
 def load_spec_text(tmp_path):

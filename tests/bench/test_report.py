@@ -63,7 +63,7 @@ def test_leaderboard_sorted_with_signature_env_command_and_links(run_dir):
     text = (run_dir / "leaderboard.md").read_text()
     section = text.split("## bible_de_en:test\n")[1].split("##")[0]
     bleus = [float(ln.split("|")[6].strip(" *")) for ln in section.splitlines() if ln.startswith("| ") and ln[2].isdigit()]
-    assert len(bleus) == 17 and bleus == sorted(bleus, reverse=True)   # 14 JAX systems, 3 CTranslate2
+    assert len(bleus) == 20 and bleus == sorted(bleus, reverse=True)   # 14 JAX, 6 CTranslate2 (3 x 1-2 threads)
     assert "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:" in text
     assert "narbench run --suite default" in text
     assert "Test CPU" in text and "abc123" in text
@@ -120,3 +120,16 @@ def test_fastest_ar_and_speedups_at_equal_or_better_bleu():
     assert "| padir-b | 10.00 | 2.50x | ct2-greedy | 20.00 | 5.0 | 1.25x |" in text
     assert "| padir-c | 30.00 | 2.50x | none: better than every AR |" in text
     assert report.fastest_ar([r for r in rows if r.paradigm == "ar"], samples) == []
+
+
+def test_leaderboard_flags_rows_whose_speed_the_other_systems_changed():
+    rows = [fake_row("ar-greedy", interference=1.04, isolated=True), fake_row("ct2-greedy", interference=1.35,
+                                                                               isolated=True),
+            fake_row("padir-s4", interference=0.82, isolated=True)]
+    note = report.isolation_note(rows)[0]
+    assert note.startswith("Each system was timed in a worker process of its own")
+    flagged = note.split("Flagged")[1]
+    assert "ct2-greedy on t (1.35x)" in flagged and "padir-s4 on t (0.82x)" in flagged and "ar-greedy" not in flagged
+    calm = report.isolation_note(rows[:1])[0]
+    assert "Flagged" not in calm and "Every row is within 0.9-1.1" in calm
+    assert report.isolation_note([fake_row("x")]) == []          # no solo check: nothing to say

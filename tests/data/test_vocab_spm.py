@@ -66,3 +66,35 @@ def test_too_small_for_chinese_is_a_user_error(zh_subset):
     settings = vocab.VocabSettings.for_languages(["zh", "en"], 500)
     with pytest.raises(UserError, match="vocabulary size 500 is below"):
         vocab.train_vocabulary("test_zh_small", [zh_subset], settings, fields=(1, 2), progress=False)
+
+
+def test_sentencepiece_text_gives_seqio_vocabulary_ids_and_strings():
+    """Decoders built from a checkpoint read their vocabulary without seqio (no TensorFlow in a timing
+    worker); ids and strings must be the seqio vocabulary's."""
+    from suites import tasks
+    from suites.sentencepiece_text import SentencePieceText
+
+    v = tasks.get_vocabulary("synthetic_d50")
+    light = SentencePieceText(v.sentencepiece_model_file)
+    assert light.vocab_size == v.vocab_size
+    sources, refs = tasks.load_text("synthetic_d50", "test")
+    for text in sources[:40] + refs[0][:40]:
+        ids = list(v.encode(text))
+        assert light.encode(text) == ids and light.decode(ids) == v.decode(ids) == text
+        tail = ids + [1, 7, 8]                                   # text ends at the first EOS
+        assert light.decode(tail) == v.decode(tail) == text
+    past = [light.vocab_size + 3, 9, light.vocab_size]           # ids past the vocabulary read as unk
+    assert light.decode(past) == v.decode(past)
+
+
+def test_sentencepiece_text_refuses_a_foreign_model(tmp_path):
+    import sentencepiece as spm
+
+    from suites.sentencepiece_text import SentencePieceText
+
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("\n".join(f"word{i} other{i % 7} text" for i in range(200)))
+    spm.SentencePieceTrainer.train(input=str(corpus), model_prefix=str(tmp_path / "plain"), vocab_size=30,
+                                   minloglevel=2)
+    with pytest.raises(UserError, match="not a narbench vocabulary"):
+        SentencePieceText(tmp_path / "plain.model")

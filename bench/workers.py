@@ -1,0 +1,256 @@
+"""Each timed system in a process of its own, so systems sharing a run never share a process.
+
+Systems loaded into one process slow each other: their thread pools, allocators and caches are
+shared, and an engine whose pool spin-waits after a call keeps the cores busy while the next system
+runs. So ``Runner.evaluate`` starts one *worker* per system (``python -m bench.workers``: a fresh
+interpreter, not a fork, that imports only what its decoder needs), with the environment its family
+asks for (``Family.worker_env``: thread counts, the OpenMP wait policy), set before any library loads.
+
+The driver keeps the schedule (``bench.timing.measure_systems``): it hands each batch to the worker
+whose turn it is and waits on its pipe; the worker times its own call with the one protocol
+(``bench.timing.time_call``) and sends back the outputs and timings. Idle workers block on their pipe
+and compute nothing. A worker that dies gives a one-line ``UserError`` naming its system and the last
+line it wrote to stderr; nothing of that timed group is saved, so re-running the command resumes.
+
+Messages are ``(op, args)`` tuples answered by ``("ok", value)`` or ``("error", kind, text)``; the
+first message is the ``WorkerSpec``, answered by the worker's ``info``.
+"""
+from __future__ import annotations
+
+import os
+import pickle
+import resource
+import socket
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from bench import timing
+from narbench_core.errors import UserError
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """How a worker builds its one decoder: ``factory(*args, **kwargs)``. ``factory`` must pickle by
+    reference (a module-level function, or an instance of a module-level class)."""
+
+    name: str                                   # the system's name (error messages, the decoder's name)
+    factory: Callable[..., Any]
+    args: tuple = ()
+    kwargs: dict = field(default_factory=dict)
+    env: dict = field(default_factory=dict)     # environment variables set before the interpreter starts
+    platform: str | None = None                 # JAX platform to time on (None: JAX's default)
+
+
+def _jax_cache_env() -> dict[str, str]:
+    """The driver's persistent compilation cache settings (``narbench_core.paths.enable_compilation_cache``)
+    as the environment variables JAX reads at import, so workers share the driver's cache."""
+    jax = sys.modules.get("jax")
+    folder = jax.config.jax_compilation_cache_dir if jax is not None else None
+    if not folder:
+        return {}
+    return {"JAX_COMPILATION_CACHE_DIR": str(folder),
+            "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": str(jax.config.jax_persistent_cache_min_entry_size_bytes),
+            "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS":
+                str(jax.config.jax_persistent_cache_min_compile_time_secs)}
+
+
+def _peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024      # Linux: KiB
+
+
+class Worker:
+    """The driver's handle on one system's worker process (a ``bench.timing.TimedSystem``)."""
+
+    def __init__(self, spec: WorkerSpec, log_dir: Path):
+        self.spec, self.name = spec, spec.name
+        ours, theirs = socket.socketpair()
+        self._log = Path(log_dir) / f"worker-{len(list(Path(log_dir).glob('worker-*')))}.log"
+        # The driver's import path, so a factory that pickles by reference here unpickles there.
+        path = os.pathsep.join([p for p in sys.path if p] + [os.environ.get("PYTHONPATH", "")]).strip(os.pathsep)
+        env = {**os.environ, "PYTHONPATH": path, **_jax_cache_env(), **{k: str(v) for k, v in spec.env.items()}}
+        with open(self._log, "wb") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "bench.workers", str(theirs.fileno())], pass_fds=(theirs.fileno(),),
+                stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env, close_fds=True,
+                start_new_session=True)    # the driver alone stops its workers (Ctrl-C reaches only it)
+        theirs.close()
+        self._conn = Connection(ours.detach())
+        self._conn.send_bytes(pickle.dumps(spec))
+        self.info: dict = {}
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def ready(self) -> dict:
+        """Wait until the worker has built its decoder; returns its info (pid, threads, env, peak RSS)."""
+        if not self.info:
+            self.info = self._reply()
+        return self.info
+
+    def call(self, op: str, *args: Any) -> Any:
+        self.ready()
+        try:
+            self._conn.send_bytes(pickle.dumps((op, args)))
+        except OSError:
+            self._died()
+        return self._reply()
+
+    def _reply(self) -> Any:
+        try:
+            message = pickle.loads(self._conn.recv_bytes())
+        except (EOFError, OSError):
+            self._died()
+        if message[0] == "ok":
+            return message[1]
+        _, kind, text = message
+        if kind == "UserError":
+            raise UserError(f"{self.name}: {text}")
+        raise RuntimeError(f"{self.name}: its worker failed: {kind}: {text}")
+
+    def _died(self):
+        try:
+            code = self.process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            code = None
+        lines = [ln for ln in self._log.read_text(errors="replace").splitlines() if ln.strip()] \
+            if self._log.exists() else []
+        last = f": {lines[-1].strip()[:300]}" if lines else ""
+        raise UserError(f"system {self.name}: its worker process (pid {self.pid}) died with exit code {code}"
+                        f"{last}; re-run the same command to resume")
+
+    # -- bench.timing.TimedSystem ---------------------------------------------------------------------
+    def warmup(self, batch_size: int) -> float:
+        return self.call("warmup", batch_size)
+
+    def timed(self, sources: list[str], phase: str):
+        return self.call("timed", list(sources), phase)
+
+    # -- more of what the runner asks ------------------------------------------------------------------
+    def cost(self, sources: Sequence[str], passes, batch_size: int):
+        """``bench.costs.cost_of`` of this worker's decoder (None for a decoder outside XLA)."""
+        return self.call("cost", list(sources), passes, batch_size)
+
+    def peak_rss_mb(self) -> float:
+        return self.call("peak_rss_mb")
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            try:
+                self._conn.send_bytes(pickle.dumps(("stop", ())))
+                self.process.wait(timeout=30)
+            except (OSError, subprocess.TimeoutExpired):
+                self.process.kill()
+                self.process.wait()
+        self._conn.close()
+
+
+class WorkerPool:
+    """One worker per system, started together (they load in parallel) and stopped together."""
+
+    def __init__(self, specs: Sequence[WorkerSpec]):
+        self._dir = tempfile.TemporaryDirectory(prefix="narbench-workers-")
+        self.workers: list[Worker] = []
+        try:
+            for spec in specs:
+                self.workers.append(Worker(spec, Path(self._dir.name)))
+            for w in self.workers:
+                w.ready()
+        except BaseException:
+            self.close()
+            raise
+
+    def __enter__(self) -> "WorkerPool":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        for w in self.workers:
+            w.close()
+        self._dir.cleanup()
+
+
+class Local(timing.InProcess):
+    """A decoder timed in the driver's own process (``[timing] isolate = false``, tests with fakes): the
+    same calls as a ``Worker``."""
+
+    def __init__(self, decoder: Any):
+        super().__init__(decoder)
+        self.info = _info(decoder, {})
+
+    def cost(self, sources: Sequence[str], passes, batch_size: int):
+        from bench.costs import cost_of
+
+        return cost_of(self.decoder, list(sources), passes, batch_size)
+
+    def peak_rss_mb(self) -> float:
+        return _peak_rss_mb()
+
+    def close(self) -> None:
+        pass
+
+
+def _info(decoder: Any, env: dict) -> dict:
+    """What a row and env.json say of where a system ran: its process, its engine's threads (the
+    decoder's ``threads``, else every CPU this process may use, as XLA's pool does), its environment."""
+    from bench.env import thread_count
+
+    return {"pid": os.getpid(), "threads": int(getattr(decoder, "threads", 0) or thread_count()),
+            "env": dict(env), "peak_rss_mb": _peak_rss_mb()}
+
+
+# ------------------------------------------------------------------------------------------ the worker
+
+def _serve(conn: Connection) -> None:
+    spec: WorkerSpec = pickle.loads(conn.recv_bytes())
+
+    try:
+        decoder = spec.factory(*spec.args, **spec.kwargs)
+    except BaseException as e:           # noqa: BLE001 - the driver turns it into its one-line error
+        conn.send_bytes(pickle.dumps(("error", type(e).__name__, str(e))))
+        return
+    conn.send_bytes(pickle.dumps(("ok", _info(decoder, spec.env))))
+    scope = timing._device_scope(spec.platform)
+
+    def cost(sources, passes, batch_size):
+        from bench.costs import cost_of
+
+        return cost_of(decoder, sources, passes, batch_size)
+
+    ops = {"warmup": lambda bs: timing.warm_up_decoder(decoder, bs),
+           "timed": lambda sources, phase: timing.time_call(decoder, sources, phase),
+           "cost": cost, "peak_rss_mb": _peak_rss_mb}
+    with scope:
+        while True:
+            try:
+                op, args = pickle.loads(conn.recv_bytes())
+            except EOFError:
+                return
+            if op == "stop":
+                return
+            try:
+                reply = ("ok", ops[op](*args))
+            except BaseException as e:   # noqa: BLE001
+                reply = ("error", type(e).__name__, str(e))
+            conn.send_bytes(pickle.dumps(reply))
+
+
+def main(argv: list[str]) -> None:
+    conn = Connection(int(argv[0]))
+    try:
+        _serve(conn)
+    finally:
+        conn.close()
+
+
+if __name__ == "__main__":
+    from bench.workers import main as _main      # one copy of this module (pickles name bench.workers)
+
+    _main(sys.argv[1:])

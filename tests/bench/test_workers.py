@@ -1,0 +1,134 @@
+"""Timing workers (bench.workers): each system in its own process, driven in the schedule's order; the
+solo check; a worker that dies mid-run gives a one-line error and the run resumes."""
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from bench import timing, workers
+from bench.costs import MachinePeaks
+from bench.decoder import DecodeOutput
+from bench.families import load_suite
+from bench.grid import Runner
+from bench.rows import verify_run
+from bench.store import open_run
+from grid_fakes import FakeDecoder, FakeFactory, fake_deps, fake_spec
+from narbench_core.errors import UserError
+
+SOURCES = ["one", "two words", "three more words", "four", "five five", "six"]
+
+
+class StampDecoder:
+    """Says which process ran each call, and when (CLOCK_MONOTONIC is one clock for every process)."""
+
+    def __init__(self, name: str):
+        self.name = name
+        self.threads = int(os.environ.get("STAMP_THREADS", "0"))
+        self.stamp = 0
+
+    def prepare(self, sources):
+        return list(sources)
+
+    def run(self, prepared):
+        self.stamp = time.monotonic_ns()
+        return prepared
+
+    def finish(self, outputs, prepared):
+        return DecodeOutput([f"{os.getpid()} {self.stamp}" for _ in outputs], np.ones(len(outputs), np.int64))
+
+    def warmup_inputs(self, batch_size):
+        return [["warm"] * batch_size]
+
+
+def stamp_decoder(name: str) -> StampDecoder:
+    return StampDecoder(name)
+
+
+def test_each_system_runs_in_its_own_process_in_the_schedule_order():
+    specs = [workers.WorkerSpec(n, stamp_decoder, (n,), env={"STAMP_THREADS": "3"}) for n in ("a", "b", "c")]
+    with workers.WorkerPool(specs) as pool:
+        pids = {w.name: w.pid for w in pool.workers}
+        assert all(w.info["threads"] == 3 for w in pool.workers)      # the env was set before the decoder loaded
+        timing.warm_up(pool.workers, 2)
+        m = timing.measure_systems(pool.workers, SOURCES, batch_size=2, solo_batches=[0, 2])
+    assert len(set(pids.values())) == 3 and os.getpid() not in pids.values()
+    calls = []
+    for name, t in m.systems.items():
+        for i, h in enumerate(t.hypotheses):
+            pid, stamp = map(int, h.split())
+            assert pid == pids[name]
+            if i % 2 == 0:                                # one call per batch of 2
+                calls.append((stamp, name))
+    assert [n for _, n in sorted(calls)] == [n for _, _, n in m.schedule]
+    assert m.schedule[:3] == [(0, 0, "a"), (0, 0, "b"), (0, 0, "c")] and m.schedule[3][2] == "b"  # rotated
+    for t in m.systems.values():                          # the solo check timed batches 0 and 2 only
+        assert np.isnan(t.solo_ms).tolist() == [False, False, True, True, False, False]
+
+
+def test_a_worker_whose_decoder_fails_to_load_names_the_system():
+    with pytest.raises(UserError, match=r"^x: the worker could not load"):
+        workers.WorkerPool([workers.WorkerSpec("x", failing_decoder)])
+
+
+def failing_decoder():
+    from narbench_core.errors import UserError
+
+    raise UserError("the worker could not load this")
+
+
+class DyingDecoder(FakeDecoder):
+    def run(self, prepared):
+        self.calls = getattr(self, "calls", 0) + 1
+        if self.calls > self.factory.die_after_runs:
+            os._exit(9)
+        return super().run(prepared)
+
+
+@dataclass
+class DyingFactory(FakeFactory):
+    """Builds fake decoders in a worker; the ``die_system``'s process exits after ``die_after_runs`` calls."""
+
+    die_system: str = ""
+    die_after_runs: int = 0
+
+    def __call__(self, family, checkpoint_dir, spec, **options):
+        if options["name"] == self.die_system:
+            return DyingDecoder(Path(checkpoint_dir), spec, factory=self, **options)
+        return super().__call__(family, checkpoint_dir, spec, **options)
+
+
+@pytest.fixture
+def fixed_peaks(monkeypatch):
+    peaks = MachinePeaks("test", 1e11, 1e10, "2024-01-01T00:00:00+00:00", 8, 8)
+    monkeypatch.setattr("bench.costs.machine_peaks", lambda: peaks)
+
+
+def test_a_worker_dying_mid_run_is_a_one_line_error_and_the_run_resumes(tmp_path, fixed_peaks):
+    path = tmp_path / "workertest.toml"
+    path.write_text(fake_spec("workertest", test=["test"], ar_decoders=["greedy"], padir_steps=[4],
+                              max_test_sentences=6) + "\n[timing]\nsolo_sentences = 3\n")
+    spec = load_suite(path)
+    run, _ = open_run(tmp_path / "results", spec.name, spec.spec_hash(), spec.to_toml(), "test")
+    deps = fake_deps(tmp_path / "ckpt")
+    deps.worker_factory = DyingFactory(die_system="ar-greedy", die_after_runs=3)     # warm-up + 2 timed calls
+    with pytest.raises(UserError) as err:
+        Runner(spec, deps, run, progress=False).run()
+    message = str(err.value)
+    assert "\n" not in message and message.startswith("system ar-greedy: its worker process")
+    assert "exit code 9" in message and "re-run the same command to resume" in message
+    assert run.rows() == [] and run.samples() == []       # nothing of the timed group was saved
+
+    deps.worker_factory = DyingFactory()                  # nobody dies
+    Runner(spec, deps, run, progress=False).run()
+    rows = run.rows()
+    assert rows and all(r.isolated and r.interference is not None and r.solo_p50_ms > 0 for r in rows)
+    assert all(r.worker_peak_rss_mb > 0 for r in rows)
+    solo = [s for s in run.samples() if "solo_latency_ms" in s]
+    assert len(solo) == 3 * len(rows)                     # the seeded sample: 3 sentences a system
+    assert verify_run(run.path) == []
+    assert set(run.env()["workers"]) == {r.system for r in rows}
