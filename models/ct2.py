@@ -19,6 +19,7 @@ torch, no transformers). The architecture is narbench's T5.1.1 variant:
 """
 from __future__ import annotations
 
+import fcntl
 import json
 import shutil
 import tempfile
@@ -273,7 +274,9 @@ def load_decoder(checkpoint_dir: str | Path, spec: str, quantization: str = "flo
     from narbench_core import paths
 
     out = paths.subdir("ct2") / f"{Path(checkpoint_dir).resolve().name}-{quantization}"
-    export(checkpoint_dir, out, quantization, force=True, vocab=vocab)
+    with open(out.with_name(out.name + ".lock"), "w") as lock:      # timing workers load side by side:
+        fcntl.flock(lock, fcntl.LOCK_EX)                             # one exports, the others then reuse it
+        export(checkpoint_dir, out, quantization, force=True, vocab=vocab)
     meta = checkpoint.read_meta(checkpoint_dir)
     compute = "int8" if quantization == "int8" else "float32"
     return CT2Decoder(out, vocab or checkpoint_vocabulary(meta), spec, compute_type=compute,

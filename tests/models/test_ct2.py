@@ -120,3 +120,33 @@ def test_greedy_agrees_with_narbench_ar_greedy(trained_ar, tiny_vocab, toy_sente
         ct2.export(trained_ar, out_dir, "int8", vocab=tiny_vocab)
     code = main(["export", "ct2", "--checkpoint", str(tmp_path / "nowhere"), "--out", str(tmp_path / "x")])
     assert code == 2 and "narbench: error:" in capsys.readouterr().err
+
+
+def test_side_by_side_loads_export_one_at_a_time(monkeypatch, tmp_path):
+    """Timing workers load CTranslate2 systems of one checkpoint side by side (threads = 1 and 2): the
+    export runs under a file lock, so no load reads a folder another is replacing."""
+    import threading
+    import time
+
+    from models import checkpoint, ct2
+    from models import decoders as model_decoders
+
+    monkeypatch.setenv("NARBENCH_DATA", str(tmp_path))
+    inside, most = [0], [0]
+
+    def export(checkpoint_dir, out, quantization, force=False, vocab=None):
+        inside[0] += 1
+        most[0] = max(most[0], inside[0])
+        time.sleep(0.05)
+        inside[0] -= 1
+
+    monkeypatch.setattr(ct2, "export", export)
+    monkeypatch.setattr(ct2, "CT2Decoder", lambda *args, **kwargs: "decoder")
+    monkeypatch.setattr(checkpoint, "read_meta", lambda path: {"model_config": {}})
+    monkeypatch.setattr(model_decoders, "checkpoint_vocabulary", lambda meta: None)
+    loads = [threading.Thread(target=ct2.load_decoder, args=(tmp_path / "ckpt-ar", "greedy")) for _ in range(4)]
+    for t in loads:
+        t.start()
+    for t in loads:
+        t.join()
+    assert most[0] == 1
