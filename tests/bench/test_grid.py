@@ -347,7 +347,8 @@ def test_ct2_threads_axis_names_each_count_and_sets_its_worker_env(tmp_path):
     ct2 = [s for s in expand(load_spec(path)).systems if s.family == "ct2"]
     assert [(s.name, dict(s.options)["threads"]) for s in ct2] == [
         ("ct2-greedy-t1", 1), ("ct2-greedy-t2", 2), ("ct2-int8-greedy-t1", 1), ("ct2-int8-greedy-t2", 2)]
-    assert families.get("ct2").worker_env(dict(ct2[0].options)) == {"OMP_WAIT_POLICY": "PASSIVE"}
+    assert families.get("ct2").worker_env(dict(ct2[0].options)) == {"OMP_WAIT_POLICY": "PASSIVE"}   # 1 thread
+    assert families.get("ct2").worker_env(dict(ct2[1].options)) == {}                               # 2: spin
     path.write_text(SPEC + '\n[ct2]\nthreads = [1, 1]\n')
     with pytest.raises(UserError, match="threads"):
         load_spec(path)
