@@ -60,6 +60,14 @@ def _jax_cache_env() -> dict[str, str]:
 
 
 def _peak_rss_mb() -> float:
+    """This process's peak resident memory: ``VmHWM`` (reset when a process execs; ``ru_maxrss`` is not,
+    so a worker's would start at the driver's peak), else ``ru_maxrss``."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024                          # kB
+    except OSError:
+        pass
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024      # Linux: KiB
 
 
