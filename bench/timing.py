@@ -197,7 +197,7 @@ class TimedSystem(Protocol):
 
 @dataclass
 class InProcess:
-    """A decoder timed in the calling process (tests, the latency map, ``--no-isolate``)."""
+    """A decoder timed in the calling process (tests, the latency map, ``[timing] isolate = false``)."""
 
     decoder: Decoder
     clock: Clock = time.perf_counter_ns
