@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import jax
 import numpy as np
@@ -72,16 +72,14 @@ class DevEvaluator:
     """Scores parameters of one model on a ``DevSet``; compiles once per training (the decoder and
     the NLL function are built on first use and reused with new parameters)."""
 
-    def __init__(self, model_config, train_config, dev: DevSet, seed: int = DEV_SEED):
+    def __init__(self, model_config, train_config, dev: DevSet, loss: Callable, seed: int = DEV_SEED):
+        """``loss(params, batch, rng) -> (total, nll)``: the trainer's loss of a model built without
+        dropout or label smoothing (``models.train`` passes it, so this module does not import the trainer)."""
         from models.batching import BucketedBatches, TokenPairs
-        from models.train import build_model, loss_fn
 
         if model_config.kind not in CURVE_DECODERS:
             raise UserError(f"no learning-curve decoder for {model_config.kind} models")
         self.model_config, self.dev, self.seed = model_config, dev, seed
-        # No dropout: the same parameters, a model built with rate 0.
-        quiet = model_config.replace(dropout_rate=0.0)
-        loss = loss_fn(quiet, train_config.replace(label_smoothing=0.0), build_model(quiet))
         self._nll = jax.jit(lambda params, batch, rng: loss(params, batch, rng)[1])
         inputs = [list(dev.vocab.encode(s)) + [EOS_ID] for s in dev.sources]
         targets = [list(dev.vocab.encode(r)) + [EOS_ID] for r in dev.references]

@@ -460,7 +460,9 @@ def _curve_setup(task: str, model_config: ModelConfig, cfg: TrainConfig, out_dir
             raise UserError("training on in-memory data with eval_every needs a dev set (dev=curves.DevSet(...))")
         dev = curves.dev_set(task)
     kept = [p for p in curves.read_curve(out_dir) if p["step"] <= start]
-    return curves.DevEvaluator(model_config, cfg, dev), kept
+    quiet = model_config.replace(dropout_rate=0.0)          # the same parameters, scored without dropout
+    loss = loss_fn(quiet, cfg.replace(label_smoothing=0.0), build_model(quiet))
+    return curves.DevEvaluator(model_config, cfg, dev, loss), kept
 
 
 def _write_curve(out_dir: Path, points: list[dict]) -> None:
