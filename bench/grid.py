@@ -341,16 +341,16 @@ class Runner:
             with self._timed_systems(systems) as timed:
                 bar.set_description(f"warm up {len(timed)} systems")
                 compile_s = timing.warm_up(timed, spec.batch_size, platform=self.platform)
-                bar.set_description(f"time {len(timed)} systems interleaved")
+                bar.set_description(f"time {len(timed)} systems interleaved, {spec.timing.turn} batches a turn"
+                                    + (f", solo check on {len(solo)}" if solo else ""))
 
                 def advance(done: int, total: int) -> None:
                     bar.update(done - bar.n)
-                    if done == total and solo:
-                        bar.set_description(f"time each of {len(timed)} systems alone on {len(solo)} batches")
 
                 m = timing.measure_systems(timed, data.sources, batch_size=spec.batch_size, phase=spec.timing.phase,
                                            repeats=spec.timing.repeats, rotate=spec.timing.rotate,
-                                           platform=self.platform, on_batch=advance, solo_batches=solo)
+                                           platform=self.platform, on_batch=advance, solo_batches=solo,
+                                           turn=spec.timing.turn)
                 costs = self._costs(timed, data, m) if spec.timing.costs and self.deps.costs else {}
                 where = {t.name: {**t.info, "peak_rss_mb": t.peak_rss_mb(), "isolated": self._isolated}
                          for t in timed}
@@ -379,7 +379,7 @@ class Runner:
                               None if t.host_syncs is None else list(t.host_syncs), _solo(t)),
                     "bleurt": self._bleurt(refs[0], t.hypotheses) if self.score else None,
                     "compile_s": compile_s[system.name], "platform": m.platform, "phase": m.phase,
-                    "repeats": m.repeats, "target_lang": target_lang, "n_references": len(refs),
+                    "repeats": m.repeats, "turn": m.turn, "target_lang": target_lang, "n_references": len(refs),
                     "baseline_system": system.baseline, "baseline_timed_together": base is not None,
                     "checkpoint": portable(ckpt), "decoder_options": dict(system.options),
                     "isolated": where[system.name]["isolated"], "engine_threads": where[system.name]["threads"],

@@ -256,6 +256,14 @@ def fastest_ar(rows: Sequence[Row], samples: Sequence[dict]) -> list[str]:
     return lines
 
 
+def _turn_text(rows: Sequence[Row]) -> str:
+    turns = sorted({r.turn or 1 for r in rows})
+    if turns == [1]:
+        return ", each call following the other systems' calls (one batch a turn)"
+    return (f", each decoding {'/'.join(map(str, turns))} batches back to back when its turn came (after one "
+            "untimed call, so its caches were its own)")
+
+
 def isolation_note(rows: Sequence[Row]) -> list[str]:
     """How the systems were kept apart while timed, and a flag on every row the others slowed (or sped up)."""
     timed = [r for r in rows if r.interference is not None]
@@ -264,9 +272,9 @@ def isolation_note(rows: Sequence[Row]) -> list[str]:
     lo, hi = defaults.INTERFERENCE_OK
     isolated = all(r.isolated for r in timed)
     lines = [("Each system was timed in a worker process of its own" if isolated else
-              "The systems shared one process while timed") + "; after the interleaved schedule, each was timed "
-             "again alone on a seeded sample of the sentences (solo check). In suite / solo is the p50 over those "
-             "sentences in the schedule divided by their solo p50."]
+              "The systems shared one process while timed") + _turn_text(timed) + "; in solo rounds spread through the "
+             "schedule, each was timed again alone on a seeded sample of the sentences (solo check). In suite / solo "
+             "is the p50 over those sentences in the schedule divided by their solo p50."]
     off = [r for r in timed if not lo <= r.interference <= hi]
     if off:
         lines[0] += (f" **Flagged (outside {lo:g}-{hi:g}, the other systems changed its speed):** "

@@ -194,6 +194,8 @@ RUN = (
     C("n_references", "refs"), C("baseline_system"), C("baseline_timed_together"),
     C("checkpoint", doc="the checkpoint folder under the data root"), C("decoder_options"),
     C("isolated", doc="timed in a worker process of its own (bench.workers)", added=True),
+    C("turn", doc="batches the system decoded back to back, after one untimed call, each time its turn came "
+                  "in the interleaved schedule (absent: 1, no untimed call)", added=True),
     C("engine_threads", "threads", doc="intra-op threads of the system's engine (XLA's pool or CTranslate2's)",
       added=True),
     C("worker_peak_rss_mb", "worker MB", fixed(0), doc="peak resident memory of the system's worker process",

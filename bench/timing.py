@@ -4,10 +4,14 @@ Protocol
 1. ``warmup(decoders, batch_size)``: every shape bucket of ``decoder.warmup_inputs`` is run once
    (run + block + finish), so compilation never lands in a measured round; the seconds it took are
    returned per decoder and reported apart as ``compile_s``.
-2. ``measure(decoders, sources, ...)``: the sources are cut into consecutive batches; for each batch
-   every system runs once before the next batch starts (A, B, C, then A, B, C on the next batch), so
-   machine drift hits all systems alike and latencies are paired per sentence. With ``rotate=True``
-   the order shifts by one system per batch (A B C, B C A, C A B ...) to cancel order effects.
+2. ``measure(decoders, sources, ...)``: the sources are cut into consecutive batches, and the batches
+   into turns of ``turn`` batches; for each turn every system decodes all of its batches, back to back,
+   before the next turn starts (A, B, C, then A, B, C on the next turn), so machine drift hits all
+   systems alike and latencies are paired per sentence. With ``rotate=True`` the order shifts by one
+   system per turn (A B C, B C A, C A B ...) to cancel order effects. A turn of more than one batch
+   starts with one untimed call on its first batch: the system then decodes its timed batches with its
+   own code, weights and thread pool warm in the caches, as it would alone, instead of finding them
+   evicted by the systems that ran before it (with one batch a turn, every call starts cold).
 3. Phases: ``end_to_end`` (the paper's measure) times prepare + run + ``jax.block_until_ready`` +
    finish; ``device`` times run + ``block_until_ready`` only (prepare and finish still run, untimed).
 4. Phases (``narbench_core.phases``): inside each timed window a recorder splits the time into
@@ -20,8 +24,12 @@ Protocol
 6. Where a system runs: the schedule drives ``TimedSystem``s. ``InProcess`` times a decoder of this
    process; ``bench.workers.Worker`` one in a worker process of its own (the suite runner's default),
    which times its own calls by ``time_call`` and sends the results back.
-7. The solo check (``solo_batches``): after the schedule, each system in turn runs one untimed call,
-   then every sampled batch back to back, with no other system in between; ``SystemTiming.solo_ms``.
+7. The solo check (``solo_batches``): the sampled batches are cut into chunks of ``turn`` batches, and
+   the chunks' solo rounds are spread evenly through the schedule (after every few turns). In a solo
+   round each system in turn (rotated per round) runs one untimed call, then its chunk back to back,
+   with no other system in between; ``SystemTiming.solo_ms``. Spread out, the check sees the machine
+   at the same moments as the schedule does: a solo phase at the end would compare a minute of the
+   machine's speed against the whole run, and a shared 2-core VM drifts by 15-40% within minutes.
 Clock: ``time.perf_counter_ns`` (injectable for tests); Python's cyclic GC is paused inside each timed
 window and runs between windows. Nothing here computes percentiles.
 """
@@ -115,6 +123,7 @@ class Measurement:
     batch_size: int
     repeats: int
     rotate: bool
+    turn: int
     systems: dict[str, SystemTiming]
     schedule: list[tuple[int, int, str]] = field(default_factory=list)  # (repeat, batch, system) in run order
     solo_batches: list[int] = field(default_factory=list)               # batches timed again alone
@@ -216,11 +225,11 @@ class InProcess:
 def measure(decoders: Sequence[Decoder], sources: Sequence[str], batch_size: int = 1,
             phase: str = "end_to_end", repeats: int = 1, rotate: bool = True,
             clock: Clock = time.perf_counter_ns, platform: str | None = None,
-            on_batch: Callable[[int, int], None] | None = None) -> Measurement:
+            on_batch: Callable[[int, int], None] | None = None, turn: int = 1) -> Measurement:
     """Time decoders of this process interleaved on the same sentences (see module docstring)."""
     _check_decoders(decoders)
     return measure_systems([InProcess(d, clock) for d in decoders], sources, batch_size, phase, repeats, rotate,
-                           platform, on_batch)
+                           platform, on_batch, turn=turn)
 
 
 def solo_sample(n_sentences: int, batch_size: int, sentences: int, seed: int) -> list[int]:
@@ -234,11 +243,11 @@ def solo_sample(n_sentences: int, batch_size: int, sentences: int, seed: int) ->
 def measure_systems(systems: Sequence[TimedSystem], sources: Sequence[str], batch_size: int = 1,
                     phase: str = "end_to_end", repeats: int = 1, rotate: bool = True,
                     platform: str | None = None, on_batch: Callable[[int, int], None] | None = None,
-                    solo_batches: Sequence[int] = ()) -> Measurement:
-    """The schedule (see module docstring) over timed systems, then the solo check: each system alone
-    on ``solo_batches`` (one untimed call first, then every sampled batch back to back). ``on_batch(done,
-    total)`` is called after every batch's round of systems (outside the timed windows), with the
-    sentences timed so far over all repeats, e.g. to move a progress bar."""
+                    solo_batches: Sequence[int] = (), turn: int = 1) -> Measurement:
+    """The schedule (see module docstring) over timed systems, ``turn`` batches a turn, with the solo
+    check's rounds on ``solo_batches`` spread through it (step 7). ``on_batch(done, total)`` is called
+    after every turn's round of systems (outside the timed windows), with the sentences timed so far
+    over all repeats, e.g. to move a progress bar."""
     _check_decoders(systems)
     if phase not in PHASES:
         raise UserError(f"unknown timing phase {phase!r}; choose one of {list(PHASES)}")
@@ -246,6 +255,8 @@ def measure_systems(systems: Sequence[TimedSystem], sources: Sequence[str], batc
         raise UserError(f"batch size must be >= 1, got {batch_size}; pass --batch-size 1 or more")
     if repeats < 1:
         raise UserError(f"repeats must be >= 1, got {repeats}")
+    if turn < 1:
+        raise UserError(f"a turn must hold >= 1 batch, got {turn}; set [timing] turn = 1 or more")
     sources = list(sources)
     if not sources:
         raise UserError("no sentences to time; the test set is empty")
@@ -267,25 +278,39 @@ def measure_systems(systems: Sequence[TimedSystem], sources: Sequence[str], batc
         return timed
 
     with _device_scope(platform):
+        turns = [range(t, min(t + turn, len(ranges))) for t in range(0, len(ranges), turn)]   # batch indices
+        chunks = [list(solo_batches[c:c + turn]) for c in range(0, len(solo_batches), turn)]   # a solo round each
+        total = repeats * len(turns)
+        after = [max(0, (r + 1) * total // len(chunks) - 1) for r in range(len(chunks))]   # turn it follows
+
+        def solo_round(r: int) -> None:
+            for j in range(k):
+                s = (j + r) % k if rotate else j
+                call(s, ranges[chunks[r][0]])                              # untimed: the caches are its own
+                for b in chunks[r]:
+                    idx = ranges[b]
+                    solo[s, idx.start:idx.stop] = call(s, idx).elapsed_ns / 1e6
+
         for rep in range(repeats):
-            for b, idx in enumerate(ranges):
-                offset = (b + rep) % k if rotate else 0
+            for t, batch_ids in enumerate(turns):
+                offset = (t + rep) % k if rotate else 0
                 for j in range(k):
                     s = (j + offset) % k
-                    schedule.append((rep, b, systems[s].name))
-                    timed = call(s, idx)
-                    raw[s, rep, idx.start:idx.stop] = timed.elapsed_ns / 1e6
-                    calls[s][rep][idx.start:idx.stop] = [(timed.phase_ms, timed.syncs)] * len(idx)
-                    if rep == 0:
-                        hyps[s][idx.start:idx.stop] = timed.hypotheses
-                        passes[s, idx.start:idx.stop] = timed.passes
+                    if turn > 1:
+                        call(s, ranges[batch_ids[0]])                      # untimed: the caches are its own
+                    for b in batch_ids:
+                        idx = ranges[b]
+                        schedule.append((rep, b, systems[s].name))
+                        timed = call(s, idx)
+                        raw[s, rep, idx.start:idx.stop] = timed.elapsed_ns / 1e6
+                        calls[s][rep][idx.start:idx.stop] = [(timed.phase_ms, timed.syncs)] * len(idx)
+                        if rep == 0:
+                            hyps[s][idx.start:idx.stop] = timed.hypotheses
+                            passes[s, idx.start:idx.stop] = timed.passes
+                for r in (r for r, a in enumerate(after) if a == rep * len(turns) + t):
+                    solo_round(r)
                 if on_batch is not None:
-                    on_batch(rep * n + idx.stop, repeats * n)
-        for s in range(k if solo_batches else 0):
-            call(s, ranges[solo_batches[0]])                               # untimed: the caches are its own
-            for b in solo_batches:
-                idx = ranges[b]
-                solo[s, idx.start:idx.stop] = call(s, idx).elapsed_ns / 1e6
+                    on_batch(rep * n + ranges[batch_ids[-1]].stop, repeats * n)
     out = {}
     for s, system in enumerate(systems):
         per_sentence = np.median(raw[s], axis=0)  # [n_sentences]
@@ -297,5 +322,5 @@ def measure_systems(systems: Sequence[TimedSystem], sources: Sequence[str], batc
             phase_ms=[dict(c[0]) for c in chosen], host_syncs=np.asarray([c[1] for c in chosen], np.int64),
             solo_ms=solo[s].copy() if len(solo_batches) else None)
     return Measurement(platform=platform or default_platform(), phase=phase, batch_size=batch_size,
-                       repeats=repeats, rotate=rotate, systems=out, schedule=schedule,
+                       repeats=repeats, rotate=rotate, turn=turn, systems=out, schedule=schedule,
                        solo_batches=list(solo_batches))

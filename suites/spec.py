@@ -126,7 +126,8 @@ class TimingSpec:
     rotate: bool = True
     costs: bool = True     # XLA flops/bytes per sentence and the roofline bound (compiles 2 programs)
     isolate: bool = True   # each system in a worker process of its own (bench.workers); false: all in one
-    solo_sentences: int = 100   # sentences (whole batches, a seeded sample) each system is timed on again alone
+    solo_sentences: int = 200   # sentences (whole batches, a seeded sample) each system is timed on again alone
+    turn: int = 10         # batches a system decodes back to back when its turn comes (bench.timing, step 2)
 
 
 @dataclass(frozen=True)
@@ -467,7 +468,8 @@ def parse_spec(data: dict[str, Any], source: str = "<spec>",
                         rotate=t.get("rotate", boolean, True),
                         costs=t.get("costs", boolean, True),
                         isolate=t.get("isolate", boolean, True),
-                        solo_sentences=t.get("solo_sentences", integer(0), TimingSpec.solo_sentences))
+                        solo_sentences=t.get("solo_sentences", integer(0), TimingSpec.solo_sentences),
+                        turn=t.get("turn", integer(1), TimingSpec.turn))
     t.done()
 
     spec = SuiteSpec(

@@ -187,9 +187,10 @@ def test_crash_mid_grid_then_resume_recomputes_only_missing(tmp_path, spec):
 
 
 def test_keyboard_interrupt_mid_measurement_keeps_whole_files(tmp_path, spec):
-    # 6 warm-ups + 6 x 20 timed runs + the solo check (6 x (1 untimed + all 20 batches)) for the first
-    # split, then 6 warm-ups and 10 timed runs of the second.
-    factory = FakeFactory(interrupt_after_runs=6 + 6 * 20 + 6 * 21 + 6 + 10)
+    # 6 warm-ups + 6 x (20 timed runs + an untimed one for each of the 2 turns of 10 batches) + the solo
+    # check's 2 rounds (6 x (an untimed call + 10 batches) each) for the first split, then 6 warm-ups and
+    # 10 runs of the second.
+    factory = FakeFactory(interrupt_after_runs=6 + 6 * 22 + 6 * 22 + 6 + 10)
     run = new_store(tmp_path, spec)
     with pytest.raises(KeyboardInterrupt):
         Runner(spec, fake_deps(tmp_path / "ckpt", factory), run, progress=False).run()

@@ -132,4 +132,7 @@ def test_leaderboard_flags_rows_whose_speed_the_other_systems_changed():
     assert "ct2-greedy on t (1.35x)" in flagged and "padir-s4 on t (0.82x)" in flagged and "ar-greedy" not in flagged
     calm = report.isolation_note(rows[:1])[0]
     assert "Flagged" not in calm and "Every row is within 0.9-1.1" in calm
+    assert "one batch a turn" in calm                              # rows from before turns: every call cold
+    turned = report.isolation_note([fake_row("ar-greedy", interference=1.0, isolated=True, turn=10)])[0]
+    assert "each decoding 10 batches back to back when its turn came" in turned
     assert report.isolation_note([fake_row("x")]) == []          # no solo check: nothing to say

@@ -40,6 +40,48 @@ def test_rotation_cycles_the_order_per_batch():
     assert [b for _, b, _ in m.schedule] == [i // 3 for i in range(15)]
 
 
+
+def test_turns_run_each_system_back_to_back_after_one_untimed_call():
+    clock, log = FakeClock(), []
+    m = timing.measure(_systems(clock, log), SOURCES, rotate=True, clock=clock, turn=2)
+    # Turns of batches {0, 1}, {2, 3}, {4}; each system's turn starts with an untimed call on its first batch.
+    runs = [(name, src) for event, name, src in log if event == "run"]
+    assert [name for name, _ in runs] == (["A"] * 3 + ["B"] * 3 + ["C"] * 3 + ["B"] * 3 + ["C"] * 3 + ["A"] * 3
+                                          + ["C"] * 2 + ["A"] * 2 + ["B"] * 2)
+    assert [(b, name) for _, b, name in m.schedule] == [(0, "A"), (1, "A"), (0, "B"), (1, "B"), (0, "C"), (1, "C"),
+                                                        (2, "B"), (3, "B"), (2, "C"), (3, "C"), (2, "A"), (3, "A"),
+                                                        (4, "C"), (4, "A"), (4, "B")]
+    assert m.turn == 2
+    np.testing.assert_array_equal(m.latencies("A"), np.full(5, 0.0335))   # the untimed calls land nowhere
+    assert m.systems["A"].hypotheses == ["c b a", "e d", "f", "j i h g", "l k"]
+    with pytest.raises(UserError, match="turn"):
+        timing.measure(_systems(clock, log), SOURCES, clock=clock, turn=0)
+
+
+def test_solo_rounds_are_spread_through_the_schedule():
+    clock, log = FakeClock(), []
+    m = timing.measure_systems([timing.InProcess(d, clock) for d in _systems(clock, log)], SOURCES,
+                               rotate=True, solo_batches=[0, 2, 4])
+    runs = [name for event, name, _ in log if event == "run"]
+    # Five turns of one batch; solo rounds (one sampled batch each) follow turns 0, 2 and 4. In a solo round
+    # each system, in an order rotated per round, runs an untimed call and then its batch.
+    assert runs == (["A", "B", "C"] + ["A", "A", "B", "B", "C", "C"]
+                    + ["B", "C", "A"] + ["C", "A", "B"] + ["B", "B", "C", "C", "A", "A"]
+                    + ["A", "B", "C"] + ["B", "C", "A"] + ["C", "C", "A", "A", "B", "B"])
+    assert [name for _, _, name in m.schedule] == ["A", "B", "C", "B", "C", "A", "C", "A", "B", "A", "B", "C",
+                                                   "B", "C", "A"]                 # solo rounds are not in it
+    for t in m.systems.values():
+        assert np.isnan(t.solo_ms).tolist() == [False, True, False, True, False]
+    np.testing.assert_array_equal(m.systems["A"].solo_ms[[0, 2, 4]], np.full(3, 0.0335))
+    # With turns of two batches the sample is cut into chunks of two: rounds [0, 2] and [4].
+    log.clear()
+    timing.measure_systems([timing.InProcess(d, clock) for d in _systems(clock, log)], SOURCES,
+                           rotate=False, solo_batches=[0, 2, 4], turn=2)
+    runs = [name for event, name, _ in log if event == "run"]
+    assert runs[9:18] == ["A"] * 3 + ["B"] * 3 + ["C"] * 3                  # after turn 0 (9 runs): [0, 2]
+    assert runs[-6:] == ["A", "A", "B", "B", "C", "C"]                       # after the last turn: [4]
+
+
 def test_phases_sum_the_right_parts_and_block_is_called():
     clock, log = FakeClock(), []
     systems = _systems(clock, log)
