@@ -4,7 +4,7 @@ Every system comes from a family (``bench.families``): for each task and seed th
 expands first (its greedy system is every speedup's baseline, its cell the distillation teacher),
 then every other family with a section in the spec. Training cells are unique; a distilled cell's
 teacher is trained first. Evaluation cells are (system, test set); the systems of one test set are
-warmed up and then timed interleaved in one ``bench.timing.measure`` call, scored, and saved
+warmed up and then timed interleaved in one ``bench.measure.timing.measure`` call, scored, and saved
 together. Rows are keyed by ``(system, test_set)``: a re-run skips the cells whose rows exist.
 
 All model-specific work goes through :class:`Deps` (trainer, distiller, decoder factory, task text,
@@ -209,7 +209,7 @@ class Runner:
     store: RunStore | None = None
     env: dict = field(default_factory=dict)
     platform: str | None = None
-    bleurt: Any = None                  # bench.bleurt.BleurtScorer or None
+    bleurt: Any = None                  # bench.measure.bleurt.BleurtScorer or None
     score: bool = True                  # False: timing only (`narbench latency`)
     progress: bool = True
     checkpoints: dict = field(default_factory=dict)   # TrainCell -> checkpoint dir
@@ -329,7 +329,7 @@ class Runner:
         then score and save every target."""
         from tqdm.auto import tqdm
 
-        from bench import timing
+        from bench.measure import timing
         from narbench_core.paths import portable
 
         spec = self.spec
@@ -410,9 +410,9 @@ class Runner:
 
     @contextlib.contextmanager
     def _timed_systems(self, systems: list[tuple[System, Path]]):
-        """The systems as ``bench.timing.TimedSystem``s: one worker process each (``bench.workers``), or
+        """The systems as ``bench.measure.timing.TimedSystem``s: one worker process each (``bench.measure.workers``), or
         decoders of this process when the spec says ``isolate = false`` or the deps have no worker factory."""
-        from bench import workers
+        from bench.measure import workers
 
         if self._isolated:
             specs = [workers.WorkerSpec(s.name, self.deps.worker_factory, (s.family, str(ckpt), s.decoder),
@@ -440,7 +440,7 @@ class Runner:
         return self.trained[cell]
 
     def _bleurt(self, references: list[str], hypotheses: list[str]) -> float | None:
-        from bench.bleurt import corpus_bleurt
+        from bench.measure.bleurt import corpus_bleurt
 
         return corpus_bleurt(self.bleurt, references, hypotheses) if self.bleurt else None
 

@@ -15,7 +15,7 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 
-from bench.stats import min_samples
+from bench.measure.stats import min_samples
 from narbench_core import defaults, langs, phases
 from narbench_core.errors import UserError
 
@@ -193,7 +193,7 @@ RUN = (
     C("compile_s", "compile s", fixed(1)), C("platform"), C("phase"), C("repeats"), C("target_lang"),
     C("n_references", "refs"), C("baseline_system"), C("baseline_timed_together"),
     C("checkpoint", doc="the checkpoint folder under the data root"), C("decoder_options"),
-    C("isolated", doc="timed in a worker process of its own (bench.workers)", added=True),
+    C("isolated", doc="timed in a worker process of its own (bench.measure.workers)", added=True),
     C("turn", doc="batches the system decoded back to back, after one untimed call, each time its turn came "
                   "in the interleaved schedule (absent: 1, no untimed call)", added=True),
     C("engine_threads", "threads", doc="intra-op threads of the system's engine (XLA's pool or CTranslate2's)",
@@ -328,7 +328,7 @@ def figures(hypotheses: Sequence[str], references: Sequence[Sequence[str]], late
     without ``score`` (timing only) the quality columns are None; without ``phase_ms`` (runs that
     predate phases) the phase columns are; without ``solo_ms`` (the solo check's latencies, None for
     sentences outside its sample) the solo columns are."""
-    from bench import quality, stats
+    from bench.measure import quality, stats
 
     lat = stats.summarize(latencies_ms)
     p = np.asarray(passes, dtype=np.float64)  # [n_sentences]

@@ -1,6 +1,6 @@
 """Decoders the harness compares (AR greedy / beam, PaDIR refine:T), built from a checkpoint.
 
-Each implements ``bench.decoder.Decoder`` structurally: ``prepare`` tokenizes and pads to a source
+Each implements ``bench.measure.decoder.Decoder`` structurally: ``prepare`` tokenizes and pads to a source
 bucket (16/32/64/128 by default), ``run`` is the jitted device part (parameters are jit arguments),
 ``finish`` detokenizes. Target capacity depends on the source bucket s: target buckets between s/2
 and 2s (capped by ``max_decode_length``). AR decodes up to the largest of them; PaDIR reads its k

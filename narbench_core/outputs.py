@@ -1,4 +1,4 @@
-"""What every decoder returns: the one declaration (``bench.decoder`` and ``models`` both use it)."""
+"""What every decoder returns: the one declaration (``bench.measure.decoder`` and ``models`` both use it)."""
 from __future__ import annotations
 
 from dataclasses import dataclass

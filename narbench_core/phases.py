@@ -1,6 +1,6 @@
 """Per-phase latency: the names of a decode's phases and the recorder the timer opens around a window.
 
-The timer (``bench.timing``) opens a :class:`Recorder` around each timed call and closes the phases
+The timer (``bench.measure.timing``) opens a :class:`Recorder` around each timed call and closes the phases
 it can see itself (``tokenize`` after ``prepare``, ``passes`` after the device wait, ``detokenize``
 at the end). A decoder (in ``models/``, which does not import ``bench``) splits its own device work
 by calling :func:`mark` and counts its blocking waits with :func:`sync`; both do nothing when no

@@ -125,9 +125,9 @@ class TimingSpec:
     phase: str = "end_to_end"
     rotate: bool = True
     costs: bool = True     # XLA flops/bytes per sentence and the roofline bound (compiles 2 programs)
-    isolate: bool = True   # each system in a worker process of its own (bench.workers); false: all in one
+    isolate: bool = True   # each system in a worker process of its own (bench.measure.workers); false: all in one
     solo_sentences: int = 200   # sentences (whole batches, a seeded sample) each system is timed on again alone
-    turn: int = 10         # batches a system decodes back to back when its turn comes (bench.timing, step 2)
+    turn: int = 10         # batches a system decodes back to back when its turn comes (bench.measure.timing, step 2)
 
 
 @dataclass(frozen=True)

@@ -24,9 +24,9 @@ SCHEMA_VERSION = 1   # of the theory rows (the suites' rows have their own)
 
 
 def environment(seeds: Mapping[str, Any]) -> dict:
-    """The same ``env.json`` object as ``narbench run`` writes (bench.env.capture): device, CPU model,
+    """The same ``env.json`` object as ``narbench run`` writes (bench.measure.env.capture): device, CPU model,
     threads, library versions, git commit with its dirty flag, UTC date and seeds."""
-    from bench.env import capture
+    from bench.measure.env import capture
 
     return capture(seeds=dict(seeds))
 

@@ -15,7 +15,7 @@ anchor is each engine at its best measured setting). They run the AR cell's chec
 is trained), exported once into ``<data root>/ct2/``. Float32 greedy should reproduce AR greedy:
 every row carries ``agreement_with_ar_greedy``.
 
-Each system is timed in a worker process of its own (``bench.workers``). A one-thread worker sets
+Each system is timed in a worker process of its own (``bench.measure.workers``). A one-thread worker sets
 ``OMP_WAIT_POLICY=PASSIVE`` (``worker_env``): measured interleaved with JAX AR greedy, int8 greedy on
 1 thread took 21.4 ms with it against 39.7 ms without (1.73x its solo time). A multi-threaded worker
 keeps libgomp's default spin: float32 greedy on 2 threads took 56 ms spinning against 86 ms passive

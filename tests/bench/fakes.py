@@ -1,4 +1,4 @@
-"""Fake decoders implementing ``bench.decoder.Decoder`` for harness tests (C1 and C2 import these).
+"""Fake decoders implementing ``bench.measure.decoder.Decoder`` for harness tests (C1 and C2 import these).
 
 - :class:`FakeClock` + :class:`ScriptedDecoder`: no JAX work; each phase advances a fake clock by a
   fixed number of nanoseconds and appends to a shared event log, so tests can assert exact latencies,
@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bench.decoder import DecodeOutput
+from bench.measure.decoder import DecodeOutput
 from narbench_core import phases
 
 

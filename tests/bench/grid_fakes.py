@@ -14,7 +14,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from bench.decoder import DecodeOutput
+from bench.measure.decoder import DecodeOutput
 from bench.grid import Deps
 from bench.rows import SCHEMA_VERSION, Row, columns
 
@@ -65,7 +65,7 @@ class FakeLowered:
 
 
 class FakeDecoder:
-    """Implements ``bench.decoder.Decoder`` structurally, with no model behind it."""
+    """Implements ``bench.measure.decoder.Decoder`` structurally, with no model behind it."""
 
     def __init__(self, checkpoint_dir: Path, spec: str, name: str, factory: "FakeFactory", **options: Any):
         self.name, self.spec, self.options, self.factory = name, spec, options, factory

@@ -1,4 +1,4 @@
-"""bench.bleurt on tiny checkpoints the test builds (WordPiece and SentencePiece), and its user errors."""
+"""bench.measure.bleurt on tiny checkpoints the test builds (WordPiece and SentencePiece), and its user errors."""
 from __future__ import annotations
 
 import json
@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bench import bleurt
+from bench.measure import bleurt
 from narbench_core.errors import UserError
 
 tf = pytest.importorskip("tensorflow")

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench import cli_models
+from bench.cli import checkpoints
 from bench.cli import main
 from bench.families import load_suite
 from suites.spec import DistillSpec
@@ -29,10 +29,10 @@ def recorded(monkeypatch, tmp_path):
 
 
 def test_distill_settings_come_from_the_suite_then_the_flags():
-    assert cli_models.distill_settings() == DistillSpec()
-    assert cli_models.distill_settings("smoke") == load_suite("smoke").distill
-    assert cli_models.distill_settings("smoke", max_examples=7, decoder=None) == DistillSpec("beam:2", 7, 0.6)
-    assert cli_models.distill_settings(decoder="greedy").decoder == "greedy"
+    assert checkpoints.distill_settings() == DistillSpec()
+    assert checkpoints.distill_settings("smoke") == load_suite("smoke").distill
+    assert checkpoints.distill_settings("smoke", max_examples=7, decoder=None) == DistillSpec("beam:2", 7, 0.6)
+    assert checkpoints.distill_settings(decoder="greedy").decoder == "greedy"
 
 
 def test_train_distill_passes_the_suite_settings(recorded, tmp_path, capsys):

@@ -154,7 +154,7 @@ def test_latency_map_options(env, capsys, tmp_path, monkeypatch):
         seen.update(spec=spec, out=out_root, command=command)
         return out_root / "speedmap" / "r"
 
-    monkeypatch.setattr("bench.speedmap.run_map", fake_run_map)
+    monkeypatch.setattr("bench.latency_map.run_map", fake_run_map)
     code, stdout, _ = run_cli(["latency", "--map", "--sizes", "tiny", "--lengths", "8", "16", "--calibrate", "tiny",
                                "--no-progress", "--out", str(tmp_path)], capsys)
     assert code == 0 and "speedmap.md" in stdout

@@ -1,4 +1,4 @@
-"""bench.env: the environment captured with every run."""
+"""bench.measure.env: the environment captured with every run."""
 from __future__ import annotations
 
 import json
@@ -7,7 +7,7 @@ import subprocess
 import sys
 from importlib import metadata
 
-from bench import env
+from bench.measure import env
 
 
 def test_capture_has_every_field_and_is_json():

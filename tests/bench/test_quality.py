@@ -1,4 +1,4 @@
-"""bench.quality: BLEU/chrF equal to the sacrebleu CLI, stutter on hand cases, bootstrap, metric registry."""
+"""bench.measure.quality: BLEU/chrF equal to the sacrebleu CLI, stutter on hand cases, bootstrap, metric registry."""
 from __future__ import annotations
 
 import random
@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bench import quality
+from bench.measure import quality
 from narbench_core import langs
 from narbench_core.errors import UserError
 

@@ -1,4 +1,4 @@
-"""bench.speedmap: the latency map's cells, resume, rows, cost model (fit on some sizes, score on the
+"""bench.latency_map: the latency map's cells, resume, rows, cost model (fit on some sizes, score on the
 others), projections, report and plot; on fake jitted decoders, plus one cell of real tiny decoders."""
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from bench import speedmap as sm
+from bench import latency_map as sm
 from bench.costs import MachinePeaks, MachineRates
 from narbench_core.errors import UserError
 from narbench_core.io import read_jsonl

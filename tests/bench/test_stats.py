@@ -1,4 +1,4 @@
-"""bench.stats: percentiles vs numpy, order-statistics CIs (exact ranks, simulated coverage), paired speedup."""
+"""bench.measure.stats: percentiles vs numpy, order-statistics CIs (exact ranks, simulated coverage), paired speedup."""
 from __future__ import annotations
 
 import math
@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 from scipy.stats import binom
 
-from bench import stats
+from bench.measure import stats
 
 
 def test_min_samples_follows_loadgen_rule():

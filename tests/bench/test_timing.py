@@ -1,10 +1,10 @@
-"""bench.timing: interleaving, phases, per-sentence attribution, warm-up kept apart (fake clock, exact)."""
+"""bench.measure.timing: interleaving, phases, per-sentence attribution, warm-up kept apart (fake clock, exact)."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from bench import timing
+from bench.measure import timing
 from narbench_core.errors import UserError
 from fakes import Costs, FakeClock, ScriptedDecoder
 

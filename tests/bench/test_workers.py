@@ -1,4 +1,4 @@
-"""Timing workers (bench.workers): each system in its own process, driven in the schedule's order; the
+"""Timing workers (bench.measure.workers): each system in its own process, driven in the schedule's order; the
 solo check; a worker that dies mid-run gives a one-line error and the run resumes."""
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bench import timing, workers
+from bench.measure import timing, workers
 from bench.costs import MachinePeaks
-from bench.decoder import DecodeOutput
+from bench.measure.decoder import DecodeOutput
 from bench.families import load_suite
 from bench.grid import Runner
 from bench.rows import verify_run

@@ -29,7 +29,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     if not rows:
         return
     tr = terminalreporter
-    tr.write_sep("-", "narbench latency (ms, per sentence, via bench.timing)")
+    tr.write_sep("-", "narbench latency (ms, per sentence, via bench.measure.timing)")
     tr.write_line(f"{'benchmark':<44} {'system':<18} {'n':>4} {'p50':>9} {'p90':>9} {'p99':>9} "
                   f"{'mean':>9} {'compile_s':>9} {'speedup':>8}")
     for bench_name, system, s, extra in rows:

@@ -3,7 +3,7 @@
 Run: ``pytest tests/benchmarks/test_bench_decoding.py --benchmark-only -q`` (``--benchmark-only``
 overrides the ``--benchmark-skip`` in pyproject's addopts; ``--benchmark-enable`` does not).
 Every number comes from the decoder objects ``narbench run`` times (``models.decoders.make_decoder``)
-and from ``bench.timing`` (``warmup`` with compilation kept apart, then ``measure``), the harness's
+and from ``bench.measure.timing`` (``warmup`` with compilation kept apart, then ``measure``), the harness's
 one timing protocol. Fixed workload: the `small` preset (8k vocab) with random weights, batch 1, one
 source sentence of 31 ids + EOS = 32 tokens (a fake vocabulary whose ``encode`` returns fixed ids),
 source bucket 32, ``max_decode_length=32``, each sentence timed ``ROUNDS[...]`` times:
@@ -13,17 +13,17 @@ source bucket 32, ``max_decode_length=32``, each sentence timed ``ROUNDS[...]`` 
   position (the old ``test_ar_greedy_uncached_all_logits``, for comparing with CALIBRATION.md's 4.6x)
   is gone: the harness decoder cannot express it, and these benchmarks time only harness decoders;
 - PaDIR, device phase only, the compiled executables of ``decoder.lower(prepared, "encode" / "pass")``
-  (the exact computations the decoder runs), wrapped as a ``bench.decoder.Decoder`` so
-  ``bench.timing`` times them like any system: encoder + length prediction (a ``length_hyps=1``
+  (the exact computations the decoder runs), wrapped as a ``bench.measure.decoder.Decoder`` so
+  ``bench.measure.timing`` times them like any system: encoder + length prediction (a ``length_hyps=1``
   decoder without ``force_length``, as the harness runs PaDIR); the encoder alone (the refine:T
   decoders below: with ``force_length`` the length predictor does not run; asserted: length 32);
   one bare decoder pass over 32 positions (1 length hypothesis);
 - PaDIR ``refine:T`` for T = 1, 4, 10 with ``length_hyps=1``, ``force_length=32`` (the one length
   hypothesis is 32) and ``early_stop=False`` (exactly T passes; asserted through ``passes``).
-AR and refine:T are timed in both phases of ``bench.timing``: ``device`` (run + block: the encoder,
+AR and refine:T are timed in both phases of ``bench.measure.timing``: ``device`` (run + block: the encoder,
 PaDIR's one small host read of the lengths, the decode loop) and ``end_to_end`` (the
 paper's measure: also tokenize and detokenize, here the fake vocabulary's, so almost nothing).
-``extra_info`` holds the summary of the per-sentence latencies (n/p50/p90/p99/mean ms, bench.stats)
+``extra_info`` holds the summary of the per-sentence latencies (n/p50/p90/p99/mean ms, bench.measure.stats)
 plus the ratios of p50s within one phase: ``uncached_over_cached_p50`` (the issue's target: >= 3x),
 ``over_T_passes_plus_encoder_p50`` = PaDIR-T / (T x pass + encoder), the like-for-like overhead of the
 refinement loop (target <= 1.2; the parts are device-phase timings, so the device row is the exact
@@ -42,8 +42,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bench import stats, timing
-from bench.decoder import DecodeOutput
+from bench.measure import stats, timing
+from bench.measure.decoder import DecodeOutput
 from models import t5
 from models.config import preset
 from models.decoders import make_decoder
@@ -75,7 +75,7 @@ class FixedVocabulary:
 
 
 class CompiledPart:
-    """One part of a PaDIR decoder ("encode" or "pass") as a ``bench.decoder.Decoder``: ``run`` calls
+    """One part of a PaDIR decoder ("encode" or "pass") as a ``bench.measure.decoder.Decoder``: ``run`` calls
     the compiled executable of ``decoder.lower(prepared, part)`` on the fixed workload's arguments."""
 
     def __init__(self, decoder, part: str, name: str, encoded=None):

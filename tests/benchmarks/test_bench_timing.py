@@ -1,7 +1,7 @@
-"""pytest-benchmark benchmarks that time decoders through bench.timing (the harness's one protocol).
+"""pytest-benchmark benchmarks that time decoders through bench.measure.timing (the harness's one protocol).
 
 Each benchmark warms up (compile kept apart), then runs one interleaved ``timing.measure`` round over
-a fixed sentence set; per-sentence p50/p90/p99 (bench.stats) go to ``benchmark.extra_info`` (saved
+a fixed sentence set; per-sentence p50/p90/p99 (bench.measure.stats) go to ``benchmark.extra_info`` (saved
 JSON) and to the terminal summary. pytest-benchmark's own numbers time the whole measured round.
 Run: ``pytest tests/benchmarks --benchmark-only`` (add ``--benchmark-json out.json`` to keep them).
 """
@@ -11,7 +11,7 @@ import random
 
 import pytest
 
-from bench import stats, timing
+from bench.measure import stats, timing
 from fakes import JittedDecoder
 
 WORDS = ["alpha", "beta", "gamma", "delta", "light", "water", "stone", "river", "house", "night",

@@ -211,9 +211,9 @@ def test_padir_history_is_the_run_plus_every_pass(padir_config, padir_params, ti
 
 
 def test_timed_decoders_split_their_time_into_phases(ar_greedy, padir_config, padir_params, tiny_vocab):
-    """Timed by bench.timing, AR and PaDIR mark their encoder's end (and PaDIR its length read-back);
+    """Timed by bench.measure.timing, AR and PaDIR mark their encoder's end (and PaDIR its length read-back);
     each call's phases add up to its latency, and untimed runs give the same translations."""
-    from bench import timing
+    from bench.measure import timing
 
     padir = decoders.make_decoder(padir_config, padir_params, tiny_vocab, "refine:2", length_hyps=2, name="p",
                                   **OPTS)

@@ -1,4 +1,4 @@
-"""The one timing protocol for every decoder (the timer yields durations; statistics live in bench.stats).
+"""The one timing protocol for every decoder (the timer yields durations; statistics live in bench.measure.stats).
 
 Protocol
 1. ``warmup(decoders, batch_size)``: every shape bucket of ``decoder.warmup_inputs`` is run once
@@ -22,7 +22,7 @@ Protocol
    ``repeats > 1`` runs the whole interleaved schedule again; per-sentence latency is the median
    over repeats (raw times are kept).
 6. Where a system runs: the schedule drives ``TimedSystem``s. ``InProcess`` times a decoder of this
-   process; ``bench.workers.Worker`` one in a worker process of its own (the suite runner's default),
+   process; ``bench.measure.workers.Worker`` one in a worker process of its own (the suite runner's default),
    which times its own calls by ``time_call`` and sends the results back.
 7. The solo check (``solo_batches``): the sampled batches are cut into chunks of ``turn`` batches, and
    the chunks' solo rounds are spread evenly through the schedule (after every few turns). In a solo
@@ -44,7 +44,7 @@ from typing import Callable, Protocol, Sequence
 import jax
 import numpy as np
 
-from bench.decoder import Decoder
+from bench.measure.decoder import Decoder
 from narbench_core import phases
 from narbench_core.errors import UserError
 
@@ -195,7 +195,7 @@ def warm_up_decoder(decoder: Decoder, batch_size: int, clock: Clock = time.perf_
 
 class TimedSystem(Protocol):
     """What the schedule drives: a named system that warms up and times one call. ``InProcess`` wraps a
-    decoder in this process; ``bench.workers.Worker`` runs one in a process of its own."""
+    decoder in this process; ``bench.measure.workers.Worker`` runs one in a process of its own."""
 
     name: str
 

@@ -59,7 +59,7 @@ def register(sub) -> None:
                        "checkpoint first) without scoring quality; prints a latency table. With --map: time "
                        "AR greedy against PaDIR refine:T (k length hypotheses) on random-weight models over "
                        "model sizes, forced target lengths and batch sizes into results/speedmap/<run_id>/ "
-                       "(rows.jsonl, speedmap.md, crossover.png; re-running the same command resumes), with "
+                       "(rows.jsonl, latency_map.md, crossover.png; re-running the same command resumes), with "
                        "a cost model fitted on --calibrate sizes that predicts the others.")
     p.add_argument("--suite", default="default", help=SUITE_HELP + " (default: default)")
     _timing_args(p)
@@ -77,7 +77,7 @@ def register(sub) -> None:
 
 
 def _map_defaults():
-    from bench.speedmap import MapSpec
+    from bench.latency_map import MapSpec
 
     return MapSpec()
 
@@ -104,7 +104,7 @@ def _timing_args(p: argparse.ArgumentParser) -> None:
 
 
 def _setup(platform: str | None) -> str:
-    from bench.timing import resolve_platform
+    from bench.measure.timing import resolve_platform
     from narbench_core.paths import enable_compilation_cache
 
     enable_compilation_cache()
@@ -148,9 +148,10 @@ def _seeds(spec) -> dict[str, int]:
 
 
 def cmd_run(args) -> int:
-    from bench import env as benv, grid, store
-    from bench.bleurt import load_scorer
-    from bench.cli_data import refuse_bad_data
+    from bench.measure import env as benv
+    from bench import grid, store
+    from bench.measure.bleurt import load_scorer
+    from bench.cli.data import refuse_bad_data
 
     spec = _spec(args)
     platform = _setup(args.platform)
@@ -199,8 +200,10 @@ def _read_lines(path: str) -> list[str]:
 def cmd_eval(args) -> int:
     import tomllib
 
-    from bench import env as benv, grid, store
-    from bench.bleurt import load_scorer
+    from bench.measure import env as benv
+
+    from bench import grid, store
+    from bench.measure.bleurt import load_scorer
     from bench.families import parse_suite
     from narbench_core.paths import resolve
 
@@ -271,7 +274,8 @@ LATENCY_COLUMNS = ("system", "test_set", "n_sentences", "latency_p50_ms", "laten
 
 
 def cmd_latency(args) -> int:
-    from bench import env as benv, grid, report
+    from bench.measure import env as benv
+    from bench import grid, report
 
     if args.map:
         return _cmd_map(args)
@@ -290,7 +294,8 @@ def cmd_latency(args) -> int:
 
 
 def _cmd_map(args) -> int:
-    from bench import env as benv, speedmap
+    from bench.measure import env as benv
+    from bench import latency_map
 
     if args.suite != "default" or args.batch_size is not None or args.max_test_sentences is not None:
         raise UserError("--suite, --batch-size and --max-test-sentences do not apply to --map; use --batches "
@@ -301,12 +306,12 @@ def _cmd_map(args) -> int:
         if args.calibrate is not None:
             raise UserError("--cost-model scores the map with a model fitted in another map; drop --calibrate")
         changes["calibrate"] = ()
-    spec = speedmap.MapSpec(**{**speedmap.MapSpec().to_dict(), **changes})
+    spec = latency_map.MapSpec(**{**latency_map.MapSpec().to_dict(), **changes})
     platform = _setup(args.platform)
     env = benv.capture(seeds={"weights": spec.seed, "source": spec.seed, "decoder": spec.seed}, platform=platform)
     command = _command(args, ("map", *(n for n, *_ in _MAP_ARGS), "out", "cost_model", "platform", "no_progress"))
-    model = speedmap.CostModel.load(Path(args.cost_model)) if args.cost_model else None
-    run_dir = speedmap.run_map(spec, Path(args.out), command, env=env, platform=platform,
+    model = latency_map.CostModel.load(Path(args.cost_model)) if args.cost_model else None
+    run_dir = latency_map.run_map(spec, Path(args.out), command, env=env, platform=platform,
                                progress=not args.no_progress, force=args.force, model=model)
-    sys.stdout.write(f"latency map: {run_dir / speedmap.TABLE}\n")
+    sys.stdout.write(f"latency map: {run_dir / latency_map.TABLE}\n")
     return 0

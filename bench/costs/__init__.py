@@ -37,7 +37,7 @@ import numpy as np
 
 from narbench_core.errors import UserError
 from narbench_core.io import write_json
-from bench.timing import batches
+from bench.measure.timing import batches
 
 PROJECTION_LABEL = "projection"
 
@@ -197,7 +197,7 @@ class MachinePeaks:
 
 
 def machine_key() -> str:
-    from bench.env import cpu_signature, thread_count
+    from bench.measure.env import cpu_signature, thread_count
 
     return f"{cpu_signature()}|jax-{jax.__version__}|threads-{thread_count()}"
 

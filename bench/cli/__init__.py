@@ -16,10 +16,10 @@ from narbench_core.errors import UserError
 
 # Modules that add sub-commands, in the order they appear in --help.
 COMMAND_MODULES = (
-    "bench.cli_data",     # data prepare|stats|check|export, tasks
-    "bench.cli_models",   # train, translate, export
-    "bench.cli_run",      # run, eval, report, results, latency
-    "bench.cli_theory",   # theory ising|samplers|attention
+    "bench.cli.data",     # data prepare|stats|check|export, tasks
+    "bench.cli.checkpoints",   # train, translate, export
+    "bench.cli.run",      # run, eval, report, results, latency
+    "bench.cli.theory",   # theory ising|samplers|attention
 )
 
 

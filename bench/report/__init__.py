@@ -218,7 +218,7 @@ def fastest_ar(rows: Sequence[Row], samples: Sequence[dict]) -> list[str]:
     """Per test set: the fastest AR-side system (lowest p50, any family: JAX AR, CTranslate2 ...), and
     for each non-autoregressive row its paired per-sentence p50 speedup against the fastest AR-side
     row whose BLEU is at least its own (the AR a user would deploy instead). Empty without NAR rows."""
-    from bench import stats
+    from bench.measure import stats
 
     lat: dict[tuple[str, str], dict[int, float]] = {}
     for s in samples:

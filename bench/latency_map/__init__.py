@@ -9,7 +9,7 @@ source of ``length`` tokens (``length - 1`` fixed random ids + EOS) with every t
   (``force_length``, ``early_stop=False``: the length predictor does not run).
 
 A *cell* is one (size, target length, batch size); its systems are timed interleaved by the harness's
-one protocol (``bench.timing.warmup``, then ``measure``, end to end). The number of timed calls per
+one protocol (``bench.measure.timing.warmup``, then ``measure``, end to end). The number of timed calls per
 system adapts to the cell: a pilot round times every system once (it counts as the first call), then
 ``calls = cell_seconds / round``, clipped to ``[min_calls, max_calls]``. Cells run cheapest first and each finished cell is
 saved whole, so an interrupted map resumes where it stopped.
@@ -229,7 +229,7 @@ def time_cell(decoders: Sequence[Any], cell: Cell, spec: MapSpec, platform: str 
     """Warm up, time one interleaved round (the pilot, which counts as the first call), then enough
     further rounds for ``calls = cell_seconds / pilot round`` calls in all (clipped to
     ``[min_calls, max_calls]``)."""
-    from bench import timing
+    from bench.measure import timing
 
     compile_s = timing.warmup(decoders, cell.batch, platform=platform)
     runs = [timing.measure(decoders, [SOURCE] * cell.batch, batch_size=cell.batch, platform=platform)]
@@ -291,7 +291,7 @@ def part_costs(decoders: Sequence[Any], systems: Sequence[MapSystem], batch: int
 def cell_rows(cell: Cell, systems: Sequence[MapSystem], timed: CellTiming, parts: dict[str, PartCosts],
               peaks: costs.MachinePeaks, cpu: str) -> list[dict]:
     """One row per system of a timed cell (prediction columns are filled by :func:`apply_model`)."""
-    from bench import stats
+    from bench.measure import stats
 
     ar = timed.latencies_ms.get(AR_NAME)
     rows = []
@@ -665,7 +665,7 @@ def render(rows: Sequence[dict], spec: MapSpec, model: CostModel | None, env: di
              f"random-weight models (seed {spec.seed}), vocabulary {spec.vocab_size:,}, source length = target "
              "length, every target length forced (AR: exactly that many steps; PaDIR: k hypotheses of that "
              "length, exactly T passes, no early stop). End-to-end latency per call, timed interleaved "
-             f"by `bench.timing`; {spec.min_calls}-{spec.max_calls} calls per system and cell "
+             f"by `bench.measure.timing`; {spec.min_calls}-{spec.max_calls} calls per system and cell "
              f"(about {spec.cell_seconds:g} s of timed rounds per cell). Speedup = AR greedy p50 / PaDIR p50 "
              "(bold: PaDIR is faster). p99 ratios come from few calls; with forced lengths they mostly repeat "
              "the p50 ones.", ""]

@@ -2,13 +2,13 @@
 
 Systems loaded into one process slow each other: their thread pools, allocators and caches are
 shared, and an engine whose pool spin-waits after a call keeps the cores busy while the next system
-runs. So ``Runner.evaluate`` starts one *worker* per system (``python -m bench.workers``: a fresh
+runs. So ``Runner.evaluate`` starts one *worker* per system (``python -m bench.measure.workers``: a fresh
 interpreter, not a fork, that imports only what its decoder needs), with the environment its family
 asks for (``Family.worker_env``: thread counts, the OpenMP wait policy), set before any library loads.
 
-The driver keeps the schedule (``bench.timing.measure_systems``): it hands each batch to the worker
+The driver keeps the schedule (``bench.measure.timing.measure_systems``): it hands each batch to the worker
 whose turn it is and waits on its pipe; the worker times its own call with the one protocol
-(``bench.timing.time_call``) and sends back the outputs and timings. Idle workers block on their pipe
+(``bench.measure.timing.time_call``) and sends back the outputs and timings. Idle workers block on their pipe
 and compute nothing. A worker that dies gives a one-line ``UserError`` naming its system and the last
 line it wrote to stderr; nothing of that timed group is saved, so re-running the command resumes.
 
@@ -29,7 +29,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from bench import timing
+from bench.measure import timing
 from narbench_core.errors import UserError
 
 
@@ -72,7 +72,7 @@ def _peak_rss_mb() -> float:
 
 
 class Worker:
-    """The driver's handle on one system's worker process (a ``bench.timing.TimedSystem``)."""
+    """The driver's handle on one system's worker process (a ``bench.measure.timing.TimedSystem``)."""
 
     def __init__(self, spec: WorkerSpec, log_dir: Path):
         self.spec, self.name = spec, spec.name
@@ -83,7 +83,7 @@ class Worker:
         env = {**os.environ, "PYTHONPATH": path, **_jax_cache_env(), **{k: str(v) for k, v in spec.env.items()}}
         with open(self._log, "wb") as log:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "bench.workers", str(theirs.fileno())], pass_fds=(theirs.fileno(),),
+                [sys.executable, "-m", "bench.measure.workers", str(theirs.fileno())], pass_fds=(theirs.fileno(),),
                 stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env, close_fds=True,
                 start_new_session=True)    # the driver alone stops its workers (Ctrl-C reaches only it)
         theirs.close()
@@ -132,7 +132,7 @@ class Worker:
         raise UserError(f"system {self.name}: its worker process (pid {self.pid}) died with exit code {code}"
                         f"{last}; re-run the same command to resume")
 
-    # -- bench.timing.TimedSystem ---------------------------------------------------------------------
+    # -- bench.measure.timing.TimedSystem ---------------------------------------------------------------------
     def warmup(self, batch_size: int) -> float:
         return self.call("warmup", batch_size)
 
@@ -208,7 +208,7 @@ class Local(timing.InProcess):
 def _info(decoder: Any, env: dict) -> dict:
     """What a row and env.json say of where a system ran: its process, its engine's threads (the
     decoder's ``threads``, else every CPU this process may use, as XLA's pool does), its environment."""
-    from bench.env import thread_count
+    from bench.measure.env import thread_count
 
     return {"pid": os.getpid(), "threads": int(getattr(decoder, "threads", 0) or thread_count()),
             "env": dict(env), "peak_rss_mb": _peak_rss_mb()}
@@ -259,6 +259,6 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    from bench.workers import main as _main      # one copy of this module (pickles name bench.workers)
+    from bench.measure.workers import main as _main      # one copy of this module (pickles name bench.measure.workers)
 
     _main(sys.argv[1:])
