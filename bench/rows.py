@@ -1,20 +1,20 @@
-"""The result row: one column list, the figures it carries, and the check that recomputes them.
+"""The result row: one column list and the figures it carries.
 
 ``CORE`` names every column a row of any system has, in order, each with its table label, its cell
 format and whether higher is better; a family adds the columns only it fills (``Family.columns``),
 and the rows of other families hold None there. Every table (``table.md``, ``leaderboard.md``,
-``narbench results --format md``) renders cells with ``Column.cell``. ``figures`` computes every
-number of a row that follows from per-sentence data, and ``verify_run`` recomputes them from
-``samples.jsonl``.
+``narbench results --format md``) renders cells with ``Column.cell`` (``bench.columns``). ``figures``
+computes every number of a row that follows from per-sentence data, and ``bench.verify.verify_run``
+recomputes them from ``samples.jsonl``.
 """
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 
+from bench import families
+from bench.columns import Column, count, fixed, ms, plain, si, stars, yes_no
 from bench.measure.stats import min_samples
 from narbench_core import defaults, langs, phases
 from narbench_core.errors import UserError
@@ -23,33 +23,10 @@ SCHEMA_VERSION = 2   # 2: `family` is the plug-in family (ar, padir ...); `parad
 P99_MIN_N = min_samples(0.99)
 
 
-# ------------------------------------------------------------------------------------------- formats
-
-def fixed(digits: int) -> Callable[[Any], str]:
-    def fmt(value: Any) -> str:
-        if value is None or (isinstance(value, float) and math.isnan(value)):
-            return "–"
-        return f"{value:.{digits}f}"
-    return fmt
-
-
-def ms(value: Any) -> str:
-    """Milliseconds with enough digits for sub-millisecond figures."""
-    if value is None:
-        return "–"
-    return f"{value:.3f}" if value < 1 else f"{value:.2f}" if value < 10 else f"{value:.1f}"
-
-
-def plain(value: Any) -> str:
-    return "–" if value is None else str(value)
-
+# ------------------------------------------------------------------------------------------- cells
 
 def _ci(fmt: Callable[[Any], str], ci: Any) -> str:
     return "(CI: n too small)" if not ci else f"[{fmt(ci[0])}, {fmt(ci[1])}]"
-
-
-def stars(p: float | None) -> str:
-    return "" if p is None else "**" if p < 0.01 else "*" if p < 0.05 else ""
 
 
 def _p50(row: "Row") -> str:
@@ -88,28 +65,7 @@ def _passes(row: "Row") -> str:
     return f"{fixed(1)(row.passes_mean)} / {fixed(0)(row.passes_p99)}"
 
 
-def count(value: Any) -> str:
-    """An integer with thousands separators."""
-    return "–" if value is None else f"{int(value):,}"
-
-
-def si(value: Any) -> str:
-    """A large quantity with an SI prefix (1.23M tokens, 4.56P FLOPs)."""
-    if value is None:
-        return "–"
-    for factor, prefix in ((1e18, "E"), (1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
-        if abs(value) >= factor:
-            return f"{value / factor:.2f}{prefix}"
-    return f"{value:.0f}"
-
-
-def yes_no(value: Any) -> str:
-    return "–" if value is None else "yes" if value else "no"
-
-
 def _family(row: "Row") -> str:
-    from bench import families
-
     return families.get(row.family).label
 
 
@@ -119,25 +75,6 @@ def _share(row: "Row") -> str:
 
 
 # ------------------------------------------------------------------------------------------- columns
-
-@dataclass(frozen=True)
-class Column:
-    name: str
-    label: str = ""                                  # table header (default: the name)
-    fmt: Callable[[Any], str] = plain                # the value as a table cell
-    higher_is_better: bool | None = None             # None: not a score (tables mark the best of a score)
-    render: Callable[["Row"], str] | None = None     # a cell showing more than the value (CI, stars)
-    doc: str = ""
-    align: str = "right"                             # markdown alignment: "left" for text
-    added: bool = False                              # newer than schema 2's first rows: absent reads as None
-
-    @property
-    def header(self) -> str:
-        return self.label or self.name
-
-    def cell(self, row: "Row") -> str:
-        return self.render(row) if self.render else self.fmt(row[self.name])
-
 
 C = Column
 IDENTITY = (
@@ -243,8 +180,6 @@ VIEWS = {c.name: c for c in (
 
 def columns() -> tuple[Column, ...]:
     """Every column of a row: the core ones, then each registered family's."""
-    from bench import families
-
     extra = {c.name: c for f in families.all_families() for c in f.columns}
     core = {c.name for c in CORE}
     return IDENTITY + tuple(c for n, c in extra.items() if n not in core) + FIGURES + RUN + TRAINING + COSTS + ENV
@@ -398,68 +333,3 @@ FIGURE_FIELDS = tuple(figures(["a"], [["a"]], [1.0], [1], "en", score=False))   
 
 
 # ------------------------------------------------------------------------------------------- verify
-
-def _close(a: Any, b: Any, rel: float = 1e-9) -> bool:
-    if a is None or b is None:
-        return a is None and b is None
-    if isinstance(a, Mapping) or isinstance(b, Mapping):
-        return isinstance(a, Mapping) and isinstance(b, Mapping) and a.keys() == b.keys() and all(
-            _close(a[k], b[k], rel) for k in a)
-    if isinstance(a, (list, tuple)) or isinstance(b, (list, tuple)):
-        return isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)) and len(a) == len(b) and all(
-            _close(x, y, rel) for x, y in zip(a, b))
-    if isinstance(a, str) or isinstance(b, str):
-        return a == b
-    return math.isclose(float(a), float(b), rel_tol=rel, abs_tol=1e-9)
-
-
-def verify_run(run_dir) -> list[str]:
-    """Recompute every row's figures from ``samples.jsonl``; returns the mismatches (empty: all agree).
-
-    BLEU, chrF, stutter, latency percentiles and CIs, passes, the paired speedup and the BLEU delta
-    against the row's baseline are all recomputed with ``figures``.
-    """
-    from bench import store as st
-
-    run = st.RunStore(st.resolve_run_dir(run_dir))
-    rows, samples = run.rows(), run.samples()
-    settings = run.spec_settings()
-    groups: dict[tuple[str, str], list[dict]] = {}
-    for s in samples:
-        groups.setdefault((s["system"], s["test_set"]), []).append(s)
-    for g in groups.values():
-        g.sort(key=lambda s: s["index"])
-    problems = [] if rows else ["rows.jsonl has no rows"]
-    predates = {c.name for c in CORE if c.added}
-    for row in rows:
-        g = groups.get(row.key)
-        if not g:
-            problems.append(f"{row.key}: no samples")
-            continue
-        bad_sample = [f for f in st.SAMPLE_FIELDS if any(f not in s for s in g)]
-        if bad_sample:
-            problems.append(f"{row.key}: samples lack {bad_sample}")
-            continue
-        n_refs = len(g[0]["references"]) if "references" in g[0] else 1
-        refs = ([[s["references"][k] for s in g] for k in range(n_refs)] if "references" in g[0]
-                else [[s["reference"] for s in g]])
-        base = groups.get((row.baseline_system, row.test_set))
-        base_ok = base is not None and [s["index"] for s in base] == [s["index"] for s in g]
-        recomputed = figures(
-            [s["hypothesis"] for s in g], refs, [s["latency_ms"] for s in g], [s["passes"] for s in g],
-            row.target_lang,
-            [s["latency_ms"] for s in base] if base_ok and row.speedup_p50_vs_ar is not None else None,
-            [s["hypothesis"] for s in base] if base_ok and row.bleu_delta_vs_ar is not None else None,
-            settings["bootstrap_resamples"], settings["seed"], score=row.bleu is not None,
-            phase_ms=[s["phase_ms"] for s in g] if all("phase_ms" in s for s in g) else None,
-            host_syncs=[s["host_syncs"] for s in g] if all("host_syncs" in s for s in g) else None,
-            solo_ms=[s.get("solo_latency_ms") for s in g])
-        for name, value in recomputed.items():
-            if row[name] is None and name in predates:      # a figure added after the row was written
-                continue
-            if not _close(row[name], value):
-                problems.append(f"{row.key}: {name} = {row[name]!r} in rows.jsonl but {value!r} from samples")
-    extra = set(groups) - {r.key for r in rows}
-    if extra:
-        problems.append(f"samples without a row (unfinished cells): {sorted(extra)}")
-    return problems

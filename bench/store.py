@@ -22,30 +22,23 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from bench.rows import SCHEMA_VERSION, Row
 from narbench_core.errors import UserError
 from narbench_core.io import read_jsonl, write_json, write_jsonl, write_text
+from narbench_core.runs import LATEST, make_run_id, utc_now
 
 CURVES = "curves.jsonl"
 SAMPLE_FIELDS = ("system", "test_set", "index", "source", "reference", "hypothesis", "latency_ms", "passes")
 
-ROWS, SAMPLES, ENV, SPEC, RUN, LATEST, DISTILL = (
-    "rows.jsonl", "samples.jsonl", "env.json", "spec.toml", "run.json", "latest", "distill.json")
-
-
-def utc_now() -> datetime:
-    return datetime.now(timezone.utc)
+ROWS, SAMPLES, ENV, SPEC, RUN, DISTILL = (
+    "rows.jsonl", "samples.jsonl", "env.json", "spec.toml", "run.json", "distill.json")
 
 
 # --------------------------------------------------------------------------------------- run folder
-
-def make_run_id(spec_hash: str, now: datetime | None = None) -> str:
-    now = (now or utc_now()).astimezone(timezone.utc)
-    return f"{now:%Y%m%dT%H%M%SZ}-{spec_hash[:8]}"
 
 
 @dataclass

@@ -19,7 +19,6 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from bench.store import resolve_run_dir
 from narbench_core import defaults
 from narbench_core.errors import UserError
 from narbench_core.paths import portable
@@ -47,36 +46,6 @@ class AttentionJob:
         d["sources"] = min(len(self.sources), self.max_sentences)
         d["checkpoint"] = portable(self.checkpoint)            # no machine path in a committed page
         return d
-
-
-def job_from_run(run_dir: str, system: str | None = None, test_set: str | None = None) -> AttentionJob:
-    """A non-autoregressive system's checkpoint, decoder options and test sources recorded by `narbench run`."""
-    from bench.store import RunStore
-    from narbench_core.paths import resolve
-
-    run = RunStore(resolve_run_dir(run_dir))
-    nar = [r for r in run.rows() if r.paradigm == "nar" and r.decoder.startswith("refine:")]
-    if system:
-        nar = [r for r in nar if r.system == system]
-    if test_set:
-        nar = [r for r in nar if r.test_set == test_set]
-    elif nar:
-        nar = [r for r in nar if r.test_set == nar[0].test_set]   # the run's first test set
-    if not nar:
-        raise UserError(f"{run.path} has no refine:T row{' for ' + system if system else ''}"
-                        f"{' on ' + test_set if test_set else ''}; run a suite with a PaDIR system or pass --checkpoint")
-    # The most refinement steps; among those, the best BLEU (e.g. the distilled model), then the first row.
-    row = max(nar, key=lambda r: (r.steps, r.bleu if r.bleu is not None else 0.0))
-    picked = sorted((s for s in run.samples() if s["system"] == row.system and s["test_set"] == row.test_set),
-                    key=lambda s: s["index"])
-    if not picked:
-        raise UserError(f"{run.path} has no samples for {row.system} on {row.test_set}; use --checkpoint")
-    opts = row.decoder_options
-    return AttentionJob(checkpoint=str(resolve(row.checkpoint)), sources=tuple(s["source"] for s in picked),
-                        origin=f"run {run.path.name}, system {row.system}, test set {row.test_set}",
-                        steps=row.steps, length_hyps=opts["length_hyps"], remask=opts["remask"],
-                        start=opts.get("start", defaults.START),      # runs before the option existed: the default
-                        seed=opts["seed"])
 
 
 def job_from_checkpoint(checkpoint: str, task: str | None = None, split: str = "test") -> AttentionJob:

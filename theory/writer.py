@@ -2,8 +2,9 @@
 
 Each folder holds ``config.json``, ``env.json``, ``rows.jsonl`` (one JSON object per cell, each with
 ``schema_version``, ``experiment``, ``run_id`` and ``env``), ``table.md`` (the page) and PNG plots.
-Run ids and the ``latest`` pointer are the results store's (``bench.store``); every file is written by
-``narbench_core.io``. The folder is assembled under a hidden temporary name and renamed into place,
+Run ids and the ``latest`` pointer are every results writer's (``narbench_core.runs``); every file is
+written by ``narbench_core.io``; ``env.json`` is what the caller captured (``narbench theory`` passes
+``bench.measure.env.capture``, the same object as ``narbench run`` writes). The folder is assembled under a hidden temporary name and renamed into place,
 so a reader never sees a half-written run; ``latest`` (one line: the run_id) is replaced atomically
 afterwards.
 """
@@ -17,18 +18,10 @@ import shutil
 from pathlib import Path
 from typing import Any, Mapping
 
-from bench.store import LATEST, make_run_id
 from narbench_core.io import atomic_path, json_default, write_json, write_jsonl, write_text
+from narbench_core.runs import LATEST, make_run_id
 
 SCHEMA_VERSION = 1   # of the theory rows (the suites' rows have their own)
-
-
-def environment(seeds: Mapping[str, Any]) -> dict:
-    """The same ``env.json`` object as ``narbench run`` writes (bench.measure.env.capture): device, CPU model,
-    threads, library versions, git commit with its dirty flag, UTC date and seeds."""
-    from bench.measure.env import capture
-
-    return capture(seeds=dict(seeds))
 
 
 def run_id_for(config: Mapping[str, Any], now: _dt.datetime | None = None) -> str:
@@ -38,9 +31,10 @@ def run_id_for(config: Mapping[str, Any], now: _dt.datetime | None = None) -> st
 
 
 def write_run(results_root: Path, name: str, config: Mapping[str, Any], rows: list[dict], page: str,
-              figures: Mapping[str, Any], seeds: Mapping[str, Any]) -> Path:
+              figures: Mapping[str, Any], env: Mapping[str, Any]) -> Path:
     """Write one finished run folder; returns its path. ``figures`` maps file names to matplotlib
-    figures; ``page`` is the markdown body (tables), to which a header and the plots are added."""
+    figures; ``page`` is the markdown body (tables), to which a header and the plots are added; ``env``
+    is the environment (device, CPU model, threads, versions, git commit, UTC date, seeds)."""
     base = Path(results_root) / "theory" / name
     base.mkdir(parents=True, exist_ok=True)
     run_id = run_id_for(config)
@@ -49,7 +43,7 @@ def write_run(results_root: Path, name: str, config: Mapping[str, Any], rows: li
     while final.exists():  # never overwrite a finished run
         final = base / f"{run_id}-{n}"
         n += 1
-    env = environment(seeds)
+    env = dict(env)
     tmp = base / f".{final.name}.{os.getpid()}.tmp"
     tmp.mkdir()                                    # the umask's permissions, like the store's folders
     try:

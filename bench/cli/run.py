@@ -173,7 +173,7 @@ def cmd_run(args) -> int:
 
 def _finish(run_dir: Path) -> int:
     from bench import report
-    from bench.rows import verify_run
+    from bench.verify import verify_run
 
     files = report.write_report(run_dir)
     problems = verify_run(run_dir)

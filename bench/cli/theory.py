@@ -2,15 +2,20 @@
 
 Each writes ``<results>/theory/<name>/<run_id>/`` (table.md, plots, rows.jsonl, env.json,
 config.json) and points ``<results>/theory/<name>/latest`` at it. The logic lives in the ``theory``
-package; this module only parses flags, calls it and prints where the page is.
+package; this module parses flags, finds what a run recorded (``job_from_run``: ``theory`` never
+reads the results store), calls it and prints where the page is.
 """
 from __future__ import annotations
 
 import argparse
 import dataclasses
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from narbench_core.errors import UserError
+
+if TYPE_CHECKING:
+    from theory.attention_model import AttentionJob
 
 
 def _floats(text: str) -> tuple[float, ...]:
@@ -92,6 +97,13 @@ def _setup() -> None:
     enable_compilation_cache()
 
 
+def _env(seed: int) -> dict:
+    """The run's env.json: the same object as ``narbench run`` writes."""
+    from bench.measure.env import capture
+
+    return capture(seeds={"seed": seed})
+
+
 def cmd_ising(args) -> int:
     from theory import ising, plots, writer
 
@@ -102,7 +114,7 @@ def cmd_ising(args) -> int:
     rows = ising.run_ising(cfg)
     figures = {f"ising_J{J:g}.png": plots.ising_figure(rows, J) for J in cfg.couplings}
     out = writer.write_run(Path(args.results_dir), "ising", dataclasses.asdict(cfg), rows,
-                           ising.markdown_table(rows), figures, {"seed": cfg.seed})
+                           ising.markdown_table(rows), figures, _env(cfg.seed))
     print(ising.markdown_table(rows))
     print(f"wrote {out}")
     return 0
@@ -117,10 +129,42 @@ def cmd_samplers(args) -> int:
     rows = samplers.run_samplers(cfg)
     out = writer.write_run(Path(args.results_dir), "samplers", dataclasses.asdict(cfg), rows,
                            samplers.markdown_table(rows), {"samplers.png": plots.samplers_figure(rows)},
-                           {"seed": cfg.seed})
+                           _env(cfg.seed))
     print(samplers.markdown_table(rows))
     print(f"wrote {out}")
     return 0
+
+
+def job_from_run(run_dir: str, system: str | None = None, test_set: str | None = None) -> "AttentionJob":
+    """A non-autoregressive system's checkpoint, decoder options and test sources recorded by `narbench run`."""
+    from bench.store import RunStore, resolve_run_dir
+    from narbench_core import defaults
+    from narbench_core.paths import resolve
+    from theory.attention_model import AttentionJob
+
+    run = RunStore(resolve_run_dir(run_dir))
+    nar = [r for r in run.rows() if r.decoder.startswith("refine:")]          # iterative refinement only
+    if system:
+        nar = [r for r in nar if r.system == system]
+    if test_set:
+        nar = [r for r in nar if r.test_set == test_set]
+    elif nar:
+        nar = [r for r in nar if r.test_set == nar[0].test_set]   # the run's first test set
+    if not nar:
+        raise UserError(f"{run.path} has no refine:T row{' for ' + system if system else ''}"
+                        f"{' on ' + test_set if test_set else ''}; run a suite with a PaDIR system or pass --checkpoint")
+    # The most refinement steps; among those, the best BLEU (e.g. the distilled model), then the first row.
+    row = max(nar, key=lambda r: (r.steps, r.bleu if r.bleu is not None else 0.0))
+    picked = sorted((s for s in run.samples() if s["system"] == row.system and s["test_set"] == row.test_set),
+                    key=lambda s: s["index"])
+    if not picked:
+        raise UserError(f"{run.path} has no samples for {row.system} on {row.test_set}; use --checkpoint")
+    opts = row.decoder_options
+    return AttentionJob(checkpoint=str(resolve(row.checkpoint)), sources=tuple(s["source"] for s in picked),
+                        origin=f"run {run.path.name}, system {row.system}, test set {row.test_set}",
+                        steps=row.steps, length_hyps=opts["length_hyps"], remask=opts["remask"],
+                        start=opts.get("start", defaults.START),      # runs before the option existed: the default
+                        seed=opts["seed"])
 
 
 def cmd_attention(args) -> int:
@@ -130,7 +174,7 @@ def cmd_attention(args) -> int:
     if args.max_sentences < 1 or args.batch_size < 1:
         raise UserError("--max-sentences and --batch-size must be >= 1")
     if args.run:
-        job = attention_model.job_from_run(args.run, system=args.system, test_set=args.test_set)
+        job = job_from_run(args.run, system=args.system, test_set=args.test_set)
     else:
         job = attention_model.job_from_checkpoint(args.checkpoint, task=args.task, split=args.split)
     job = job.with_overrides(steps=args.steps, length_hyps=args.length_hyps, remask=args.remask,
@@ -139,7 +183,7 @@ def cmd_attention(args) -> int:
     rows = [{**info, **r} for r in attention.summarize(stats)]
     page = attention_model.describe(info) + "\n" + attention.markdown_tables(rows)
     out = writer.write_run(Path(args.results_dir), "attention", {**job.config(), "batch_size": args.batch_size},
-                           rows, page, {}, {"seed": args.seed})
+                           rows, page, {}, _env(args.seed))
     print(page)
     print(f"wrote {out}")
     return 0

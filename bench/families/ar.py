@@ -20,7 +20,7 @@ from typing import Any
 
 from bench import families
 from bench.families.base import Context, Family, System, TrainCell
-from bench.rows import Column
+from bench.columns import Column
 from narbench_core import defaults
 from narbench_core.errors import UserError
 from suites.spec import boolean, list_of, number, string

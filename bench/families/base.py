@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from bench.rows import Column
+from bench.columns import Column
 from narbench_core import defaults
 from narbench_core.errors import UserError
 

@@ -34,7 +34,7 @@ from typing import Any
 
 from bench import families
 from bench.families.base import Context, Family, System, TrainCell
-from bench.rows import Column, fixed
+from bench.columns import Column, fixed
 from narbench_core import defaults as d
 from suites.spec import Invalid, boolean, integer, list_of, number, string
 

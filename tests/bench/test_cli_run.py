@@ -10,7 +10,8 @@ import pytest
 from bench import store as st
 from bench.cli import main
 from bench.costs import MachinePeaks
-from bench.rows import CORE, verify_run
+from bench.rows import CORE
+from bench.verify import verify_run
 from grid_fakes import FakeFactory, fake_deps, fake_spec
 
 SPEC = fake_spec("clitest", test=["test"], ar_decoders=["greedy", "beam:2"], padir_steps=[1, 2],

@@ -16,7 +16,8 @@ from bench import families, report, store as st
 from bench.costs import MachinePeaks
 from bench.families import Context, Family, System, TrainCell
 from bench.grid import Runner, expand
-from bench.rows import Column, fixed, verify_run
+from bench.columns import Column, fixed
+from bench.verify import verify_run
 from narbench_core.errors import UserError
 from suites.spec import list_of, number
 from grid_fakes import FakeFactory, fake_deps, fake_spec

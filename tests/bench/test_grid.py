@@ -11,7 +11,8 @@ from narbench_core.io import write_jsonl
 from bench.costs import MachinePeaks
 from bench.families import load_suite as load_spec
 from bench.grid import Runner, expand
-from bench.rows import CORE, SCHEMA_VERSION, verify_run
+from bench.rows import CORE, SCHEMA_VERSION
+from bench.verify import verify_run
 from grid_fakes import STEP_COST, FakeFactory, fake_deps, fake_spec
 
 SPEC = fake_spec("gridtest", test=["test", "test+refs", "dev"], ar_decoders=["greedy", "beam:3"],

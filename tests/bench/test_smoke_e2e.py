@@ -10,7 +10,8 @@ import suites.tasks  # noqa: F401
 from bench import store as st
 from bench.cli import main
 from bench.report import PLOTS
-from bench.rows import CORE, verify_run
+from bench.rows import CORE
+from bench.verify import verify_run
 from bench.families import load_suite as load_spec
 
 

@@ -15,7 +15,7 @@ from bench.costs import MachinePeaks
 from bench.measure.decoder import DecodeOutput
 from bench.families import load_suite
 from bench.grid import Runner
-from bench.rows import verify_run
+from bench.verify import verify_run
 from bench.store import open_run
 from grid_fakes import FakeDecoder, FakeFactory, fake_deps, fake_spec
 from narbench_core.errors import UserError

@@ -111,6 +111,8 @@ def test_cli_attention_from_a_run_folder(tmp_path):
 
 
 def test_job_from_run_picks_most_steps_then_best_bleu(tmp_path):
+    from bench.cli.theory import job_from_run
+
     """Without --system, the analysed model is the NAR row with the most steps; a tie goes to the higher BLEU."""
     from bench.rows import SCHEMA_VERSION, Row, columns
 
@@ -129,8 +131,8 @@ def test_job_from_run_picks_most_steps_then_best_bleu(tmp_path):
     (tmp_path / "samples.jsonl").write_text("".join(
         json.dumps({"system": r["system"], "test_set": r["test_set"], "index": i, "source": f"{r['system']} {i}"}) + "\n"
         for r in rows for i in (1, 0)))
-    job = attention_model.job_from_run(str(tmp_path))
+    job = job_from_run(str(tmp_path))
     assert job.checkpoint.endswith("c10d") and job.steps == 10   # resolved under the data root
     assert job.sources == ("padir-s10-distill 0", "padir-s10-distill 1")
     assert job.origin.endswith("test set test")      # the run's first test set, not the higher-BLEU test+refs
-    assert attention_model.job_from_run(str(tmp_path), system="padir-s4").checkpoint.endswith("c4")
+    assert job_from_run(str(tmp_path), system="padir-s4").checkpoint.endswith("c4")

@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 
 from bench.cli import main
+from bench.measure.env import capture
 from theory import writer
 
 
@@ -17,8 +18,8 @@ def test_write_run_layout_and_latest(tmp_path):
     ax.plot([1, 2], [3, 4])
     rows = [{"k": 1, "value": 0.5}, {"k": 2, "value": 0.25}]
     cfg = {"a": 1}
-    first = writer.write_run(tmp_path, "demo", cfg, rows, "| t |\n", {"plot.png": fig}, {"seed": 7})
-    second = writer.write_run(tmp_path, "demo", cfg, rows, "| t |\n", {"plot.png": fig}, {"seed": 7})
+    first = writer.write_run(tmp_path, "demo", cfg, rows, "| t |\n", {"plot.png": fig}, capture(seeds={"seed": 7}))
+    second = writer.write_run(tmp_path, "demo", cfg, rows, "| t |\n", {"plot.png": fig}, capture(seeds={"seed": 7}))
     assert first != second and first.exists()                    # a finished run is never overwritten
     assert writer.latest_run(tmp_path, "demo") == second
     for name in ("config.json", "env.json", "rows.jsonl", "table.md", "plot.png"):
