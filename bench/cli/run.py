@@ -149,7 +149,7 @@ def _seeds(spec) -> dict[str, int]:
 
 def cmd_run(args) -> int:
     from bench.measure import env as benv
-    from bench import grid, store
+    from bench import runner, store
     from bench.measure.bleurt import load_scorer
     from bench.cli.data import refuse_bad_data
 
@@ -163,9 +163,9 @@ def cmd_run(args) -> int:
     env = benv.capture(seeds=_seeds(spec), platform=platform)
     run.write_env(env)
     start = time.perf_counter()
-    runner = grid.Runner(spec, grid.real_deps(), run, env, platform, load_scorer(args.bleurt_checkpoint),
-                         progress=not args.no_progress)
-    runner.run()
+    suite = runner.Runner(spec, runner.real_deps(), run, env, platform, load_scorer(args.bleurt_checkpoint),
+                          progress=not args.no_progress)
+    suite.run()
     run.update_info(last_session_s=round(time.perf_counter() - start, 1))
     store.finish_run(run)
     return _finish(run.path)
@@ -202,7 +202,7 @@ def cmd_eval(args) -> int:
 
     from bench.measure import env as benv
 
-    from bench import grid, store
+    from bench import plan, runner, store
     from bench.measure.bleurt import load_scorer
     from bench.families import parse_suite
     from narbench_core.paths import resolve
@@ -229,13 +229,13 @@ def cmd_eval(args) -> int:
     if task not in tasks:
         raise UserError(f"pass --task with one of the run's tasks: {', '.join(tasks)}")
     ckpts = {r.system: r.checkpoint for r in rows if r.task == task}
-    systems = [(s, resolve(ckpts[s.name])) for s in grid.expand(spec).systems
+    systems = [(s, resolve(ckpts[s.name])) for s in plan.expand(spec).systems
                if s.cell.task == task and s.name in ckpts]
-    data = grid.TestData(task, name, list(range(len(sources))), sources, refs)
-    target = grid.Target(name, len(refs), frozenset(s.name for s, _ in systems))
+    data = runner.TestData(task, name, list(range(len(sources))), sources, refs)
+    target = runner.Target(name, len(refs), frozenset(s.name for s, _ in systems))
     env = benv.capture(seeds=_seeds(spec), platform=platform)
-    runner = grid.Runner(spec, grid.real_deps(), run, env, platform, load_scorer(args.bleurt_checkpoint))
-    runner.evaluate(systems, data, [target])
+    suite = runner.Runner(spec, runner.real_deps(), run, env, platform, load_scorer(args.bleurt_checkpoint))
+    suite.evaluate(systems, data, [target])
     return _finish(run.path)
 
 
@@ -275,7 +275,7 @@ LATENCY_COLUMNS = ("system", "test_set", "n_sentences", "latency_p50_ms", "laten
 
 def cmd_latency(args) -> int:
     from bench.measure import env as benv
-    from bench import grid, report
+    from bench import report, runner
 
     if args.map:
         return _cmd_map(args)
@@ -285,7 +285,7 @@ def cmd_latency(args) -> int:
     spec = _spec(args)
     platform = _setup(args.platform)
     env = benv.capture(seeds=_seeds(spec), platform=platform)
-    rows = grid.Runner(spec, grid.real_deps(), None, env, platform, score=False,
+    rows = runner.Runner(spec, runner.real_deps(), None, env, platform, score=False,
                        progress=not args.no_progress).run()
     if args.json_out:
         write_jsonl(Path(args.json_out), [dict(r) for r in rows])

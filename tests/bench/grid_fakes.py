@@ -15,7 +15,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from bench.measure.decoder import DecodeOutput
-from bench.grid import Deps
+from bench.runner import Deps
 from bench.rows import SCHEMA_VERSION, Row, columns
 
 WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu".split()

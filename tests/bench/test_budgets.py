@@ -9,7 +9,8 @@ import pytest
 from bench import curves, report, store as st
 from bench.costs import MachinePeaks
 from bench.families import load_suite
-from bench.grid import Runner, expand
+from bench.plan import expand
+from bench.runner import Runner
 from bench.rows import CORE, SCHEMA_VERSION, Row
 from grid_fakes import STEP_COST, TOKENS_PER_STEP, FakeStepCost, fake_deps, fake_row, fake_spec
 from narbench_core.errors import UserError

@@ -1,4 +1,4 @@
-"""The run/eval/report/results/latency commands, driven with fake models (bench.grid.real_deps patched)."""
+"""The run/eval/report/results/latency commands, driven with fake models (bench.runner.real_deps patched)."""
 from __future__ import annotations
 
 import io
@@ -22,7 +22,7 @@ SPEC = fake_spec("clitest", test=["test"], ar_decoders=["greedy", "beam:2"], pad
 def env(tmp_path, monkeypatch):
     """Fake models behind the CLI; returns (spec path, results root, holder of the current factory)."""
     holder = {"factory": FakeFactory()}
-    monkeypatch.setattr("bench.grid.real_deps", lambda: fake_deps(tmp_path / "ckpt", holder["factory"]))
+    monkeypatch.setattr("bench.runner.real_deps", lambda: fake_deps(tmp_path / "ckpt", holder["factory"]))
     monkeypatch.setattr("bench.costs.machine_peaks", lambda: MachinePeaks("t", 1e11, 1e10, "x", 8, 8))
     spec = tmp_path / "clitest.toml"
     spec.write_text(SPEC)

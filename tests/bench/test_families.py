@@ -15,7 +15,8 @@ import pytest
 from bench import families, report, store as st
 from bench.costs import MachinePeaks
 from bench.families import Context, Family, System, TrainCell
-from bench.grid import Runner, expand
+from bench.plan import expand
+from bench.runner import Runner
 from bench.columns import Column, fixed
 from bench.verify import verify_run
 from narbench_core.errors import UserError

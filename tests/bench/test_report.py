@@ -5,7 +5,7 @@ import pytest
 
 from bench import report, store as st
 from bench.costs import MachinePeaks
-from bench.grid import Runner
+from bench.runner import Runner
 from bench.families import load_suite as load_spec
 from grid_fakes import fake_deps, fake_row
 

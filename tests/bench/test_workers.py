@@ -14,7 +14,7 @@ from bench.measure import timing, workers
 from bench.costs import MachinePeaks
 from bench.measure.decoder import DecodeOutput
 from bench.families import load_suite
-from bench.grid import Runner
+from bench.runner import Runner
 from bench.verify import verify_run
 from bench.store import open_run
 from grid_fakes import FakeDecoder, FakeFactory, fake_deps, fake_spec

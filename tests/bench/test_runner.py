@@ -10,7 +10,8 @@ from narbench_core.errors import UserError
 from narbench_core.io import write_jsonl
 from bench.costs import MachinePeaks
 from bench.families import load_suite as load_spec
-from bench.grid import Runner, expand
+from bench.plan import expand
+from bench.runner import Runner
 from bench.rows import CORE, SCHEMA_VERSION
 from bench.verify import verify_run
 from grid_fakes import STEP_COST, FakeFactory, fake_deps, fake_spec

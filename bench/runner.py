@@ -1,9 +1,7 @@
-"""The grid runner: expand a suite spec into training and evaluation cells, then run them.
+"""The runner: train a plan's cells (``bench.plan``), then time, score and save its evaluation cells.
 
-Every system comes from a family (``bench.families``): for each task and seed the baseline family
-expands first (its greedy system is every speedup's baseline, its cell the distillation teacher),
-then every other family with a section in the spec. Training cells are unique; a distilled cell's
-teacher is trained first. Evaluation cells are (system, test set); the systems of one test set are
+Training cells are unique; a distilled cell's teacher is trained first. Evaluation cells are
+(system, test set); the systems of one test set are
 warmed up and then timed interleaved in one ``bench.measure.timing.measure`` call, scored, and saved
 together. Rows are keyed by ``(system, test_set)``: a re-run skips the cells whose rows exist.
 
@@ -25,62 +23,12 @@ from typing import Any, Callable
 import numpy as np
 
 from bench import curves, families
-from bench.families import Context, System, TrainCell
+from bench.families import System, TrainCell
+from bench.plan import Plan, expand, needed_cells
 from bench.rows import SCHEMA_VERSION, Row, columns, figures
 from bench.store import RunStore
 from narbench_core.errors import UserError
-from suites.spec import SuiteSpec, TestSet
-
-
-# ------------------------------------------------------------------------------------------ cells
-
-@dataclass(frozen=True)
-class EvalCell:
-    system: System
-    test_set: TestSet
-
-    @property
-    def key(self) -> tuple[str, str]:
-        return self.system.name, self.test_set.name
-
-
-@dataclass(frozen=True)
-class Plan:
-    train_cells: tuple[TrainCell, ...]         # every teacher precedes its students
-    systems: tuple[System, ...]
-    eval_cells: tuple[EvalCell, ...]
-
-
-def expand(spec: SuiteSpec) -> Plan:
-    """All training cells, systems and evaluation cells of a spec, in run order."""
-    base = families.get(families.BASELINE)            # required: every suite has its section
-    order = [base] + [f for f in families.all_families() if f is not base and spec.section(f.name) is not None]
-    cells: dict[TrainCell, None] = {}
-    systems: list[System] = []
-    evals: list[EvalCell] = []
-    for task in spec.tasks:
-        task_systems: list[System] = []
-        for seed in spec.seeds:
-            sfx = f"-seed{seed}" if len(spec.seeds) > 1 else ""
-            ctx = Context(task.train, seed, TrainCell(task.train, base.name, seed), spec.decoder_shapes())
-            for family in order:
-                for system in family.expand(spec.section(family.name), ctx):
-                    cells[system.cell] = None
-                    task_systems.append(dataclasses.replace(
-                        system, name=system.name + sfx, baseline=base.baseline_system + sfx,
-                        info=system.info + (("seed", seed),)))
-        names = [s.name for s in task_systems]
-        dupes = sorted({n for n in names if names.count(n) > 1})
-        if dupes:
-            raise UserError(f"{spec.source}: suite gives several systems the same name {dupes}; "
-                            "remove duplicate axis values")
-        systems.extend(task_systems)
-        evals.extend(EvalCell(s, ts) for ts in task.test_sets for s in task_systems)
-    if base.trains and spec.budget(base.name).match is not None:
-        raise UserError(f"{spec.source}: train.{base.name}: match gives a model the {base.label} model's budget; "
-                        f"the {base.label} budget itself needs plain steps (drop match)")
-    ordered = sorted(cells, key=lambda c: bool(c.sources))  # stable: teachers and warm-start sources first
-    return Plan(tuple(ordered), tuple(systems), tuple(evals))
+from suites.spec import SuiteSpec
 
 
 # ------------------------------------------------------------------------------------ dependencies
@@ -222,7 +170,7 @@ class Runner:
         plan = plan or expand(self.spec)
         done = self.store.done_keys() if self.store is not None else set()
         todo = [c for c in plan.eval_cells if c.key not in done]
-        needed = _needed_cells(plan, todo)
+        needed = needed_cells(plan, todo)
         bar = tqdm(total=len(needed) + len(todo), unit="cell", desc=self.spec.name,
                    disable=not self.progress, dynamic_ncols=True)
         rows: list[dict] = []
@@ -484,12 +432,6 @@ def _solo(t) -> list[float | None] | None:
     if t.solo_ms is None:
         return None
     return [None if np.isnan(x) else float(x) for x in t.solo_ms]
-
-
-def _needed_cells(plan: Plan, todo: list[EvalCell]) -> list[TrainCell]:
-    wanted = {c.system.cell for c in todo}
-    wanted |= {source for c in wanted for source in c.sources}
-    return [c for c in plan.train_cells if c in wanted]
 
 
 def _env_fields(env: dict) -> dict:

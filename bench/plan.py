@@ -1,0 +1,74 @@
+"""The plan of a suite: its training cells, systems and evaluation cells, in run order.
+
+Every system comes from a family (``bench.families``): for each task and seed the baseline family
+expands first (its greedy system is every speedup's baseline, its cell the distillation teacher),
+then every other family with a section in the spec. Training cells are unique; every teacher and
+warm-start source precedes the cells that need it.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from bench import families
+from bench.families import Context, System, TrainCell
+from narbench_core.errors import UserError
+from suites.spec import SuiteSpec, TestSet
+
+
+# ------------------------------------------------------------------------------------------ cells
+
+@dataclass(frozen=True)
+class EvalCell:
+    system: System
+    test_set: TestSet
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return self.system.name, self.test_set.name
+
+
+@dataclass(frozen=True)
+class Plan:
+    train_cells: tuple[TrainCell, ...]         # every teacher precedes its students
+    systems: tuple[System, ...]
+    eval_cells: tuple[EvalCell, ...]
+
+
+def expand(spec: SuiteSpec) -> Plan:
+    """All training cells, systems and evaluation cells of a spec, in run order."""
+    base = families.get(families.BASELINE)            # required: every suite has its section
+    order = [base] + [f for f in families.all_families() if f is not base and spec.section(f.name) is not None]
+    cells: dict[TrainCell, None] = {}
+    systems: list[System] = []
+    evals: list[EvalCell] = []
+    for task in spec.tasks:
+        task_systems: list[System] = []
+        for seed in spec.seeds:
+            sfx = f"-seed{seed}" if len(spec.seeds) > 1 else ""
+            ctx = Context(task.train, seed, TrainCell(task.train, base.name, seed), spec.decoder_shapes())
+            for family in order:
+                for system in family.expand(spec.section(family.name), ctx):
+                    cells[system.cell] = None
+                    task_systems.append(dataclasses.replace(
+                        system, name=system.name + sfx, baseline=base.baseline_system + sfx,
+                        info=system.info + (("seed", seed),)))
+        names = [s.name for s in task_systems]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise UserError(f"{spec.source}: suite gives several systems the same name {dupes}; "
+                            "remove duplicate axis values")
+        systems.extend(task_systems)
+        evals.extend(EvalCell(s, ts) for ts in task.test_sets for s in task_systems)
+    if base.trains and spec.budget(base.name).match is not None:
+        raise UserError(f"{spec.source}: train.{base.name}: match gives a model the {base.label} model's budget; "
+                        f"the {base.label} budget itself needs plain steps (drop match)")
+    ordered = sorted(cells, key=lambda c: bool(c.sources))  # stable: teachers and warm-start sources first
+    return Plan(tuple(ordered), tuple(systems), tuple(evals))
+
+
+def needed_cells(plan: Plan, todo: list[EvalCell]) -> list[TrainCell]:
+    """The training cells the evaluation cells ``todo`` need (with their sources), in the plan's order."""
+    wanted = {c.system.cell for c in todo}
+    wanted |= {source for c in wanted for source in c.sources}
+    return [c for c in plan.train_cells if c in wanted]
