@@ -10,13 +10,13 @@ shards), so the train step compiles once per bucket. The order is a pure functio
 from __future__ import annotations
 
 import hashlib
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 
+from narbench_core.digest import file_digest
 from narbench_core.defaults import TRAIN_BUCKETS
 from narbench_core.io import atomic_path
 from narbench_core.tokens import EOS_ID
@@ -187,14 +187,6 @@ class BucketedBatches:
 
 
 # -- tokenized task splits, cached on disk -----------------------------------------------------------
-def file_sha256(path: str | os.PathLike) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def _text_fingerprint(task: str, split: str) -> str:
     """sha256 (16 hex) of the split's text pairs: a cache key that changes with the data."""
     from suites import tasks
@@ -214,7 +206,7 @@ def task_identity(task: str, split: str = "train") -> dict:
     from suites import tasks
 
     info = tasks.task_info(task)
-    return {"vocab_path": str(info.vocab_path), "vocab_hash": file_sha256(info.vocab_path)[:16],
+    return {"vocab_path": str(info.vocab_path), "vocab_hash": file_digest(info.vocab_path)[:16],
             "data": _text_fingerprint(task, split)}
 
 

@@ -28,7 +28,6 @@ decodes until its longest row ends and a few rows never emit EOS.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import time
@@ -38,6 +37,7 @@ from typing import Any
 
 import numpy as np
 
+from narbench_core.digest import json_digest
 from narbench_core import defaults, langs
 from narbench_core.errors import UserError
 from narbench_core.io import write_json, write_lines
@@ -115,8 +115,7 @@ def distill_dir_for(teacher_dir: str | os.PathLike, task: str, decoder: str = de
     key = {"teacher": teacher, "task": task, "decoder": teacher_decoder(decoder),
            "length_penalty": float(length_penalty), "max_examples": max_examples, "heldout": int(heldout),
            "seed": int(seed)}
-    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
-    return subdir("distill") / f"{task}-{digest}"
+    return subdir("distill") / f"{task}-{json_digest(key, 12)}"
 
 
 def distill(teacher_dir: str | os.PathLike, task: str, decoder: str = defaults.DISTILL_DECODER,

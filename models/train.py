@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import hashlib
-import json
 import math
 import time
 from dataclasses import dataclass
@@ -22,6 +20,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from narbench_core.digest import json_digest
 from narbench_core import defaults
 from narbench_core.defaults import TRAIN_BUCKETS
 from narbench_core.errors import UserError
@@ -277,7 +276,7 @@ def init_state(model_config: ModelConfig, cfg: TrainConfig, tx, mesh, params: An
 
 # -- where and what -------------------------------------------------------------------------------
 def _digest(obj: Any) -> str:
-    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:12]
+    return json_digest(obj, 12, default=str)
 
 
 def checkpoint_dir_for(task: str, model_config: ModelConfig, train_config: TrainConfig,

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Optional, Sequence
 
+from narbench_core.digest import update_with_file
 from narbench_core import langs
 from narbench_core.errors import UserError
 
@@ -80,9 +81,7 @@ def _digest(task: FileTask, stats: tuple) -> str:
     for split, files in task.splits:
         h.update(split.encode())
         for path in files.paths:
-            with open(path, "rb") as f:
-                for chunk in iter(lambda: f.read(1 << 20), b""):
-                    h.update(chunk)
+            update_with_file(h, path)
     return h.hexdigest()[:16]
 
 

@@ -17,7 +17,6 @@ its own references; ``"test+refs"`` also uses the extra references where the tas
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import math
 import re
@@ -26,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Protocol
 
+from narbench_core.digest import COMPACT, json_digest
 from narbench_core import defaults
 from narbench_core.errors import UserError
 from suites.files import SPLITS as FILE_SPLITS, FileTask, SplitFiles
@@ -193,8 +193,7 @@ class SuiteSpec:
 
     def spec_hash(self) -> str:
         """Stable hex digest of the resolved spec (canonical JSON; the source path is excluded)."""
-        blob = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
-        return hashlib.sha256(blob.encode()).hexdigest()
+        return json_digest(self.to_dict(), separators=COMPACT)
 
     def to_toml(self) -> str:
         return dump_toml(self.to_dict())

@@ -15,8 +15,6 @@ and the source of example ``i`` does not depend on the dial (only its target doe
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -24,6 +22,7 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
+from narbench_core.digest import json_digest
 from narbench_core import paths
 from narbench_core.errors import UserError
 from narbench_core.io import write_lines
@@ -68,8 +67,7 @@ class SyntheticConfig:
 
     def key(self) -> str:
         """Hash of the config (names cached files)."""
-        blob = json.dumps(dataclasses.asdict(self), sort_keys=True)
-        return hashlib.sha256(blob.encode()).hexdigest()[:12]
+        return json_digest(dataclasses.asdict(self), 12)
 
 
 def _order(mode: int, length: int) -> np.ndarray:

@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import hashlib
 import io
-import json
 import os
 import re
 import sys
@@ -22,6 +20,7 @@ from typing import Callable, Iterator, Sequence
 
 import seqio
 
+from narbench_core.digest import file_digest, json_digest
 from narbench_core import paths
 from narbench_core.errors import UserError
 from narbench_core.io import write_bytes
@@ -45,22 +44,12 @@ class VocabSettings:
         return cls(vocab_size=vocab_size, **kw)
 
 
-def file_digest(path: Path) -> str:
-    """sha256 of a file's bytes."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def vocab_key(files: Sequence[Path], settings: VocabSettings, fields: Sequence[int] | None) -> str:
     """Hash of (data file hashes, settings, selected columns)."""
-    blob = json.dumps({"files": [file_digest(Path(f)) for f in files],
-                       "settings": dataclasses.asdict(settings),
-                       "fields": list(fields) if fields is not None else None,
-                       "format": 1}, sort_keys=True)
-    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+    return json_digest({"files": [file_digest(Path(f)) for f in files],
+                        "settings": dataclasses.asdict(settings),
+                        "fields": list(fields) if fields is not None else None,
+                        "format": 1}, 16)
 
 
 def _sentences(files: Sequence[Path], fields: Sequence[int] | None) -> Iterator[str]:

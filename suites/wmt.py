@@ -7,11 +7,11 @@ one-line ``UserError`` says how to provide it. Splits: ``train``; ``dev`` = TFDS
 """
 from __future__ import annotations
 
-import hashlib
 import os
 from pathlib import Path
 from typing import Iterator
 
+from narbench_core.digest import text_digest
 from narbench_core import paths
 from narbench_core.errors import UserError
 from narbench_core.io import atomic_open
@@ -111,7 +111,7 @@ def write_train_sample(pair: str, n: int = 1_000_000, data_dir_: str | None = No
     builder = _require(pair, data_dir_)
     # keyed by where the data lives and what it holds, so rebuilt data gives a new sample
     ident = f"{builder.data_dir}|{builder.info.version}|{builder.info.splits['train'].num_examples}"
-    digest = hashlib.sha256(ident.encode()).hexdigest()[:10]
+    digest = text_digest(ident, 10)
     path = paths.subdir("corpora") / "wmt" / DATASETS[pair].replace("/", "_") / f"train-{n}-{digest}.tsv"
     if path.exists():
         return path

@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from narbench_core.markdown import table
+
 TOPK = (1, 2)
 
 
@@ -116,18 +118,13 @@ def markdown_tables(rows: list[dict]) -> str:
     """Tables 4 and 5 of the paper, same layout."""
     ks = sorted(int(key[len("self_top"):]) for key in rows[0] if key.startswith("self_top"))
     yes_no = lambda r: f"{'yes' if r['stutter'] else 'no'} ({r['pairs']} pairs)"
+    overlaps = [f"P(top-{k} overlap)" for k in ks]
     out = ["### Table 4: last-layer decoder self-attention between adjacent positions\n",
-           "| stutter | min | avg | max | " + " | ".join(f"P(top-{k} overlap)" for k in ks) + " |",
-           "|---|---:|---:|---:|" + "---:|" * len(ks)]
-    for r in rows:
-        out.append(f"| {yes_no(r)} | {_ms(r['self_min'])} | {_ms(r['self_avg'], 3)} | {_ms(r['self_max'], 2)} | "
-                   + " | ".join(_p(r[f'self_top{k}']) for k in ks) + " |")
-    out += ["", "### Table 5: distance between adjacent positions' last-layer cross-attention distributions\n",
-            "| stutter | TV min | TV avg | TV max | cos min | cos avg | cos max | "
-            + " | ".join(f"P(top-{k} overlap)" for k in ks) + " |",
-            "|---|" + "---:|" * (6 + len(ks))]
-    for r in rows:
-        out.append(f"| {yes_no(r)} | " + " | ".join(_ms(r[f'{m}_{red}'], 2) for m in ("tv", "cos")
-                                                    for red in ("min", "avg", "max"))
-                   + " | " + " | ".join(_p(r[f'cross_top{k}']) for k in ks) + " |")
+           *table(["stutter", "min", "avg", "max", *overlaps],
+                  ([yes_no(r), _ms(r["self_min"]), _ms(r["self_avg"], 3), _ms(r["self_max"], 2),
+                    *(_p(r[f"self_top{k}"]) for k in ks)] for r in rows), "l"),
+           "", "### Table 5: distance between adjacent positions' last-layer cross-attention distributions\n",
+           *table(["stutter", "TV min", "TV avg", "TV max", "cos min", "cos avg", "cos max", *overlaps],
+                  ([yes_no(r), *(_ms(r[f"{m}_{red}"], 2) for m in ("tv", "cos") for red in ("min", "avg", "max")),
+                    *(_p(r[f"cross_top{k}"]) for k in ks)] for r in rows), "l")]
     return "\n".join(out) + "\n"

@@ -29,6 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from narbench_core.errors import UserError
+from narbench_core.markdown import table
 
 MAX_N = 12  # 2^N states and [masks, 2^N, 2^N] consistency tables must stay small
 
@@ -276,11 +277,7 @@ def markdown_table(rows: list[dict]) -> str:
         out.append(f"### J = {J}, N = {rj[0]['n_vars']}, h = {rj[0]['h']} ({rj[0]['masks']} masks, "
                    f"{rj[0]['reps']} repetitions)\n")
         out.append("Squared parameter error, mean ± 0.5·stdev (asymptotic Tr(Γ_k)/n in brackets)\n")
-        out.append("| n_train | " + " | ".join(f"k = {k}" for k in ks) + " |")
-        out.append("|---:|" + "---:|" * len(ks))
-        for s in sizes:
-            cells = [_cell(cell[k, s]) for k in ks]
-            out.append(f"| {s} | " + " | ".join(cells) + " |")
+        out += table(["n_train", *(f"k = {k}" for k in ks)], ([s, *(_cell(cell[k, s]) for k in ks)] for s in sizes))
         if any(r["converged"] < r["reps"] for r in rj):
             out.append("\n`*c/r`: only c of r fits reached the gradient tolerance (on small training sets the "
                        "k-MPLE can lack a finite minimiser; the estimate is then the last iterate).")

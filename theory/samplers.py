@@ -21,6 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from narbench_core.errors import UserError
+from narbench_core.markdown import table
 
 MAX_N = 14
 PARALLEL = 0  # the k value that stands for the independent parallel sampler in rows
@@ -183,14 +184,14 @@ def markdown_table(rows: list[dict]) -> str:
            f"budget {r0['budget']} steps, {r0['seeds']} seeds\n",
            "Mean ± 0.5·stdev of the steps (a chain that never reaches R_1 counts as the budget), then "
            "(chains that reached R_1 / seeds); in brackets, for k >= |C_G|, 1/p of the direct jump "
-           "R_-1 -> R_1 (Proposition 4's one-step event).\n",
-           "| sampler | " + " | ".join(f"J = {J:g}" for J in Js) + " |",
-           "|---|" + "---:|" * len(Js)]
+           "R_-1 -> R_1 (Proposition 4's one-step event).\n"]
+    body = []
     for name in names:
         cells = []
         for J in Js:
             r = cell[name, J]
             est = f" [{r['one_jump_estimate']:.3g}]" if r["one_jump_estimate"] is not None else ""
             cells.append(f"{r['steps_mean']:.3g} ± {0.5 * r['steps_std']:.2g} ({r['reached']}/{r['seeds']}){est}")
-        out.append(f"| {name} | " + " | ".join(cells) + " |")
+        body.append([name, *cells])
+    out += table(["sampler", *(f"J = {J:g}" for J in Js)], body, "l")
     return "\n".join(out) + "\n"

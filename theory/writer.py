@@ -11,13 +11,13 @@ afterwards.
 from __future__ import annotations
 
 import datetime as _dt
-import hashlib
 import json
 import os
 import shutil
 from pathlib import Path
 from typing import Any, Mapping
 
+from narbench_core.digest import json_digest
 from narbench_core.io import atomic_path, json_default, write_json, write_jsonl, write_text
 from narbench_core.runs import LATEST, make_run_id
 
@@ -26,8 +26,7 @@ SCHEMA_VERSION = 1   # of the theory rows (the suites' rows have their own)
 
 def run_id_for(config: Mapping[str, Any], now: _dt.datetime | None = None) -> str:
     """UTC date-time + 8 hex digits of the config hash, e.g. ``20240501T120000Z-1a2b3c4d``."""
-    digest = hashlib.sha256(json.dumps(config, sort_keys=True, default=json_default).encode()).hexdigest()
-    return make_run_id(digest, now)
+    return make_run_id(json_digest(config, default=json_default), now)
 
 
 def write_run(results_root: Path, name: str, config: Mapping[str, Any], rows: list[dict], page: str,

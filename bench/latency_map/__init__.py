@@ -37,7 +37,6 @@ measurements.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import math
 from dataclasses import asdict, dataclass, field
@@ -48,8 +47,10 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 import numpy as np
 
 from bench import store as st
+from narbench_core.digest import COMPACT, json_digest
 from narbench_core.errors import UserError
 from narbench_core.io import read_jsonl, write_jsonl, write_text
+from narbench_core.markdown import table
 
 if TYPE_CHECKING:      # jax-importing modules load on first use, so `narbench --help` stays light
     from bench import costs
@@ -106,8 +107,7 @@ class MapSpec:
         return asdict(self)
 
     def spec_hash(self) -> str:
-        blob = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
-        return hashlib.sha256(blob.encode()).hexdigest()
+        return json_digest(self.to_dict(), separators=COMPACT)
 
     def to_toml(self) -> str:
         from suites.spec import dump_toml
@@ -649,11 +649,9 @@ COLUMNS = (
 
 
 def _table(rows: Sequence[dict], columns=COLUMNS) -> list[str]:
-    lines = ["| " + " | ".join(h for _, h, _ in columns) + " |",
-             "|" + "".join("---|" if key in ("size", "system") else "---:|" for key, _, _ in columns)]
-    for r in rows:
-        lines.append("| " + " | ".join(fmt(r[key]) if r.get(key) is not None else "-" for key, _, fmt in columns) + " |")
-    return lines
+    return table([h for _, h, _ in columns],
+                 ([fmt(r[key]) if r.get(key) is not None else "-" for key, _, fmt in columns] for r in rows),
+                 "".join("l" if key in ("size", "system") else "r" for key, _, _ in columns))
 
 
 def render(rows: Sequence[dict], spec: MapSpec, model: CostModel | None, env: dict, run_finished: bool = True,
@@ -677,17 +675,14 @@ def render(rows: Sequence[dict], spec: MapSpec, model: CostModel | None, env: di
             lengths = [n for n in spec.lengths if any(r["target_length"] == n for r in cell_rows_)]
             ar = {r["target_length"]: r for r in rows if r["family"] == "ar" and r["size"] == size
                   and r["batch_size"] == batch}
-            lines += [f"## {size}, batch {batch}: PaDIR speedup over AR greedy (p50)", "",
-                      "| | " + " | ".join(f"{n} tok" for n in lengths) + " |",
-                      "|---|" + "---:|" * len(lengths),
-                      "| AR greedy p50 ms | " + " | ".join(f"{ar[n]['latency_p50_ms']:.1f}" if n in ar else "-"
-                                                        for n in lengths) + " |"]
+            body = [["AR greedy p50 ms", *(f"{ar[n]['latency_p50_ms']:.1f}" if n in ar else "-" for n in lengths)]]
             for k in spec.hyps:
                 for t in spec.steps:
                     by_len = {r["target_length"]: r for r in cell_rows_ if r["steps"] == t and r["length_hyps"] == k}
-                    lines.append(f"| T={t}, k={k} | " + " | ".join(
-                        _fmt_x(by_len[n]["speedup_p50_vs_ar"]) if n in by_len else "-" for n in lengths) + " |")
-            lines.append("")
+                    body.append([f"T={t}, k={k}", *(_fmt_x(by_len[n]["speedup_p50_vs_ar"]) if n in by_len else "-"
+                                                    for n in lengths)])
+            lines += [f"## {size}, batch {batch}: PaDIR speedup over AR greedy (p50)", "",
+                      *table(["", *(f"{n} tok" for n in lengths)], body, "l"), ""]
     if not run_finished:
         lines += [f"**Unfinished map**: {len({(r['size'], r['target_length'], r['batch_size']) for r in rows})} of "
                   f"{len(spec.cells())} cells timed so far; re-running the command resumes it.", ""]
@@ -736,14 +731,16 @@ def _measured(rates: costs.MachineRates | None) -> str:
 
 
 def _projection_lines(rows: Sequence[dict], spec: MapSpec) -> list[str]:
+    from bench import costs
+
+    peaks = "; ".join(f"{a.name} {a.peak_flops / 1e12:,.0f} TFLOP/s {a.dtype}, {a.bandwidth / 1e9:,.0f} GB/s"
+                      for a in map(costs.accelerator, PROJECTED))
     lines = ["## Projections (roofline bounds, not measurements)", "",
-              "Encoder + passes x max(flops / peak, bytes / bandwidth) with each accelerator's published dense "
-              "peak (TPU v3 123 TFLOP/s bf16, 900 GB/s; A100 SXM 156 TFLOP/s tf32, 2,039 GB/s; H100 SXM "
-              "495 TFLOP/s tf32, 3,350 GB/s): no launch or per-step overhead, which on an accelerator is "
-              "what AR pays most, so these bound from below and flatter neither side's fixed costs. "
-              "Speedup of PaDIR T=4 over AR greedy at batch 1:", "",
-              "| size | length | k | CPU measured | " + " | ".join(PROJECTED) + " |",
-              "|---|---:|---:|---:|" + "---:|" * len(PROJECTED)]
+             "Encoder + passes x max(flops / peak, bytes / bandwidth) with each accelerator's published dense "
+             f"peak ({peaks}): no launch or per-step overhead, which on an accelerator is "
+             "what AR pays most, so these bound from below and flatter neither side's fixed costs. "
+             "Speedup of PaDIR T=4 over AR greedy at batch 1:", ""]
+    body = []
     for r in sorted(_padir(rows), key=lambda r: (spec.sizes.index(r["size"]), r["target_length"], r["length_hyps"])):
         if r["batch_size"] != 1 or r["steps"] != 4:
             continue
@@ -752,6 +749,6 @@ def _projection_lines(rows: Sequence[dict], spec: MapSpec) -> list[str]:
         if ar is None:
             continue
         proj = [ar[f"projection_{n}_ms"] / r[f"projection_{n}_ms"] for n in PROJECTED]
-        lines.append(f"| {r['size']} | {r['target_length']} | {r['length_hyps']} | {_fmt_x(r['speedup_p50_vs_ar'])} | "
-                     + " | ".join(f"{p:.1f}x" for p in proj) + " |")
-    return lines
+        body.append([r["size"], r["target_length"], r["length_hyps"], _fmt_x(r["speedup_p50_vs_ar"]),
+                     *(f"{p:.1f}x" for p in proj)])
+    return lines + table(["size", "length", "k", "CPU measured", *PROJECTED], body, "l")

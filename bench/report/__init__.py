@@ -15,6 +15,7 @@ from bench.rows import P99_MIN_N, Row, column
 from narbench_core import defaults
 from narbench_core.errors import UserError
 from narbench_core.io import write_text
+from narbench_core.markdown import table
 from narbench_core.phases import PHASES
 
 NO_BLEURT = "no BLEURT checkpoint"
@@ -50,12 +51,12 @@ def markdown_table(rows: Sequence[Row], names: Sequence[str], rank: bool = False
                   and r[c.name] is not None]
         if mark_best and len(values) > 1:
             best[c.name] = max(values) if c.higher_is_better else min(values)
-    lines = ["| " + ("# | " if rank else "") + " | ".join(c.header for c in cols) + " |",
-             "|" + ("---:|" if rank else "") + "".join("---|" if c.align == "left" else "---:|" for c in cols)]
-    for i, r in enumerate(rows, 1):
-        cells = [f"**{c.cell(r)}**" if c.name in best and r[c.name] == best[c.name] else c.cell(r) for c in cols]
-        lines.append("| " + (f"{i} | " if rank else "") + " | ".join(cells) + " |")
-    return lines
+    cells = [[f"**{c.cell(r)}**" if c.name in best and r[c.name] == best[c.name] else c.cell(r) for c in cols]
+             for r in rows]
+    align = "".join("l" if c.align == "left" else "r" for c in cols)
+    if rank:
+        return table(["#", *(c.header for c in cols)], ([i, *row] for i, row in enumerate(cells, 1)), "r" + align)
+    return table([c.header for c in cols], cells, align)
 
 
 def system_order(rows: Sequence[Row]) -> list[str]:
@@ -164,17 +165,15 @@ def render_budgets(rows: Sequence[Row]) -> list[str]:
     base_label = families.get(families.BASELINE).label
     names = ("family", "train_steps", "train_tokens", "train_seconds", "train_flops")
     tail = ("warm_start_seconds", "distill_seconds", "still_improving", "dev_length_exact", "dev_length_within2")
-    lines = ["## Training budgets", "",
-             "| model | " + " | ".join(column(n).header for n in names) + f" | FLOPs / {base_label} | "
-             + " | ".join(column(n).header for n in tail) + " |",
-             "|---|---|" + "---:|" * (len(names) + len(tail))]
+    body = []
     for model, r in first.items():
         base = by_system.get((r.task, r.baseline_system))
         share = (r.train_flops / base.train_flops if base is not None and r.train_flops is not None
                  and base.train_flops else None)
-        lines.append(f"| {model} | " + " | ".join(column(n).cell(r) for n in names)
-                     + f" | {'–' if share is None else f'{100 * share:.0f}%'} | "
-                     + " | ".join(column(n).cell(r) for n in tail) + " |")
+        body.append([model, *(column(n).cell(r) for n in names), "–" if share is None else f"{100 * share:.0f}%",
+                     *(column(n).cell(r) for n in tail)])
+    header = ["model", *(column(n).header for n in names), f"FLOPs / {base_label}", *(column(n).header for n in tail)]
+    lines = ["## Training budgets", "", *table(header, body, "ll")]
     lines.extend(["", "Seconds: in train steps only (compiling, checkpoints and dev evaluation excluded). FLOPs: XLA's "
                   "cost analysis of each step's compiled train step, summed. Warm-start s: the train s of the model "
                   "a warm-started one starts from (its total budget is both). Distill s: the teacher's decoding of "
@@ -233,14 +232,13 @@ def fastest_ar(rows: Sequence[Row], samples: Sequence[dict]) -> list[str]:
         top = ar[0]
         lines.extend([f"**Fastest AR** on {ts}: {top.system} (p50 {top.latency_p50_ms:.1f} ms"
                       + (f", BLEU {top.bleu:.2f}" if top.bleu is not None else "") + "). Each non-autoregressive "
-                      "system against the fastest AR-side system at equal or better BLEU (paired per sentence):", "",
-                      "| " + " | ".join(FASTEST_AR) + " |",
-                      "|---|" + "---:|" * 2 + "---|" + "---:|" * 3])
+                      "system against the fastest AR-side system at equal or better BLEU (paired per sentence):", ""])
+        body = []
         for r in nar:
             rival = next((a for a in ar if a.bleu is not None and a.bleu >= r.bleu), None)
             greedy = "-" if r.speedup_p50_vs_ar is None else f"{r.speedup_p50_vs_ar:.2f}x"
             if rival is None:
-                lines.append(f"| {r.system} | {r.bleu:.2f} | {greedy} | none: better than every AR | - | - | - |")
+                body.append([r.system, f"{r.bleu:.2f}", greedy, "none: better than every AR", "-", "-", "-"])
                 continue
             a, b = lat.get((rival.system, ts), {}), lat.get((r.system, ts), {})
             common = sorted(set(a) & set(b))
@@ -250,18 +248,22 @@ def fastest_ar(rows: Sequence[Row], samples: Sequence[dict]) -> list[str]:
                 cell = f"{sp.median:.2f}x{ci}"
             else:
                 cell = "-"
-            lines.append(f"| {r.system} | {r.bleu:.2f} | {greedy} | {rival.system} | {rival.bleu:.2f} | "
-                         f"{rival.latency_p50_ms:.1f} | {cell} |")
-        lines.append("")
+            body.append([r.system, f"{r.bleu:.2f}", greedy, rival.system, f"{rival.bleu:.2f}",
+                         f"{rival.latency_p50_ms:.1f}", cell])
+        lines.extend([*table(FASTEST_AR, body, "lrrl"), ""])
     return lines
 
 
-def _turn_text(rows: Sequence[Row]) -> str:
+def _schedule_text(rows: Sequence[Row]) -> str:
+    """How the rows were scheduled: rows from before turns (``turn`` absent) ran one batch a turn with the
+    solo check after the schedule; since then the solo rounds are spread through it."""
     turns = sorted({r.turn or 1 for r in rows})
-    if turns == [1]:
-        return ", each call following the other systems' calls (one batch a turn)"
+    if all(r.turn is None for r in rows):
+        return (", each call following the other systems' calls (one batch a turn); after the interleaved "
+                "schedule, each was timed again alone")
     return (f", each decoding {'/'.join(map(str, turns))} batches back to back when its turn came (after one "
-            "untimed call, so its caches were its own)")
+            "untimed call, so its caches were its own); in solo rounds spread through the schedule, each was "
+            "timed again alone")
 
 
 def isolation_note(rows: Sequence[Row]) -> list[str]:
@@ -272,9 +274,9 @@ def isolation_note(rows: Sequence[Row]) -> list[str]:
     lo, hi = defaults.INTERFERENCE_OK
     isolated = all(r.isolated for r in timed)
     lines = [("Each system was timed in a worker process of its own" if isolated else
-              "The systems shared one process while timed") + _turn_text(timed) + "; in solo rounds spread through the "
-             "schedule, each was timed again alone on a seeded sample of the sentences (solo check). In suite / solo "
-             "is the p50 over those sentences in the schedule divided by their solo p50."]
+              "The systems shared one process while timed") + _schedule_text(timed) + " on a seeded sample of the "
+             "sentences (solo check). In suite / solo is the p50 over those sentences in the schedule divided by their "
+             "solo p50."]
     off = [r for r in timed if not lo <= r.interference <= hi]
     if off:
         lines[0] += (f" **Flagged (outside {lo:g}-{hi:g}, the other systems changed its speed):** "
