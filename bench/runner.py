@@ -273,17 +273,31 @@ class Runner:
 
     def evaluate(self, systems: list[tuple[System, Path]], data: TestData, targets: list[Target]) -> list[Row]:
         """Warm up and time the systems interleaved on ``data`` once (each in its own worker process
-        unless the spec says ``isolate = false``), time each alone on a seeded sample (the solo check),
-        then score and save every target."""
+        unless the spec says ``isolate = false``), with the solo check's rounds, then score and save every
+        target."""
+        timed = self._time(systems, data)
+        rows, samples = [], []
+        for target in targets:
+            chosen = [(s, ckpt) for s, ckpt in systems if s.name in target.systems]
+            stored = self._stored_baselines(target.name, data,
+                                            {s.baseline for s, _ in chosen} - set(timed.m.systems))
+            for system, ckpt in chosen:
+                rows.append(self._row(system, ckpt, target, data, timed, stored))
+                samples.extend(_samples(system.name, target, data, timed.m))
+        if self.store is not None:
+            self.store.save_cells(rows, samples)
+        return rows
+
+    def _time(self, systems: list[tuple[System, Path]], data: TestData) -> "_Timed":
+        """Start, warm up and time the systems (one schedule, with the solo check); their costs and where
+        each ran (env.json's ``workers``)."""
         from tqdm.auto import tqdm
 
         from bench.measure import timing
-        from narbench_core.paths import portable
 
         spec = self.spec
         solo = timing.solo_sample(len(data.sources), spec.batch_size, spec.timing.solo_sentences, spec.seeds[0])
-        total = len(data.sources) * spec.timing.repeats
-        bar = tqdm(total=total, unit="sent", leave=False, dynamic_ncols=True,
+        bar = tqdm(total=len(data.sources) * spec.timing.repeats, unit="sent", leave=False, dynamic_ncols=True,
                    desc=f"start {len(systems)} systems", disable=not self.progress)
         try:
             with self._timed_systems(systems) as timed:
@@ -291,66 +305,50 @@ class Runner:
                 compile_s = timing.warm_up(timed, spec.batch_size, platform=self.platform)
                 bar.set_description(f"time {len(timed)} systems interleaved, {spec.timing.turn} batches a turn"
                                     + (f", solo check on {len(solo)}" if solo else ""))
-
-                def advance(done: int, total: int) -> None:
-                    bar.update(done - bar.n)
-
                 m = timing.measure_systems(timed, data.sources, batch_size=spec.batch_size, phase=spec.timing.phase,
                                            repeats=spec.timing.repeats, rotate=spec.timing.rotate,
-                                           platform=self.platform, on_batch=advance, solo_batches=solo,
-                                           turn=spec.timing.turn)
+                                           platform=self.platform, on_batch=lambda done, _: bar.update(done - bar.n),
+                                           solo_batches=solo, turn=spec.timing.turn)
                 costs = self._costs(timed, data, m) if spec.timing.costs and self.deps.costs else {}
                 where = {t.name: {**t.info, "peak_rss_mb": t.peak_rss_mb(), "isolated": self._isolated}
                          for t in timed}
         finally:
             bar.close()
         self._record_workers(where)
+        return _Timed(m, compile_s, costs, where)
+
+    def _row(self, system: System, ckpt: Path, target: "Target", data: TestData, timed: "_Timed",
+             stored: dict[str, tuple]) -> Row:
+        """One system's row on one test set: its figures against the references and its baseline, how and
+        where it was timed, its training budget, costs and the environment."""
+        from narbench_core.paths import portable
+
+        spec, m = self.spec, timed.m
+        refs = data.references[:target.n_refs]
         target_lang = self.deps.target_lang(data.task)
-        unset = {c.name: None for c in columns()}         # the columns no family fills for this system
-        rows, samples = [], []
-        for target in targets:
-            refs = data.references[:target.n_refs]
-            chosen = [(s, ckpt) for s, ckpt in systems if s.name in target.systems]
-            stored = self._stored_baselines(target.name, data, {s.baseline for s, _ in chosen} - set(m.systems))
-            for system, ckpt in chosen:
-                t = m.systems[system.name]
-                base = m.systems.get(system.baseline)
-                base_lat, base_hyp = ((base.latencies_ms, base.hypotheses) if base
-                                      else stored.get(system.baseline, (None, None)))
-                rows.append(Row({
-                    **unset, "schema_version": SCHEMA_VERSION, "suite": spec.name, "task": system.cell.task,
-                    "test_set": target.name, "system": system.name, "family": system.family,
-                    "paradigm": families.get(system.family).paradigm, "distill": system.cell.teacher is not None,
-                    **dict(system.info), "batch_size": spec.batch_size,
-                    **figures(t.hypotheses, refs, t.latencies_ms, t.passes, target_lang, base_lat, base_hyp,
-                              spec.bootstrap_resamples, spec.seeds[0], self.score, t.phase_ms or None,
-                              None if t.host_syncs is None else list(t.host_syncs), _solo(t)),
-                    "bleurt": self._bleurt(refs[0], t.hypotheses) if self.score else None,
-                    "compile_s": compile_s[system.name], "platform": m.platform, "phase": m.phase,
-                    "repeats": m.repeats, "turn": m.turn, "target_lang": target_lang, "n_references": len(refs),
-                    "baseline_system": system.baseline, "baseline_timed_together": base is not None,
-                    "checkpoint": portable(ckpt), "decoder_options": dict(system.options),
-                    "isolated": where[system.name]["isolated"], "engine_threads": where[system.name]["threads"],
-                    "worker_peak_rss_mb": where[system.name]["peak_rss_mb"] if self._isolated else None,
-                    **self._training(system.cell, ckpt),
-                    **costs.get(system.name, {}), **_env_fields(self.env),
-                }))
-                for j, i in enumerate(data.indices):
-                    sample = {"system": system.name, "test_set": target.name, "index": i,
-                              "source": data.sources[j], "reference": refs[0][j], "hypothesis": t.hypotheses[j],
-                              "latency_ms": float(t.latencies_ms[j]), "passes": int(t.passes[j])}
-                    if t.phase_ms:
-                        sample["phase_ms"], sample["host_syncs"] = t.phase_ms[j], int(t.host_syncs[j])
-                    if len(refs) > 1:
-                        sample["references"] = [r[j] for r in refs]
-                    if m.repeats > 1:
-                        sample["latency_raw_ms"] = [float(x) for x in t.raw_ms[:, j]]
-                    if t.solo_ms is not None and not np.isnan(t.solo_ms[j]):
-                        sample["solo_latency_ms"] = float(t.solo_ms[j])
-                    samples.append(sample)
-        if self.store is not None:
-            self.store.save_cells(rows, samples)
-        return rows
+        t = m.systems[system.name]
+        base = m.systems.get(system.baseline)
+        base_lat, base_hyp = (base.latencies_ms, base.hypotheses) if base else stored.get(system.baseline, (None, None))
+        where = timed.where[system.name]
+        return Row({
+            **{c.name: None for c in columns()},          # the columns no family fills for this system
+            "schema_version": SCHEMA_VERSION, "suite": spec.name, "task": system.cell.task,
+            "test_set": target.name, "system": system.name, "family": system.family,
+            "paradigm": families.get(system.family).paradigm, "distill": system.cell.teacher is not None,
+            **dict(system.info), "batch_size": spec.batch_size,
+            **figures(t.hypotheses, refs, t.latencies_ms, t.passes, target_lang, base_lat, base_hyp,
+                      spec.bootstrap_resamples, spec.seeds[0], self.score, t.phase_ms or None,
+                      None if t.host_syncs is None else list(t.host_syncs), _solo(t)),
+            "bleurt": self._bleurt(refs[0], t.hypotheses) if self.score else None,
+            "compile_s": timed.compile_s[system.name], "platform": m.platform, "phase": m.phase,
+            "repeats": m.repeats, "turn": m.turn, "target_lang": target_lang, "n_references": len(refs),
+            "baseline_system": system.baseline, "baseline_timed_together": base is not None,
+            "checkpoint": portable(ckpt), "decoder_options": dict(system.options),
+            "isolated": where["isolated"], "engine_threads": where["threads"],
+            "worker_peak_rss_mb": where["peak_rss_mb"] if self._isolated else None,
+            **self._training(system.cell, ckpt),
+            **timed.costs.get(system.name, {}), **_env_fields(self.env),
+        })
 
     @property
     def _isolated(self) -> bool:
@@ -425,6 +423,35 @@ class Runner:
                 "tpu_v4_projection_p50_ms": costs.project(c, "tpu-v4").p50_bound_ms,
             }
         return out
+
+
+@dataclass(frozen=True)
+class _Timed:
+    """What timing one group of systems gave the rows."""
+    m: Any                                   # bench.measure.timing.Measurement
+    compile_s: dict[str, float]
+    costs: dict[str, dict]                   # system -> cost-model columns
+    where: dict[str, dict]                   # system -> its process: threads, env, peak RSS, isolated
+
+
+def _samples(system: str, target: "Target", data: TestData, m: Any) -> list[dict]:
+    """One sample per sentence: the system's output and timings on it (what ``verify_run`` recomputes from)."""
+    t, refs = m.systems[system], data.references[:target.n_refs]
+    out = []
+    for j, i in enumerate(data.indices):
+        sample = {"system": system, "test_set": target.name, "index": i,
+                  "source": data.sources[j], "reference": refs[0][j], "hypothesis": t.hypotheses[j],
+                  "latency_ms": float(t.latencies_ms[j]), "passes": int(t.passes[j])}
+        if t.phase_ms:
+            sample["phase_ms"], sample["host_syncs"] = t.phase_ms[j], int(t.host_syncs[j])
+        if len(refs) > 1:
+            sample["references"] = [r[j] for r in refs]
+        if m.repeats > 1:
+            sample["latency_raw_ms"] = [float(x) for x in t.raw_ms[:, j]]
+        if t.solo_ms is not None and not np.isnan(t.solo_ms[j]):
+            sample["solo_latency_ms"] = float(t.solo_ms[j])
+        out.append(sample)
+    return out
 
 
 def _solo(t) -> list[float | None] | None:

@@ -22,7 +22,6 @@ version and thread count. Accelerator figures are *projections* from published p
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import math
 import re
@@ -35,6 +34,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from narbench_core.digest import text_digest
 from narbench_core.errors import UserError
 from narbench_core.io import write_json
 from bench.measure.timing import batches
@@ -152,7 +152,7 @@ def xla_cost(lowered: Any) -> XlaCost:
     """Flops, bytes accessed and kernels (``entry_ops``) of a ``jax.stages.Lowered`` after compilation.
     Programs are compiled once per process: decoders that lower the same program (PaDIR refine:T
     differing only in T, a decoder costed on two test sets) share its cost."""
-    key = hashlib.sha256(lowered.as_text().encode()).hexdigest()
+    key = text_digest(lowered.as_text())
     if key not in _COSTS:
         compiled = lowered.compile()
         analysis = compiled.cost_analysis()

@@ -52,7 +52,8 @@ def test_ar_beam_and_lowering(ar_config, ar_params, tiny_vocab):
     assert len(warm) == 1 and warm[0].inputs.shape == (1, 16)
     for part in ("encode", "pass"):
         cost = beam.lower(warm[0], part).compile().cost_analysis()
-        assert cost is not None
+        cost = cost[0] if isinstance(cost, list) else cost             # jax versions differ
+        assert cost["flops"] > 0 and cost["bytes accessed"] > 0
     with pytest.raises(UserError):
         beam.lower(warm[0], "everything")
 
@@ -99,7 +100,9 @@ def test_padir_refine_roundtrip(padir_config, padir_params, tiny_vocab, remask, 
     out = roundtrip(dec)
     assert len(out.hypotheses) == 3
     assert np.all((out.passes >= 1) & (out.passes <= 3))
-    assert dec.lower(warm[0], "pass").compile() is not None
+    cost = dec.lower(warm[0], "pass").compile().cost_analysis()
+    cost = cost[0] if isinstance(cost, list) else cost
+    assert cost["flops"] > 0                                              # one pass computes something
 
 
 def test_spec_and_option_errors(ar_config, ar_params, padir_config, padir_params, tiny_vocab):
