@@ -23,7 +23,7 @@ the time spent so far to ``timing.json``), so an interrupted run resumes at its 
 ``<task>_distilled``: "distillation on/off" is a choice of task.
 
 The batch size (``narbench_core.defaults.DISTILL_BATCH_SIZE``) was measured on this machine (the numbers
-are next to it): larger greedy batches gave fewer sentences per second, since every row of a batch
+are in docs/experiments.md): larger greedy batches gave fewer sentences per second, since every row of a batch
 decodes until its longest row ends and a few rows never emit EOS.
 """
 from __future__ import annotations

@@ -30,24 +30,13 @@ GLANCE_START, GLANCE_END = 0.5, 0.3   # its glancing ratio, annealed linearly ov
 DISTILL_DECODER = f"beam:{BEAM_SIZE}"  # the teacher's search: "greedy" or "beam:K"
 DISTILL_MAX_EXAMPLES = None    # training sources the teacher decodes (None: all but the held-aside slice)
 DISTILL_HELDOUT = 500          # training pairs held aside (never distilled) to score the teacher's BLEU
-# Sentences per teacher batch (sources sorted by length). Measured 2026-11-24 on this 2-core machine
-# while a `narbench run --suite default` used ~1.2 cores (load 5-6): greedy with the default suite's
-# `small` AR checkpoint (1,500 steps) over 500 seeded bible_de_en training sources, median of 3
-# interleaved rounds after compiling, sentences/s at batch 16 / 32 / 64 / 128 / 256 / 512:
-# 15.8 / 16.9 / 13.7 / 10.4 / 6.9 / 5.9. Larger batches lose because a batch decodes until its longest
-# row ends and a few rows never emit EOS (15 of the 500 ran >= 100 of the 128 steps; mean 33): every
-# row computes 2.10x the steps it needs at batch 32, 2.76x at 128, 3.87x at 512.
-DISTILL_BATCH_SIZE = 32
+DISTILL_BATCH_SIZE = 32        # sentences per teacher batch, sources sorted by length (docs/experiments.md)
 
 # -- learning curves (every training evaluates on the dev split at regular intervals) -----------------
 CURVE_POINTS = 5               # a suite's default: evaluate every steps // CURVE_POINTS steps
 CURVE_SENTENCES = 200          # dev sentences per point (a seeded sample of the dev split)
 CURVE_REFINE_STEPS = 4         # PaDIR points decode with refine:CURVE_REFINE_STEPS (AR: greedy) ...
-# ... and one length hypothesis: 3.2x faster than 5 on 200 dev sentences (16.9 s against 53.3 s, the
-# committed default run's distilled model, 2026-11-24, AMD EPYC), ~4 minutes of the default suite's two PaDIR
-# trainings. Curve points are then ~1.6 BLEU below the k = 5 decoder's (9.51 against 11.10 there): a curve
-# shows the trend; the leaderboard scores every k the suite asks for.
-CURVE_LENGTH_HYPS = 1
+CURVE_LENGTH_HYPS = 1          # ... and one length hypothesis: a curve shows the trend (docs/experiments.md)
 CURVE_RISE = 0.5               # "still improving": dev BLEU rose by more than this ...
 CURVE_TAIL = 0.2               # ... over this last share of the training steps
 
