@@ -9,6 +9,9 @@
 """
 from __future__ import annotations
 
+import contextlib
+from pathlib import Path
+
 from dataclasses import dataclass, field
 from functools import partial
 from types import SimpleNamespace
@@ -180,3 +183,21 @@ class JittedDecoder:
             h = jax.ShapeDtypeStruct(ids.shape + (self.dim,), jnp.float32)
             return jax.jit(chained).lower(self.params, h)
         raise ValueError(f"unknown part {part!r}")
+
+
+@contextlib.contextmanager
+def saved_figures():
+    """Every matplotlib figure saved inside the block, by file name, so a test reads what was drawn."""
+    from matplotlib.figure import Figure
+
+    figures, savefig = {}, Figure.savefig
+
+    def keep(fig, path, *args, **kwargs):
+        figures[Path(path).name] = fig
+        return savefig(fig, path, *args, **kwargs)
+
+    Figure.savefig = keep
+    try:
+        yield figures
+    finally:
+        Figure.savefig = savefig

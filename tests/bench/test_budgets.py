@@ -12,6 +12,7 @@ from bench.families import load_suite
 from bench.plan import expand
 from bench.runner import Runner
 from bench.rows import CORE, SCHEMA_VERSION, Row
+from fakes import saved_figures
 from grid_fakes import STEP_COST, TOKENS_PER_STEP, FakeStepCost, fake_deps, fake_row, fake_spec
 from narbench_core.errors import UserError
 
@@ -177,8 +178,14 @@ def test_plot_learning_curves_from_points(tmp_path):
     points = (curves.records("a", "ar", [{"step": s, "seconds": s * 0.5, "dev_nll": 5 - s / 10, "dev_bleu": s}
                                          for s in (10, 20, 30)])
               + curves.records("b", "padir", [{"step": 5, "seconds": 1.0, "dev_nll": 6.0, "dev_bleu": 0.5}]))
-    report.plot_learning_curves(points, tmp_path / "lc.png")
+    with saved_figures() as figures:
+        report.plot_learning_curves(points, tmp_path / "lc.png")
     assert (tmp_path / "lc.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert [ax.get_ylabel() for ax in figures["lc.png"].axes] == ["dev BLEU", "dev NLL per target token"]
+    for ax in figures["lc.png"].axes:
+        assert ax.get_xlabel() == "training seconds (train steps only)"
+        lines = {line.get_label(): list(line.get_xdata()) for line in ax.get_lines()}
+        assert lines == {"a": [5.0, 10.0, 15.0], "b": [1.0]}              # seconds, one line per model
 
 
 def test_rows_written_before_the_budget_columns_still_load():

@@ -7,7 +7,11 @@ from bench import report, store as st
 from bench.costs import MachinePeaks
 from bench.runner import Runner
 from bench.families import load_suite as load_spec
+from fakes import saved_figures
 from grid_fakes import fake_deps, fake_row
+
+
+FIGURES: dict = {}        # file name -> the matplotlib figure saved there (filled by run_dir)
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +33,9 @@ def run_dir(tmp_path_factory):
         theory.mkdir(parents=True)
         (theory / "ising.md").write_text("# Ising\n")
         (theory.parent / "latest").write_text(theory.name + "\n")
-        report.write_report(run.path)
+        with saved_figures() as figures:
+            report.write_report(run.path)
+        FIGURES.update(figures)
     finally:
         bench.costs.machine_peaks = saved
     return run.path
@@ -41,6 +47,28 @@ def test_files_and_plots_exist(run_dir):
         assert path.is_file() and path.stat().st_size > 0, name
     for name in report.PLOTS:
         assert (run_dir / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_plots_draw_every_system(run_dir):
+    rows = st.RunStore(run_dir).rows()
+    sets = sorted({r.test_set for r in rows})
+    systems = {r.system for r in rows}
+    pareto = [ax for ax in FIGURES["pareto.png"].axes if ax.get_ylabel() == "BLEU"]
+    assert len(pareto) == len(sets)
+    for ax in pareto:
+        assert ax.get_xlabel().startswith("p50 latency per sentence, ms")
+        points = sum(len(c.get_offsets()) for c in ax.collections if c.get_sizes()[0] == 46)
+        assert points == len(systems)                              # one point per system with a BLEU
+    cdf = [ax for ax in FIGURES["latency_cdf.png"].axes if ax.get_ylabel() == "share of sentences"]
+    assert len(cdf) == len(sets)
+    for ax in cdf:
+        assert {line.get_label() for line in ax.get_lines() if not line.get_label().startswith("_")} == systems
+    steps = [ax for ax in FIGURES["bleu_vs_steps.png"].axes if ax.get_xlabel().startswith("refinement steps")]
+    assert len(steps) == len(sets)
+    refine = {r.steps for r in rows if r.variant is not None}
+    for ax in steps:
+        lines = [line for line in ax.get_lines() if len(line.get_xdata()) > 1 and line.get_marker() == "o"]
+        assert lines and all(set(line.get_xdata()) <= refine for line in lines)
 
 
 def test_table_has_paper_layout_and_latency_columns(run_dir):

@@ -11,7 +11,7 @@ from bench import latency_map as sm
 from bench.costs import MachinePeaks, MachineRates
 from narbench_core.errors import UserError
 from narbench_core.io import read_jsonl
-from fakes import JittedDecoder
+from fakes import JittedDecoder, saved_figures
 
 PEAKS = MachinePeaks("test", 1e11, 1e10, "x", 8, 8)
 # Measured-rate stand-ins: GEMM flop/s grow with rows, bandwidth falls past a 1 MB "cache".
@@ -148,6 +148,21 @@ def test_map_runs_every_cell_and_resumes_after_a_kill(tmp_path):
     assert "Rows it was **not** fitted on:" in text and "of 20 (" in text
     assert "Projections (roofline bounds, not measurements)" in text and "Unfinished" not in text
     assert json.loads((run_dir / "run.json").read_text())["status"] == "finished"
+
+
+def test_crossover_plot_draws_every_padir_system_per_cell(tmp_path):
+    run_dir = sm.run_map(SPEC, tmp_path, "narbench latency --map", factory=FakeFactory(), peaks=PEAKS, env=ENV,
+                         progress=False, rates=RATES)
+    rows = read_jsonl(run_dir / sm.ROWS)
+    with saved_figures() as figures:
+        sm.plot_crossover(rows, SPEC, tmp_path / "x.png")
+    axes = figures["x.png"].axes
+    assert len(axes) == len(SPEC.sizes) * len(SPEC.batches)
+    assert axes[0].get_ylabel() == "speedup vs AR greedy (p50)" and axes[-1].get_xlabel() == "target length (tokens)"
+    for ax in axes:
+        lines = [line for line in ax.get_lines() if line.get_label().startswith("T=")]
+        assert len(lines) == len(SPEC.hyps) * len(SPEC.steps)
+        assert all(list(line.get_xdata()) == sorted(SPEC.lengths) for line in lines)
 
 
 def test_rows_of_an_older_cost_method_are_recosted_on_resume_without_timing(tmp_path):
