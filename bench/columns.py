@@ -66,7 +66,7 @@ class Column:
     render: Callable[[Any], str] | None = None     # a cell showing more than the value (CI, stars)
     doc: str = ""
     align: str = "right"                             # markdown alignment: "left" for text
-    added: bool = False                              # newer than schema 2's first rows: absent reads as None
+    optional: bool = False                           # older rows may lack it (added after schema 2): absent reads as None
 
     @property
     def header(self) -> str:

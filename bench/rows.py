@@ -96,33 +96,33 @@ FIGURES = (
     C("bleurt", "BLEURT", fixed(4), True, doc="null without a BLEURT checkpoint"),
     C("bleu_delta_vs_ar", "ΔBLEU vs AR greedy", fixed(2), True, _delta),
     C("bleu_delta_ci"), C("bleu_delta_p_value"),
-    C("agreement_with_ar_greedy", "= AR greedy", fixed(3), None, added=True,
+    C("agreement_with_ar_greedy", "= AR greedy", fixed(3), None, optional=True,
       doc="share of sentences whose hypothesis is identical to AR greedy's (1.0 for AR greedy itself)"),
     C("stutter_per_1k_words", "stutter /1k words", fixed(2), False),
     C("stutter_sentence_share", "stutter sentences", fixed(3), False, _share),
     C("length_ratio", "len ratio", fixed(2), doc="hypothesis words / words of the first reference, over the test set",
-      added=True),
+      optional=True),
     C("latency_p50_ms", "p50 ms", ms, False),
     C("latency_p90_ms", "p90 ms", ms, False),
     C("latency_p99_ms", "p99 ms", ms, False, _p99),
     C("latency_mean_ms", "mean ms", ms, False), C("latency_min_ms", "min ms", ms, False),
     C("latency_max_ms", "max ms", ms, False),
     C("latency_p50_ci_ms"), C("latency_p90_ci_ms"), C("latency_p99_ci_ms"),
-    C("solo_p50_ms", "solo p50 ms", ms, False, added=True,
+    C("solo_p50_ms", "solo p50 ms", ms, False, optional=True,
       doc="p50 of the solo check: the system timed again alone (back to back) on a seeded sample of the batches"),
-    C("interference", "in suite / solo", fixed(2), None, added=True,
+    C("interference", "in suite / solo", fixed(2), None, optional=True,
       doc="p50 over the solo check's sentences as timed in the interleaved schedule, over solo_p50_ms "
           f"(1.0: the other systems did not slow it; the leaderboard flags values outside "
           f"{defaults.INTERFERENCE_OK[0]:g}-{defaults.INTERFERENCE_OK[1]:g})"),
     C("speedup_p50_vs_ar", "speedup p50 vs AR greedy [95% CI]", fixed(2), True, _speedup),
     C("speedup_p50_ci"), C("speedup_share_faster", "share faster", fixed(2), True),
     C("passes_mean", "passes mean", fixed(1), None), C("passes_p99", "passes p99", fixed(0)),
-    C("phase_p50_ms", "phases p50 ms", render=_phases, added=True,
+    C("phase_p50_ms", "phases p50 ms", render=_phases, optional=True,
       doc="phase -> p50 ms over sentences: " + "; ".join(f"{p}: {d}" for p, d in phases.DOCS.items())),
-    C("phase_p50_sum_ratio", "phases / p50", fixed(3), added=True,
+    C("phase_p50_sum_ratio", "phases / p50", fixed(3), optional=True,
       doc="the phases' p50s summed, over latency p50 (each call's phases add up to its time exactly; "
           "the p50s add up within a few percent)"),
-    C("host_syncs", "host syncs", fixed(1), added=True,
+    C("host_syncs", "host syncs", fixed(1), optional=True,
       doc="blocking waits on the device per decoder call, mean over sentences (AR: the encoder's end, "
           "timed as its own phase, and the results; PaDIR: the predicted lengths and the results)"),
 )
@@ -130,13 +130,13 @@ RUN = (
     C("compile_s", "compile s", fixed(1)), C("platform"), C("phase"), C("repeats"), C("target_lang"),
     C("n_references", "refs"), C("baseline_system"), C("baseline_timed_together"),
     C("checkpoint", doc="the checkpoint folder under the data root"), C("decoder_options"),
-    C("isolated", doc="timed in a worker process of its own (bench.measure.workers)", added=True),
+    C("isolated", doc="timed in a worker process of its own (bench.measure.workers)", optional=True),
     C("turn", doc="batches the system decoded back to back, after one untimed call, each time its turn came "
-                  "in the interleaved schedule (absent: 1, no untimed call)", added=True),
+                  "in the interleaved schedule (absent: 1, no untimed call)", optional=True),
     C("engine_threads", "threads", doc="intra-op threads of the system's engine (XLA's pool or CTranslate2's)",
-      added=True),
+      optional=True),
     C("worker_peak_rss_mb", "worker MB", fixed(0), doc="peak resident memory of the system's worker process",
-      added=True),
+      optional=True),
 )
 COSTS = (
     C("flops_per_sentence"), C("bytes_per_sentence"), C("roofline_p50_ms", "roofline p50 ms", ms),
@@ -144,25 +144,25 @@ COSTS = (
     C("tpu_v4_projection_p50_ms", "TPU v4 projection p50 ms", ms),
 )
 TRAINING = (                                         # the system's trained model (None: its family trains none)
-    C("model", align="left", doc="the trained model (training cell) the system decodes with", added=True),
-    C("train_steps", "train steps", count, doc="optimizer steps (a matched budget's resolved count)", added=True),
-    C("train_tokens", "train tokens", si, doc="target tokens trained on", added=True),
+    C("model", align="left", doc="the trained model (training cell) the system decodes with", optional=True),
+    C("train_steps", "train steps", count, doc="optimizer steps (a matched budget's resolved count)", optional=True),
+    C("train_tokens", "train tokens", si, doc="target tokens trained on", optional=True),
     C("train_seconds", "train s", fixed(0), doc="seconds in train steps (no compiling, checkpoints, curves)",
-      added=True),
+      optional=True),
     C("train_flops", "train FLOPs", si, doc="XLA cost analysis of each step's compiled train step, summed",
-      added=True),
+      optional=True),
     C("warm_start_seconds", "warm-start s", fixed(0),
-      doc="train s of the model this one was warm-started from (its budget adds to train s)", added=True),
+      doc="train s of the model this one was warm-started from (its budget adds to train s)", optional=True),
     C("distill_seconds", "distill s", fixed(0), doc="seconds the teacher spent making the distilled data",
-      added=True),
+      optional=True),
     C("dev_length_exact", "len exact", fixed(3), True,
       doc="dev sentences whose top predicted length is exact (models with a length predictor; last curve point)",
-      added=True),
+      optional=True),
     C("dev_length_within2", "len ±2", fixed(3), True,
-      doc="dev sentences whose top predicted length is within 2 tokens (last curve point)", added=True),
+      doc="dev sentences whose top predicted length is within 2 tokens (last curve point)", optional=True),
     C("still_improving", "still improving", yes_no,
       doc=f"dev BLEU rose by more than {defaults.CURVE_RISE:g} over the last {defaults.CURVE_TAIL:.0%} of the "
-          "training steps (bench.curves.still_improving)", added=True),
+          "training steps (bench.curves.still_improving)", optional=True),
 )
 ENV = (C("device_kind"), C("cpu_model"), C("threads"), C("jax_version"), C("flax_version"), C("git_commit"),
        C("git_dirty"), C("date_utc"))
@@ -217,7 +217,7 @@ class Row(Mapping[str, Any]):
             raise UserError(f"{where}: row schema {record.get('schema_version')} is not {SCHEMA_VERSION} (written by "
                             "another narbench version); re-run the suite with `narbench run --force`")
         core = {c.name for c in CORE}
-        missing = sorted(core - set(record) - {c.name for c in CORE if c.added})
+        missing = sorted(core - set(record) - {c.name for c in CORE if c.optional})
         if missing:
             raise UserError(f"{where}: a row lacks columns {missing}; re-run the suite with `narbench run --force`")
         values = {c.name: record.get(c.name) for c in columns()}    # a family's absent columns are None

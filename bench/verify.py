@@ -37,7 +37,7 @@ def verify_run(run_dir) -> list[str]:
     for g in groups.values():
         g.sort(key=lambda s: s["index"])
     problems = [] if rows else ["rows.jsonl has no rows"]
-    predates = {c.name for c in CORE if c.added}
+    predates = {c.name for c in CORE if c.optional}
     for row in rows:
         g = groups.get(row.key)
         if not g:

@@ -340,17 +340,10 @@ def train(task: str, model_config: ModelConfig, train_config: TrainConfig, out_d
     time). ``narbench.json`` records ``train_flops``: per step, XLA's cost analysis of the compiled
     step of that step's batch shape (``step_flops``), summed.
     """
-    from models.batching import load_task_tokens, task_identity
     from tqdm.auto import tqdm
 
     cfg = effective_config(model_config, train_config)
-    if data is None:
-        identity = task_identity(task)
-        data = load_task_tokens(task, "train")
-    else:
-        identity = {"vocab_path": None, "vocab_hash": None, "data": data.fingerprint()}
-        if out_dir is None:
-            raise UserError("training on in-memory data needs an explicit out_dir")
+    data, identity = _training_data(task, data, out_dir)
     out_dir = Path(out_dir) if out_dir is not None else checkpoint_dir_for(task, model_config, train_config, init_from)
     out_dir.mkdir(parents=True, exist_ok=True)
     meta = checkpoint.read_meta(out_dir)
@@ -362,85 +355,141 @@ def train(task: str, model_config: ModelConfig, train_config: TrainConfig, out_d
     mesh = sharding.make_mesh() if mesh is None else mesh
     batches = BucketedBatches(data, cfg.batch_tokens, cfg.max_length, cfg.buckets, cfg.seed,
                               num_shards=mesh.devices.size)
-    model = build_model(model_config)
-    step_fn, tx = make_train_step(model_config, cfg, model)
-    params, warm = seeded_params(model_config, cfg, init_from)
-    state = init_state(model_config, cfg, tx, mesh, params)
-    num_params = int(sum(x.size for x in jax.tree_util.tree_leaves(state.params)))
-    start = checkpoint.latest_step(out_dir) or 0
-    if start:
-        params, opt_state, start = checkpoint.restore(out_dir, state.params, state.opt_state)
-        state = TrainState(sharding.replicate(jnp.asarray(start, jnp.int32), mesh), params, opt_state)
-    prev = meta or {}
-    record = {
-        "task": task, "kind": model_config.kind, "model_config": model_config.to_dict(),
-        "train_config": cfg.to_dict(), **identity, "num_params": num_params,
-        "devices": [str(d) for d in mesh.devices.flat], "batching": batches.stats(),
-        "complete": False, "steps_done": start,
-        "wall_seconds": prev.get("wall_seconds", 0.0), "compile_seconds": prev.get("compile_seconds", 0.0),
-        "train_seconds": prev.get("train_seconds", 0.0), "target_tokens": prev.get("target_tokens", 0),
-        "checkpoint_seconds": prev.get("checkpoint_seconds", 0.0),
-        "train_flops": prev.get("train_flops", 0.0), "step_flops": dict(prev.get("step_flops", {})),
-        "eval_seconds": prev.get("eval_seconds", 0.0),
-        "init": warm,
-    }
+    step_fn, tx = make_train_step(model_config, cfg, build_model(model_config))
+    state, start, warm = _initial_state(model_config, cfg, tx, mesh, init_from, out_dir)
+    record = _new_record(task, model_config, cfg, identity, state, mesh, batches, start, warm, meta or {})
     rng = sharding.replicate(jax.random.PRNGKey(cfg.seed), mesh)
-    compiled: dict[tuple, Any] = {}
-    step_flops: dict[tuple, float] = {}
+    steps = _CompiledSteps(step_fn, record)
     evaluate, curve = _curve_setup(task, model_config, cfg, out_dir, start, dev, in_memory=identity["vocab_path"] is None)
-    t_session = time.perf_counter()
-    t_base = {k: record[k] for k in ("wall_seconds",)}
-    metrics_host: dict = {}
+    clock = _SessionClock(record["wall_seconds"])
     bar = tqdm(total=cfg.steps, initial=start, disable=not progress, unit="step",
                desc=f"train {task} {model_config.kind}", dynamic_ncols=True)
     try:
         for step in range(start, cfg.steps):
-            batch = sharding.shard_batch(batches.batch(step), mesh)
-            shape = batch["targets"].shape + batch["inputs"].shape
-            if shape not in compiled:
-                t0 = time.perf_counter()
-                compiled[shape] = step_fn.lower(state, batch, rng).compile()
-                record["compile_seconds"] += time.perf_counter() - t0
-                step_flops[shape] = cost_flops(compiled[shape])
-                record["step_flops"][f"{shape[0]}x{shape[1]}"] = step_flops[shape]
-            t0 = time.perf_counter()
-            state, metrics = compiled[shape](state, batch, rng)
-            metrics_host = {k: float(v) for k, v in metrics.items()}     # syncs: the step is done
-            record["train_seconds"] += time.perf_counter() - t0
-            _check_finite(metrics_host, step + 1, out_dir)
-            record["target_tokens"] += int(metrics_host["target_tokens"])
-            record["train_flops"] += step_flops[shape]
+            state, metrics, flops = steps(state, sharding.shard_batch(batches.batch(step), mesh), rng)
+            _check_finite(metrics, step + 1, out_dir)
+            record["target_tokens"] += int(metrics["target_tokens"])
+            record["train_flops"] += flops
             done = step + 1
             if on_step is not None:
-                on_step(step, metrics_host)
+                on_step(step, metrics)
             if evaluate is not None and (done % cfg.eval_every == 0 or done == cfg.steps):
-                t0 = time.perf_counter()
-                point = {"step": done, "seconds": record["train_seconds"], **evaluate(state.params)}
-                point["eval_seconds"] = time.perf_counter() - t0
-                record["eval_seconds"] += point["eval_seconds"]
-                curve.append(point)
-                _write_curve(out_dir, curve)
+                _dev_point(evaluate, state, done, record, curve, out_dir)
             if done % cfg.checkpoint_every == 0 or done == cfg.steps:
-                t0 = time.perf_counter()
-                if not bool(_all_finite(state.params)):
-                    raise _diverged(done, "non-finite parameters", out_dir)
-                checkpoint.save(out_dir, done, state.params, state.opt_state)
-                record["checkpoint_seconds"] += time.perf_counter() - t0
-                record.update(steps_done=done, complete=done == cfg.steps,
-                              final_loss=metrics_host["loss"], last_metrics=metrics_host)
-                _write_record(out_dir, record, t_base, t_session)
+                _save_checkpoint(out_dir, state, done, done == cfg.steps, metrics, record, clock)
             tps = record["target_tokens"] / max(record["train_seconds"], 1e-9)
-            bar.set_postfix(loss=f"{metrics_host['loss']:.3f}", tok_s=f"{tps:,.0f}")
+            bar.set_postfix(loss=f"{metrics['loss']:.3f}", tok_s=f"{tps:,.0f}")
             bar.update(1)
     finally:
         bar.close()
         if record["steps_done"] < cfg.steps:           # interrupted or diverged: keep timings honest
-            _write_record(out_dir, record, t_base, t_session)
+            _write_record(out_dir, record, clock)
     return out_dir
 
 
-def _write_record(out_dir: Path, record: dict, t_base: dict, t_session: float) -> None:
-    record["wall_seconds"] = t_base["wall_seconds"] + time.perf_counter() - t_session
+def _training_data(task: str, data: TokenPairs | None, out_dir: Path | None) -> tuple[TokenPairs, dict]:
+    """The token pairs to train on and what names them in the checkpoint's record (vocabulary, data hash)."""
+    from models.batching import load_task_tokens, task_identity
+
+    if data is None:
+        return load_task_tokens(task, "train"), task_identity(task)
+    if out_dir is None:
+        raise UserError("training on in-memory data needs an explicit out_dir")
+    return data, {"vocab_path": None, "vocab_hash": None, "data": data.fingerprint()}
+
+
+def _initial_state(model_config: ModelConfig, cfg: TrainConfig, tx, mesh, init_from: Path | None,
+                   out_dir: Path) -> tuple[TrainState, int, dict | None]:
+    """The seeded (or warm-started) state, restored from the folder's last checkpoint if there is one;
+    the step it starts at and the warm start's record."""
+    params, warm = seeded_params(model_config, cfg, init_from)
+    state = init_state(model_config, cfg, tx, mesh, params)
+    start = checkpoint.latest_step(out_dir) or 0
+    if start:
+        params, opt_state, start = checkpoint.restore(out_dir, state.params, state.opt_state)
+        state = TrainState(sharding.replicate(jnp.asarray(start, jnp.int32), mesh), params, opt_state)
+    return state, start, warm
+
+
+def _new_record(task: str, model_config: ModelConfig, cfg: TrainConfig, identity: dict, state: TrainState, mesh,
+                batches: BucketedBatches, start: int, warm: dict | None, prev: dict) -> dict:
+    """``narbench.json`` at the start of a session: what trains on what, and the totals carried over
+    from an interrupted session."""
+    carried = ("wall_seconds", "compile_seconds", "train_seconds", "checkpoint_seconds", "train_flops",
+               "eval_seconds")
+    return {
+        "task": task, "kind": model_config.kind, "model_config": model_config.to_dict(),
+        "train_config": cfg.to_dict(), **identity,
+        "num_params": int(sum(x.size for x in jax.tree_util.tree_leaves(state.params))),
+        "devices": [str(d) for d in mesh.devices.flat], "batching": batches.stats(),
+        "complete": False, "steps_done": start,
+        **{k: prev.get(k, 0.0) for k in carried}, "target_tokens": prev.get("target_tokens", 0),
+        "step_flops": dict(prev.get("step_flops", {})),
+        "init": warm,
+    }
+
+
+class _CompiledSteps:
+    """The train step, compiled once per batch shape (its compile time and XLA flops per step go to the
+    record), run and timed: ``steps(state, batch, rng) -> (state, metrics as host floats, the step's flops)``."""
+
+    def __init__(self, step_fn, record: dict):
+        self.step_fn, self.record = step_fn, record
+        self.compiled: dict[tuple, Any] = {}
+        self.flops: dict[tuple, float] = {}
+
+    def __call__(self, state: TrainState, batch: dict, rng) -> tuple[TrainState, dict, float]:
+        record = self.record
+        shape = batch["targets"].shape + batch["inputs"].shape
+        if shape not in self.compiled:
+            t0 = time.perf_counter()
+            self.compiled[shape] = self.step_fn.lower(state, batch, rng).compile()
+            record["compile_seconds"] += time.perf_counter() - t0
+            self.flops[shape] = cost_flops(self.compiled[shape])
+            record["step_flops"][f"{shape[0]}x{shape[1]}"] = self.flops[shape]
+        t0 = time.perf_counter()
+        state, metrics = self.compiled[shape](state, batch, rng)
+        metrics = {k: float(v) for k, v in metrics.items()}          # syncs: the step is done
+        record["train_seconds"] += time.perf_counter() - t0
+        return state, metrics, self.flops[shape]
+
+
+def _dev_point(evaluate: Callable, state: TrainState, done: int, record: dict, curve: list[dict],
+               out_dir: Path) -> None:
+    """One learning-curve point (dev BLEU and NLL at ``done`` steps), appended to ``curve.jsonl``;
+    its time is evaluation time, not training time."""
+    t0 = time.perf_counter()
+    point = {"step": done, "seconds": record["train_seconds"], **evaluate(state.params)}
+    point["eval_seconds"] = time.perf_counter() - t0
+    record["eval_seconds"] += point["eval_seconds"]
+    curve.append(point)
+    _write_curve(out_dir, curve)
+
+
+def _save_checkpoint(out_dir: Path, state: TrainState, done: int, complete: bool, metrics: dict, record: dict,
+                     clock: "_SessionClock") -> None:
+    """Parameters and optimiser state at ``done`` steps (refused if any parameter is not finite), and the record."""
+    t0 = time.perf_counter()
+    if not bool(_all_finite(state.params)):
+        raise _diverged(done, "non-finite parameters", out_dir)
+    checkpoint.save(out_dir, done, state.params, state.opt_state)
+    record["checkpoint_seconds"] += time.perf_counter() - t0
+    record.update(steps_done=done, complete=complete, final_loss=metrics["loss"], last_metrics=metrics)
+    _write_record(out_dir, record, clock)
+
+
+class _SessionClock:
+    """Wall seconds over every session: the earlier sessions' total plus this one's so far."""
+
+    def __init__(self, before: float):
+        self.before, self.start = before, time.perf_counter()
+
+    def total(self) -> float:
+        return self.before + time.perf_counter() - self.start
+
+
+def _write_record(out_dir: Path, record: dict, clock: _SessionClock) -> None:
+    record["wall_seconds"] = clock.total()
     record["target_tokens_per_second"] = record["target_tokens"] / max(record["train_seconds"], 1e-9)
     record["padding_share"] = record["batching"]["target_padding_share"]
     checkpoint.write_meta(out_dir, record)

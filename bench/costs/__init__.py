@@ -46,7 +46,7 @@ PROJECTION_LABEL = "projection"
 class XlaCost:
     flops: float
     bytes_accessed: float
-    ops: float = 0.0         # kernels the compiled program launches (instructions of its entry computation)
+    kernels: float = 0.0     # kernels the compiled program launches (instructions of its entry computation)
     # From the optimised HLO (:func:`hlo_work`): flops of each batched dot (attention's score and value
     # products) by "B,M,K,N" (batch, rows, contraction, columns), and layout moves (transposes and copies
     # that only rearrange data) as "output bytes" -> kernels of that size.
@@ -171,16 +171,26 @@ def loop_costs(decoder: Any, prepared: Any) -> dict[str, XlaCost]:
     """``{"encode": ..., "pass": ...}`` of one prepared batch: the encoder plus the decode's
     loop-invariant work (once per call), and one more decoder pass (see the module docstring)."""
     enc, one, two = (xla_cost(decoder.lower(prepared, part)) for part in ("encode", "pass", "pass2"))
-    more = lambda a, b: min(max(a - b, 0.0), b)              # what the second pass adds, within [0, one pass]
-    more_each = lambda a, b: {k: m for k in sorted(set(a) | set(b)) if (m := more(a.get(k, 0.0), b.get(k, 0.0)))}
-    rest = lambda e, o, s: {k: v for k in sorted(set(e) | set(o))
-                            if (v := e.get(k, 0.0) + o.get(k, 0.0) - s.get(k, 0.0)) > 0}
-    step = XlaCost(more(two.flops, one.flops), more(two.bytes_accessed, one.bytes_accessed), more(two.ops, one.ops),
-                   more_each(two.dots, one.dots), more_each(two.moves, one.moves))
+
+    def added(two_: float, one_: float) -> float:
+        """What the second pass adds, within [0, one pass]."""
+        return min(max(two_ - one_, 0.0), one_)
+
+    def added_each(two_: dict, one_: dict) -> dict:
+        """``added`` per key (dot shape or move size), keeping the keys it adds something for."""
+        return {k: m for k in sorted(set(two_) | set(one_)) if (m := added(two_.get(k, 0.0), one_.get(k, 0.0)))}
+
+    def once(enc_: dict, one_: dict, step_: dict) -> dict:
+        """Per key: the encoder plus one pass, minus what every further pass repeats (runs once per call)."""
+        return {k: v for k in sorted(set(enc_) | set(one_))
+                if (v := enc_.get(k, 0.0) + one_.get(k, 0.0) - step_.get(k, 0.0)) > 0}
+
+    step = XlaCost(added(two.flops, one.flops), added(two.bytes_accessed, one.bytes_accessed),
+                   added(two.kernels, one.kernels), added_each(two.dots, one.dots), added_each(two.moves, one.moves))
     return {"encode": XlaCost(enc.flops + one.flops - step.flops,
                               enc.bytes_accessed + one.bytes_accessed - step.bytes_accessed,
-                              enc.ops + one.ops - step.ops,
-                              rest(enc.dots, one.dots, step.dots), rest(enc.moves, one.moves, step.moves)),
+                              enc.kernels + one.kernels - step.kernels,
+                              once(enc.dots, one.dots, step.dots), once(enc.moves, one.moves, step.moves)),
             "pass": step}
 
 

@@ -48,7 +48,7 @@ class ARFamily(Family):
     name, label, paradigm, model_kind = "ar", "AR", "ar", "ar"
     required = True                                # the baseline of every suite
     baseline_system = system_name("greedy")
-    columns = (Column("layers", align="left", added=True,
+    columns = (Column("layers", align="left", optional=True,
                       doc="encoder-decoder layers of another AR layout (empty: the suite's model)"),)
 
     def parse(self, table) -> ARSection:

@@ -113,13 +113,13 @@ class PaDIRFamily(Family):
         Column("steps", "Steps", doc="refinement steps T"),
         Column("unmask_rate", "unmask rate", fixed(2)),
         Column("length_hyps", "k", doc="length hypotheses"),
-        Column("length_bonus", "len +", added=True, doc="tokens added to every predicted length"),
+        Column("length_bonus", "len +", optional=True, doc="tokens added to every predicted length"),
         Column("remask"), Column("start", doc="initial hypothesis: random | mask"),
         Column("positional_attention"), Column("stages"),
         Column("init", "init", align="left", doc="parameters: random, or warm-started from the AR model"),
         Column("recipe", align="left", doc="reference (fixed EOS, [LENGTH] query, stage-2 remasking) or first"),
-        Column("glancing", doc="glancing training (GLAT)", added=True),
-        Column("length_predictor", "length classes", align="left", added=True,
+        Column("glancing", doc="glancing training (GLAT)", optional=True),
+        Column("length_predictor", "length classes", align="left", optional=True,
                doc="absolute lengths, or offsets from the source length"),
     )
 

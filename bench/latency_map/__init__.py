@@ -263,7 +263,7 @@ class PartCosts:
 
         return costs.XlaCost(self.encode.flops + passes * self.step.flops,
                              self.encode.bytes_accessed + passes * self.step.bytes_accessed,
-                             self.encode.ops + passes * self.step.ops)   # totals only: dots and moves stay per part
+                             self.encode.kernels + passes * self.step.kernels)   # totals only: dots and moves stay per part
 
 
 def gemm_dims(decoder: Any) -> tuple[int, int]:
@@ -326,11 +326,11 @@ def cost_columns(part: PartCosts, passes: int, peaks: costs.MachinePeaks, cell: 
     total = part.total(passes)
     out = {"cost_method": COST_METHOD,
            "encode_flops": part.encode.flops, "encode_bytes": part.encode.bytes_accessed,
-           "encode_ops": part.encode.ops,
-           "pass_flops": part.step.flops, "pass_bytes": part.step.bytes_accessed, "pass_ops": part.step.ops,
+           "encode_ops": part.encode.kernels,
+           "pass_flops": part.step.flops, "pass_bytes": part.step.bytes_accessed, "pass_ops": part.step.kernels,
            "encode_dots": dict(part.encode.dots), "pass_dots": dict(part.step.dots),
            "encode_moves": dict(part.encode.moves), "pass_moves": dict(part.step.moves),
-           "flops": total.flops, "bytes": total.bytes_accessed, "ops": total.ops,
+           "flops": total.flops, "bytes": total.bytes_accessed, "ops": total.kernels,
            "gemm_dims": list(part.dims), "encode_rows": cell.batch * cell.length,
            "pass_rows": cell.batch * system.length_hyps * system.tokens_per_pass(cell.length),
            "roofline_ms": costs.roofline_ms(total.flops, total.bytes_accessed, peaks.peak_flops, peaks.bandwidth)}
