@@ -1,6 +1,7 @@
 """Benchmark plumbing: fake decoders from tests/bench/fakes.py, and a terminal summary of latency percentiles.
 
-Run with ``pytest tests/benchmarks --benchmark-only`` (the default ``addopts`` skip benchmarks).
+Run with ``pytest tests/benchmarks --benchmark-enable --benchmark-only`` (the default ``addopts`` run each benchmark
+body once, untimed, so its checks count in the test suite).
 """
 from __future__ import annotations
 

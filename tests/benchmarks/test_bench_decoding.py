@@ -1,7 +1,7 @@
 """Decoding latency benchmarks of the harness's own decoders (pytest-benchmark: measured, never asserted).
 
-Run: ``pytest tests/benchmarks/test_bench_decoding.py --benchmark-only -q`` (``--benchmark-only``
-overrides the ``--benchmark-skip`` in pyproject's addopts; ``--benchmark-enable`` does not).
+Run: ``pytest tests/benchmarks/test_bench_decoding.py --benchmark-enable --benchmark-only -q`` (``--benchmark-enable``
+overrides the ``--benchmark-disable`` in pyproject's addopts).
 Every number comes from the decoder objects ``narbench run`` times (``models.decoders.make_decoder``)
 and from ``bench.measure.timing`` (``warmup`` with compilation kept apart, then ``measure``), the harness's
 one timing protocol. Fixed workload: the `small` preset (8k vocab) with random weights, batch 1, one

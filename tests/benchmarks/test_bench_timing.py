@@ -3,7 +3,7 @@
 Each benchmark warms up (compile kept apart), then runs one interleaved ``timing.measure`` round over
 a fixed sentence set; per-sentence p50/p90/p99 (bench.measure.stats) go to ``benchmark.extra_info`` (saved
 JSON) and to the terminal summary. pytest-benchmark's own numbers time the whole measured round.
-Run: ``pytest tests/benchmarks --benchmark-only`` (add ``--benchmark-json out.json`` to keep them).
+Run: ``pytest tests/benchmarks --benchmark-enable --benchmark-only`` (add ``--benchmark-json out.json`` to keep them).
 """
 from __future__ import annotations
 

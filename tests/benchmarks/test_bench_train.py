@@ -1,7 +1,8 @@
 """Training throughput benchmarks (pytest-benchmark: measured, never asserted).
 
-Run: ``pytest tests/benchmarks/test_bench_train.py --benchmark-only -q -s``.
+Run: ``pytest tests/benchmarks/test_bench_train.py --benchmark-enable --benchmark-only -q -s``.
 - the machine's fp32 matmul peak: a jitted 2048 x 2048 matmul (best of the rounds, GFLOP/s);
+  MFU divides by the harness's own peak (``bench.costs.machine_peaks``), the one the roofline uses;
 - one `small` train step (8k vocab, a 4096-padded-token batch of shape [128, 32], target lengths
   drawn so ~18% of it is padding, like bible de-en's buckets) for AR and PaDIR (2 stages).
 ``extra_info`` holds target tokens/s and MFU = 6 x params x target tokens/s / peak. For PaDIR the
@@ -16,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from bench import costs
 from models import sharding
 from models.config import preset
 from models.t5 import count_params
@@ -25,25 +27,15 @@ VOCAB, ROWS, LENGTH = 8000, 128, 32
 PEAK: dict[str, float] = {}
 
 
-def _peak_flops(n: int = 2048, rounds: int = 5) -> float:
-    a = jax.random.normal(jax.random.PRNGKey(0), (n, n), jnp.float32)
-    b = jax.random.normal(jax.random.PRNGKey(1), (n, n), jnp.float32)
-    matmul = jax.jit(lambda x, y: x @ y)
-    jax.block_until_ready(matmul(a, b))
-    best = float("inf")
-    for _ in range(rounds):
-        t0 = time.perf_counter()
-        jax.block_until_ready(matmul(a, b))
-        best = min(best, time.perf_counter() - t0)
-    return 2.0 * n ** 3 / best
-
-
 def test_bench_matmul_peak(benchmark):
     n = 2048
     a = jnp.ones((n, n), jnp.float32)
     matmul = jax.jit(lambda x, y: x @ y)
     jax.block_until_ready(matmul(a, a))
-    benchmark.pedantic(lambda: jax.block_until_ready(matmul(a, a)), rounds=5, iterations=1, warmup_rounds=1)
+    out = benchmark.pedantic(lambda: jax.block_until_ready(matmul(a, a)), rounds=5, iterations=1, warmup_rounds=1)
+    assert float(out[0, 0]) == n                                  # ones @ ones: every entry is n
+    if benchmark.stats is None:                                   # --benchmark-disable: run once, untimed
+        return
     peak = 2.0 * n ** 3 / benchmark.stats.stats.min               # best round: the machine's peak
     PEAK["flops"] = peak
     benchmark.extra_info.update(peak_gflops=peak / 1e9, devices=jax.device_count())
@@ -77,14 +69,18 @@ def test_bench_train_step_small(benchmark, kind):
 
     def one_step():
         holder["state"], metrics = compiled(holder["state"], batch, rng)
-        jax.block_until_ready(metrics)
+        return jax.block_until_ready(metrics)
 
-    benchmark.pedantic(one_step, rounds=4, iterations=1, warmup_rounds=1)
+    metrics = benchmark.pedantic(one_step, rounds=4, iterations=1, warmup_rounds=1)
+    target_tokens = int((np.asarray(batch["targets"]) != 0).sum())
+    assert np.isfinite(float(metrics["loss"])) and int(metrics["target_tokens"]) == target_tokens
+    assert int(holder["state"].step) >= 2                         # the warm-up step and at least one more ran
+    if benchmark.stats is None:                                   # --benchmark-disable: run once, untimed
+        return
     seconds = benchmark.stats.stats.median          # a shared machine: min shows the uncontended speed
     best = benchmark.stats.stats.min
-    target_tokens = int((np.asarray(batch["targets"]) != 0).sum())
     tok_s = target_tokens / seconds
-    peak = PEAK.get("flops") or _peak_flops()
+    peak = PEAK.get("flops") or costs.machine_peaks().peak_flops
     params = count_params(holder["state"].params)
     benchmark.extra_info.update(
         kind=kind, params=params, target_tokens_per_step=target_tokens,
