@@ -276,13 +276,14 @@ class Runner:
         unless the spec says ``isolate = false``), with the solo check's rounds, then score and save every
         target."""
         timed = self._time(systems, data)
+        target_lang = self.deps.target_lang(data.task)
         rows, samples = [], []
         for target in targets:
             chosen = [(s, ckpt) for s, ckpt in systems if s.name in target.systems]
             stored = self._stored_baselines(target.name, data,
                                             {s.baseline for s, _ in chosen} - set(timed.m.systems))
             for system, ckpt in chosen:
-                rows.append(self._row(system, ckpt, target, data, timed, stored))
+                rows.append(self._row(system, ckpt, target, data, timed, stored, target_lang))
                 samples.extend(_samples(system.name, target, data, timed.m))
         if self.store is not None:
             self.store.save_cells(rows, samples)
@@ -318,14 +319,13 @@ class Runner:
         return _Timed(m, compile_s, costs, where)
 
     def _row(self, system: System, ckpt: Path, target: "Target", data: TestData, timed: "_Timed",
-             stored: dict[str, tuple]) -> Row:
+             stored: dict[str, tuple], target_lang: str) -> Row:
         """One system's row on one test set: its figures against the references and its baseline, how and
         where it was timed, its training budget, costs and the environment."""
         from narbench_core.paths import portable
 
         spec, m = self.spec, timed.m
         refs = data.references[:target.n_refs]
-        target_lang = self.deps.target_lang(data.task)
         t = m.systems[system.name]
         base = m.systems.get(system.baseline)
         base_lat, base_hyp = (base.latencies_ms, base.hypotheses) if base else stored.get(system.baseline, (None, None))

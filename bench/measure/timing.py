@@ -39,7 +39,7 @@ import contextlib
 import gc
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Protocol, Sequence
+from typing import Callable, Iterator, Protocol, Sequence
 
 import jax
 import numpy as np
@@ -277,38 +277,38 @@ def measure_systems(systems: Sequence[TimedSystem], sources: Sequence[str], batc
                              f"hypotheses for {len(idx)} sources")
         return timed
 
+    def run_turn(s: int, batch_ids: Sequence[int], warm: bool) -> Iterator[tuple[int, range, Timed]]:
+        """System ``s`` decodes ``batch_ids`` back to back, after one untimed call on the first if ``warm``."""
+        if warm:
+            call(s, ranges[batch_ids[0]])                                  # untimed: the caches are its own
+        for b in batch_ids:
+            yield b, ranges[b], call(s, ranges[b])
+
     with _device_scope(platform):
         turns = [range(t, min(t + turn, len(ranges))) for t in range(0, len(ranges), turn)]   # batch indices
         chunks = [list(solo_batches[c:c + turn]) for c in range(0, len(solo_batches), turn)]   # a solo round each
         total = repeats * len(turns)
-        after = [max(0, (r + 1) * total // len(chunks) - 1) for r in range(len(chunks))]   # turn it follows
-
-        def solo_round(r: int) -> None:
-            for j in range(k):
-                s = (j + r) % k if rotate else j
-                call(s, ranges[chunks[r][0]])                              # untimed: the caches are its own
-                for b in chunks[r]:
-                    idx = ranges[b]
-                    solo[s, idx.start:idx.stop] = call(s, idx).elapsed_ns / 1e6
+        solo_after: dict[int, list[int]] = {}                              # turn (over repeats) -> solo rounds
+        for r in range(len(chunks)):
+            solo_after.setdefault(max(0, (r + 1) * total // len(chunks) - 1), []).append(r)
 
         for rep in range(repeats):
             for t, batch_ids in enumerate(turns):
                 offset = (t + rep) % k if rotate else 0
                 for j in range(k):
                     s = (j + offset) % k
-                    if turn > 1:
-                        call(s, ranges[batch_ids[0]])                      # untimed: the caches are its own
-                    for b in batch_ids:
-                        idx = ranges[b]
+                    for b, idx, timed in run_turn(s, batch_ids, warm=turn > 1):
                         schedule.append((rep, b, systems[s].name))
-                        timed = call(s, idx)
                         raw[s, rep, idx.start:idx.stop] = timed.elapsed_ns / 1e6
                         calls[s][rep][idx.start:idx.stop] = [(timed.phase_ms, timed.syncs)] * len(idx)
                         if rep == 0:
                             hyps[s][idx.start:idx.stop] = timed.hypotheses
                             passes[s, idx.start:idx.stop] = timed.passes
-                for r in (r for r, a in enumerate(after) if a == rep * len(turns) + t):
-                    solo_round(r)
+                for r in solo_after.get(rep * len(turns) + t, ()):
+                    for j in range(k):
+                        s = (j + r) % k if rotate else j
+                        for _, idx, timed in run_turn(s, chunks[r], warm=True):
+                            solo[s, idx.start:idx.stop] = timed.elapsed_ns / 1e6
                 if on_batch is not None:
                     on_batch(rep * n + ranges[batch_ids[-1]].stop, repeats * n)
     out = {}
