@@ -20,6 +20,7 @@ from narbench_core import defaults, langs, phases
 from narbench_core.errors import UserError
 
 SCHEMA_VERSION = 2   # 2: `family` is the plug-in family (ar, padir ...); `paradigm` is ar | nar
+RENAMED = {"steps": "iterations"}   # old column name -> its name now (rows written before the rename load as new)
 P99_MIN_N = min_samples(0.99)
 
 
@@ -57,8 +58,8 @@ def _phases(row: "Row") -> str:
     return "–" if not d else " / ".join(f"{PHASE_SHORT[p]} {ms(d[p])}" for p in phases.PHASES if p in d)
 
 
-def _steps(row: "Row") -> str:
-    return "N" if row.paradigm == "ar" else plain(row.steps)
+def _iterations(row: "Row") -> str:
+    return "N" if row.paradigm == "ar" else plain(row.iterations)
 
 
 def _passes(row: "Row") -> str:
@@ -86,7 +87,7 @@ IDENTITY = (
     C("hypotheses", "# Hyp.", doc="beam size (AR) or length hypotheses (PaDIR)"),
     C("distill", "Distilled", doc="trained on the AR teacher's outputs"),
     C("seed"),
-    C("variant", doc="systems that differ only in steps share it (one line in steps plots)"),
+    C("variant", doc="systems that differ only in refinement iterations share it (one line in T plots)"),
     C("batch_size", "Batch"),
 )
 FIGURES = (
@@ -170,7 +171,7 @@ CORE = IDENTITY + FIGURES + RUN + TRAINING + COSTS + ENV
 
 # Composite cells the tables show in place of a value column.
 VIEWS = {c.name: c for c in (
-    C("steps_view", "Steps", render=_steps, doc="'N' = autoregressive"),
+    C("iterations_view", "T", render=_iterations, doc="refinement iterations; 'N' = autoregressive (one pass a token)"),
     C("p50_view", "p50 ms [95% CI]", render=_p50),
     C("passes_view", "passes mean / p99", render=_passes),
     *(C(f"phase_{p}_view", f"{p} p50 ms", render=lambda row, p=p: ms((row.phase_p50_ms or {}).get(p)),
@@ -216,6 +217,7 @@ class Row(Mapping[str, Any]):
         if record.get("schema_version") != SCHEMA_VERSION:
             raise UserError(f"{where}: row schema {record.get('schema_version')} is not {SCHEMA_VERSION} (written by "
                             "another narbench version); re-run the suite with `narbench run --force`")
+        record = {RENAMED.get(k, k): v for k, v in record.items()}
         core = {c.name for c in CORE}
         missing = sorted(core - set(record) - {c.name for c in CORE if c.optional})
         if missing:

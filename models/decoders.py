@@ -51,7 +51,7 @@ class Prepared:
 @dataclass
 class _Parsed:
     algorithm: str                       # "greedy" | "beam" | "refine"
-    k: int = 1                           # beam size or refinement steps
+    k: int = 1                           # beam size or refinement iterations T
 
 
 def capped_buckets(buckets: Sequence[int], max_decode_length: int) -> list[int]:
@@ -79,7 +79,7 @@ def parse_spec(spec: str) -> _Parsed:
     if name in ("beam", "refine") and arg.strip().isdigit():
         k = int(arg)
         if k < 1:
-            what = "refinement steps" if name == "refine" else "beam size"
+            what = "refinement iterations" if name == "refine" else "beam size"
             raise UserError(f"decoder {spec!r}: {what} must be >= 1, e.g. {name}:4")
         return _Parsed(name, k)
     raise UserError(f"unknown decoder {spec!r}; use greedy, beam:K or refine:T (e.g. beam:5, refine:4)")
@@ -174,8 +174,8 @@ class _BaseDecoder:
 
 
 class ARDecoder(_BaseDecoder):
-    """Greedy (cached or uncached) or beam search; ``passes`` = decoder steps run per sentence.
-    With ``force_length`` every row decodes exactly that many steps (EOS does not end it)."""
+    """Greedy (cached or uncached) or beam search; ``passes`` = decoder passes run per sentence.
+    With ``force_length`` every row decodes exactly that many tokens (EOS does not end it)."""
     ALGORITHMS = ("greedy", "beam")
     MODEL, SPECS = "an AR checkpoint", "greedy or beam:K"
 
@@ -213,7 +213,7 @@ class ARDecoder(_BaseDecoder):
             cache = t5.init_cache(self.config, b * k, inputs.shape[1], max_len)
             fn = lambda tok, c: self._step(params, c, encoded, inputs, tok)
             res = decoding.beam_search(fn, cache, b, k, max_len, self.length_penalty, eos_id, active)
-            return DeviceOutput(tokens=res.tokens[:, 0], passes=res.steps, score=res.scores[:, 0])
+            return DeviceOutput(tokens=res.tokens[:, 0], passes=res.passes, score=res.scores[:, 0])
         if self.cached:
             cache = t5.init_cache(self.config, b, inputs.shape[1], max_len)
             fn = lambda tok, c: self._step(params, c, encoded, inputs, tok)
@@ -221,7 +221,7 @@ class ARDecoder(_BaseDecoder):
         else:
             fn = lambda seqs, i: self._uncached_pass(params, encoded, inputs, seqs, i)
             res = decoding.greedy_search_uncached(fn, b, max_len, eos_id, active)
-        return DeviceOutput(tokens=res.tokens, passes=res.steps, score=res.scores)
+        return DeviceOutput(tokens=res.tokens, passes=res.passes, score=res.scores)
 
     def run(self, prepared: Prepared) -> DeviceOutput:
         inputs = jnp.asarray(prepared.inputs)
@@ -287,12 +287,12 @@ class PaDIRDecoder(_BaseDecoder):
         self.early_stop, self.seed = bool(early_stop), int(seed)
         self.rng = jax.random.key(self.seed)
         self._encode = jax.jit(self._encode_and_lengths)
-        # The step count T is a traced argument and the jitted loop is shared by every PaDIR decoder
+        # T is a traced argument and the jitted loop is shared by every PaDIR decoder
         # of the same model config and options, so refine:1/2/4/10 compile each shape once in memory
         # (re-reading one's own executable from JAX's persistent cache segfaulted in jaxlib 0.10.2).
         self._refine = _shared_refine(self.config, self.length_hyps, remask, start, self.max_decode_length,
                                       self.early_stop)
-        self._num_steps = jax.device_put(np.int32(self.parsed.k))
+        self._num_iterations = jax.device_put(np.int32(self.parsed.k))
 
     def _encode_and_lengths(self, params, inputs):
         """Encoder + length prediction: encoded [b, s, d], top-k lengths [b, k] in [1, max], each
@@ -329,7 +329,7 @@ class PaDIRDecoder(_BaseDecoder):
         before repeat-dropping, the rows that ran it [T, B] and its mask [B, n]; with ``attention``
         also ``aux["self_attention"]`` [T, B, heads, n, n] and ``aux["cross_attention"]``
         [T, B, heads, n, S] of the last decoder layer in each pass."""
-        return self._encode_and_refine(prepared, history_steps=self.parsed.k, attention=attention)
+        return self._encode_and_refine(prepared, history_iterations=self.parsed.k, attention=attention)
 
     def _encode_and_refine(self, prepared: Prepared, **history: Any) -> refine.RefineOutput:
         inputs = jnp.asarray(prepared.inputs)
@@ -341,7 +341,7 @@ class PaDIRDecoder(_BaseDecoder):
         phases.mark(phases.HOST_SYNC)
         phases.sync()
         capacity = prepared.target_bucket or self._choose_bucket(inputs.shape[1], longest)
-        return self._refine(self.params, encoded, inputs, lengths, active, self.rng, self._num_steps, capacity,
+        return self._refine(self.params, encoded, inputs, lengths, active, self.rng, self._num_iterations, capacity,
                             **history)
 
     def _warmup_variants(self, inputs: np.ndarray, batch_size: int) -> list[Prepared]:
@@ -370,12 +370,12 @@ class PaDIRDecoder(_BaseDecoder):
 def _shared_refine(config: ModelConfig, length_hyps: int, remask: str, start: str, max_decode_length: int,
                    early_stop: bool):
     """The jitted refinement of k length hypotheses for one model config and decoding options; the
-    step count is an argument; static ones: the target capacity, ``history_steps`` (0: no history,
+    T is an argument; static ones: the target capacity, ``history_iterations`` (0: no history,
     else the passes the history holds) and ``attention`` (the history keeps the attention weights)."""
     model = t5.make_model(config)
 
-    def refine_all(params, encoded, inputs, lengths, active, rng, num_steps, capacity: int,
-                   history_steps: int = 0, attention: bool = False) -> refine.RefineOutput:
+    def refine_all(params, encoded, inputs, lengths, active, rng, num_iterations, capacity: int,
+                   history_iterations: int = 0, attention: bool = False) -> refine.RefineOutput:
         def fn(tokens, mask):
             """One pass over tokens/mask [b*k, n] (encoded [b, s, d], once per source): logits [b*k, n, V];
             with ``attention`` also the last layer's weights."""
@@ -387,12 +387,12 @@ def _shared_refine(config: ModelConfig, length_hyps: int, remask: str, start: st
             return logits, {"self_attention": sown["self_attention"][0],              # [b*k, h, n, n]
                             "cross_attention": sown["cross_attention"][0]}            # [b*k, h, n, s]
 
-        return refine.refine_length_hypotheses(fn, jnp.minimum(lengths, capacity), capacity, num_steps, rng,
+        return refine.refine_length_hypotheses(fn, jnp.minimum(lengths, capacity), capacity, num_iterations, rng,
                                                remask, start, config.vocab_size, early_stop, active,
-                                               retain_history=history_steps > 0, history_steps=history_steps or None,
+                                               retain_history=history_iterations > 0, history_iterations=history_iterations or None,
                                                fixed_eos=config.fixed_eos)
 
-    return jax.jit(refine_all, static_argnames=("capacity", "history_steps", "attention"))
+    return jax.jit(refine_all, static_argnames=("capacity", "history_iterations", "attention"))
 
 
 DECODERS = {"ar": ARDecoder, "padir": PaDIRDecoder}   # model kind -> the decoder class that runs it

@@ -3,7 +3,7 @@
 Each algorithm is a pure function over a callback and runs its whole loop inside
 ``lax.while_loop`` over a named state (``GreedyState``, ``BeamState``, after flax's WMT example); a
 loop stops as soon as every row is done. Decoding starts from token 0 (pad), as in T5. Every function
-returns a ``SearchResult(tokens, scores, steps)`` where ``steps[i]`` is the number of decoder passes
+returns a ``SearchResult(tokens, scores, passes)`` where ``passes[i]`` is the number of decoder passes
 row ``i`` needed (until it emitted EOS or, for beam search, until no alive beam could beat its
 finished ones); positions after EOS hold 0. ``eos_id=NO_EOS`` never ends a row: every row decodes
 ``max_len`` tokens.
@@ -30,7 +30,7 @@ TokensToLogits = Callable[[Array, Any], tuple[Array, Any]]  # (tokens [b, 1], ca
 class SearchResult(NamedTuple):
     tokens: Array             # greedy [b, max_len]; beam [b, beam, max_len] best first (0 after EOS)
     scores: Array             # greedy [b] sum log-prob; beam [b, beam] log-prob / length penalty
-    steps: Array              # [b] int32 decoder passes the row needed
+    passes: Array              # [b] int32 decoder passes the row needed
 
 
 class GreedyState(NamedTuple):
@@ -38,7 +38,7 @@ class GreedyState(NamedTuple):
     seqs: Array               # [b, 1 + max_len] int32 the start token then the decoded tokens
     finished: Array           # [b] bool rows that emitted EOS (or are batch padding)
     scores: Array             # [b] float32 sum log-prob of the decoded tokens
-    steps: Array              # [b] int32 decoder passes run while the row was unfinished
+    passes: Array              # [b] int32 decoder passes run while the row was unfinished
     cache: Any                # the callback's cache (None without a cache)
 
 
@@ -50,7 +50,7 @@ class BeamState(NamedTuple):
     fin_scores: Array         # [b, beam] float32 their log-prob / length penalty (NEG_INF: none)
     cache: Any                # the callback's cache, leaves [b * beam, ...] follow their beams
     done: Array               # [b] bool rows whose finished beams no alive beam can beat (or padding)
-    steps: Array              # [b] int32 decoder passes run while the row was not done
+    passes: Array              # [b] int32 decoder passes run while the row was not done
 
 
 def _start_finished(active: Optional[Array], batch_size: int) -> Array:
@@ -61,7 +61,7 @@ def _start_finished(active: Optional[Array], batch_size: int) -> Array:
 def _greedy_start(batch_size: int, max_len: int, active: Optional[Array], cache: Any) -> GreedyState:
     return GreedyState(i=jnp.int32(0), seqs=jnp.zeros((batch_size, max_len + 1), jnp.int32),
                        finished=_start_finished(active, batch_size), scores=jnp.zeros(batch_size, jnp.float32),
-                       steps=jnp.zeros(batch_size, jnp.int32), cache=cache)
+                       passes=jnp.zeros(batch_size, jnp.int32), cache=cache)
 
 
 def _greedy_step(state: GreedyState, logits: Array, cache: Any, eos_id: int) -> GreedyState:
@@ -71,21 +71,21 @@ def _greedy_step(state: GreedyState, logits: Array, cache: Any, eos_id: int) -> 
     logp = jax.nn.log_softmax(logits.astype(jnp.float32))                            # [b, V]
     token = jnp.argmax(logp, axis=-1).astype(jnp.int32)                              # [b]
     scores = state.scores + jnp.where(finished, 0.0, jnp.take_along_axis(logp, token[:, None], 1)[:, 0])
-    steps = state.steps + (~finished).astype(jnp.int32)
+    passes = state.passes + (~finished).astype(jnp.int32)
     token = jnp.where(finished, PAD_ID, token)
     seqs = jax.lax.dynamic_update_slice_in_dim(state.seqs, token[:, None], state.i + 1, axis=1)
-    return GreedyState(state.i + 1, seqs, finished | (token == eos_id), scores, steps, cache)
+    return GreedyState(state.i + 1, seqs, finished | (token == eos_id), scores, passes, cache)
 
 
 def _greedy_loop(body: Callable[[GreedyState], GreedyState], state: GreedyState, max_len: int) -> SearchResult:
     cond = lambda s: (s.i < max_len) & ~jnp.all(s.finished)
     final = jax.lax.while_loop(cond, body, state)
-    return SearchResult(final.seqs[:, 1:], final.scores, final.steps)
+    return SearchResult(final.seqs[:, 1:], final.scores, final.passes)
 
 
 def greedy_search(tokens_to_logits: TokensToLogits, cache: Any, batch_size: int, max_len: int,
                   eos_id: int = EOS_ID, active: Optional[Array] = None) -> SearchResult:
-    """Argmax decoding with a cache: tokens [b, max_len], scores [b] (sum log-prob), steps [b].
+    """Argmax decoding with a cache: tokens [b, max_len], scores [b] (sum log-prob), passes [b].
     ``active`` [b] (optional): rows to decode; the others (batch padding) are skipped."""
 
     def body(state: GreedyState) -> GreedyState:
@@ -135,7 +135,7 @@ def beam_search(tokens_to_logits: TokensToLogits, cache: Any, batch_size: int, b
     (row ``i * beam + j`` is beam ``j`` of sentence ``i``); ``cache`` must already be laid out so.
 
     Returns tokens [b, beam, max_len] best first, scores [b, beam] (log-prob / length penalty),
-    steps [b]. A row stops once its worst finished beam beats the best score any alive beam could
+    passes [b]. A row stops once its worst finished beam beats the best score any alive beam could
     still reach; rows with no finished beam at ``max_len`` fall back to their alive beams."""
     b, k = batch_size, beam_size
     max_penalty = length_penalty(jnp.int32(max_len), alpha)
@@ -177,25 +177,25 @@ def beam_search(tokens_to_logits: TokensToLogits, cache: Any, batch_size: int, b
         new_fin_scores, pick = jax.lax.top_k(all_scores, k)
         new_fin_seqs = _gather_beams(all_seqs, pick)
 
-        # Rows already done keep their state (and stop counting steps).
+        # Rows already done keep their state (and stop counting passes).
         keep_old = done[:, None]
         alive_logp = jnp.where(keep_old, alive_logp, new_alive_logp)
         alive_seqs = jnp.where(keep_old[:, :, None], alive_seqs, new_alive_seqs)
         fin_scores = jnp.where(keep_old, state.fin_scores, new_fin_scores)
         fin_seqs = jnp.where(keep_old[:, :, None], state.fin_seqs, new_fin_seqs)
-        steps = state.steps + (~done).astype(jnp.int32)
+        passes = state.passes + (~done).astype(jnp.int32)
         done = done | row_done(alive_logp, fin_scores)
-        return BeamState(i + 1, alive_seqs, alive_logp, fin_seqs, fin_scores, cache, done, steps)
+        return BeamState(i + 1, alive_seqs, alive_logp, fin_seqs, fin_scores, cache, done, passes)
 
     seqs = jnp.zeros((b, k, max_len + 1), jnp.int32)                                 # [b, k, 1 + L]
     start = BeamState(i=jnp.int32(0), alive_seqs=seqs,
                       alive_logp=jnp.tile(jnp.array([0.0] + [NEG_INF] * (k - 1), jnp.float32), (b, 1)),
                       fin_seqs=seqs, fin_scores=jnp.full((b, k), NEG_INF, jnp.float32), cache=cache,
-                      done=_start_finished(active, b), steps=jnp.zeros(b, jnp.int32))
+                      done=_start_finished(active, b), passes=jnp.zeros(b, jnp.int32))
     final = jax.lax.while_loop(cond, body, start)
 
     # Rows without any finished beam return their alive beams, scored at their full length.
     none_finished = ~jnp.any(final.fin_scores > NEG_INF / 2, axis=1)                 # [b]
     tokens = jnp.where(none_finished[:, None, None], final.alive_seqs, final.fin_seqs)[:, :, 1:]
     scores = jnp.where(none_finished[:, None], final.alive_logp / max_penalty, final.fin_scores)
-    return SearchResult(tokens, scores, final.steps)
+    return SearchResult(tokens, scores, final.passes)

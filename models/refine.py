@@ -1,12 +1,12 @@
 """Iterative refinement (PaDIR inference, Appendix L.1.1), model-agnostic.
 
 ``refine_fn(tokens [b, n], mask [b, n]) -> logits [b, n, V]`` is one parallel decoder pass. Each of at
-most T steps runs one pass and takes the argmax at every position; a row stops early (keeps its
-tokens, stops counting passes) once a pass changes none of its tokens. Between steps the output may
+most T iterations runs one pass and takes the argmax at every position; a row stops early (keeps its
+tokens, stops counting passes) once a pass changes none of its tokens. Between iterations the output may
 be re-masked: ``none``; ``stutter`` (the later copies of a consecutive repeat are replaced, the paper's
 choice); ``mask-predict`` (the N*(T-t)/T least confident tokens are replaced, t = passes done, N = the
 row's length; confidences come from the latest pass). Replacements are ``<mask>`` or fresh random
-tokens, matching the initial hypothesis. After the last step ``drop_repeats`` removes consecutive
+tokens, matching the initial hypothesis. After the last iteration ``drop_repeats`` removes consecutive
 repeats. k length hypotheses are flattened into the batch and the best is chosen by mean log-prob.
 The loop state is a ``RefineState`` (named fields, after flax's WMT ``BeamState``).
 
@@ -74,12 +74,12 @@ def remask_stutter(tokens: Array, mask: Array, replacement: Array) -> Array:
 
 
 def mask_predict_remask(tokens: Array, confidence: Array, mask: Array, replacement: Array, passes_done: Array,
-                        num_steps: int) -> Array:
+                        num_iterations: int) -> Array:
     """Replace the floor(N * (T - t) / T) least confident tokens of each row (N = row length)."""
     assert tokens.ndim == 2 and confidence.shape == tokens.shape == mask.shape
     valid = mask > 0
     length = valid.sum(axis=1)                                                       # [b]
-    count = (length * (num_steps - passes_done)) // num_steps                        # [b]
+    count = (length * (num_iterations - passes_done)) // num_iterations                        # [b]
     conf = jnp.where(valid, confidence, jnp.inf)
     rank = jnp.argsort(jnp.argsort(conf, axis=1), axis=1)                            # [b, n] 0 = least confident
     return jnp.where(valid & (rank < count[:, None]), replacement, tokens)
@@ -102,12 +102,12 @@ def _split_aux(out: Any) -> tuple[Array, Any]:
     return out if isinstance(out, tuple) else (out, None)
 
 
-def _empty_history(refine_fn: RefineFn, tokens: Array, mask: Array, steps: int) -> RefineHistory:
-    """Zeroed buffers for ``steps`` passes (the aux buffers take the callback's aux shapes)."""
+def _empty_history(refine_fn: RefineFn, tokens: Array, mask: Array, passes: int) -> RefineHistory:
+    """Zeroed buffers for ``passes`` passes (the aux buffers take the callback's aux shapes)."""
     _, aux = _split_aux(jax.eval_shape(refine_fn, tokens, mask))
-    return RefineHistory(tokens=jnp.zeros((steps,) + tokens.shape, jnp.int32),
-                         active=jnp.zeros((steps, tokens.shape[0]), bool), mask=mask,
-                         aux=jax.tree_util.tree_map(lambda s: jnp.zeros((steps,) + s.shape, s.dtype), aux))
+    return RefineHistory(tokens=jnp.zeros((passes,) + tokens.shape, jnp.int32),
+                         active=jnp.zeros((passes, tokens.shape[0]), bool), mask=mask,
+                         aux=jax.tree_util.tree_map(lambda s: jnp.zeros((passes,) + s.shape, s.dtype), aux))
 
 
 def _record(history: RefineHistory, t: Array, tokens: Array, active: Array, aux: Any) -> RefineHistory:
@@ -122,24 +122,24 @@ def last_position(mask: Array) -> Array:
     return jnp.arange(mask.shape[1])[None, :] == (mask > 0).sum(axis=1, keepdims=True) - 1
 
 
-def iterative_refinement(refine_fn: RefineFn, tokens: Array, mask: Array, num_steps: int | Array, rng: Array,
+def iterative_refinement(refine_fn: RefineFn, tokens: Array, mask: Array, num_iterations: int | Array, rng: Array,
                          remask: str = defaults.REMASK, start: str = defaults.START, vocab_size: int = 0,
                          early_stop: bool = True, active: Optional[Array] = None, retain_history: bool = False,
-                         history_steps: Optional[int] = None, fixed_eos: bool = False) -> RefineOutput:
-    """At most ``num_steps`` refinement passes from ``tokens`` (the initial hypothesis); with
-    ``early_stop=False`` exactly ``num_steps`` (benchmarks measure the cost of T passes so).
-    ``num_steps`` may be a traced int32 scalar, so one compiled loop serves every step count.
+                         history_iterations: Optional[int] = None, fixed_eos: bool = False) -> RefineOutput:
+    """At most ``num_iterations`` refinement passes from ``tokens`` (the initial hypothesis); with
+    ``early_stop=False`` exactly ``num_iterations`` (benchmarks measure the cost of T passes so).
+    ``num_iterations`` may be a traced int32 scalar, so one compiled loop serves every T.
     The argmax never emits pad, unk or ``<mask>``; with ``fixed_eos`` (a model trained so) EOS sits
     at each row's last position and is emitted nowhere else.
 
     ``retain_history`` also returns every pass's tokens, running rows and callback aux
-    (``RefineHistory``) in buffers of ``history_steps`` passes (default ``num_steps``; required, and at
-    least the step count, when ``num_steps`` is traced)."""
+    (``RefineHistory``) in buffers of ``history_iterations`` passes (default ``num_iterations``; required, and at
+    least T, when ``num_iterations`` is traced)."""
     assert tokens.ndim == 2 and tokens.shape == mask.shape, (tokens.shape, mask.shape)
     if remask not in defaults.REMASK_MODES or start not in defaults.START_MODES:
         raise ValueError(f"remask must be one of {defaults.REMASK_MODES} and start one of {defaults.START_MODES}")
-    if isinstance(num_steps, int) and num_steps < 1:   # may also be a traced int32 scalar
-        raise ValueError("num_steps must be >= 1")
+    if isinstance(num_iterations, int) and num_iterations < 1:   # may also be a traced int32 scalar
+        raise ValueError("num_iterations must be >= 1")
     b, n = tokens.shape
     valid = mask > 0
     banned = jnp.asarray([i in (PAD_ID, UNK_ID, MASK_ID) or (fixed_eos and i == EOS_ID)
@@ -148,14 +148,14 @@ def iterative_refinement(refine_fn: RefineFn, tokens: Array, mask: Array, num_st
     tokens = jnp.where(valid, jnp.where(eos_here, EOS_ID, tokens), PAD_ID)
     history = None
     if retain_history:
-        steps = num_steps if history_steps is None else history_steps
-        if not isinstance(steps, int) or (isinstance(num_steps, int) and steps < num_steps):
-            raise ValueError("retain_history needs history_steps, an int >= num_steps (required when "
-                             "num_steps is traced)")
-        history = _empty_history(refine_fn, tokens, mask, steps)
+        passes = num_iterations if history_iterations is None else history_iterations
+        if not isinstance(passes, int) or (isinstance(num_iterations, int) and passes < num_iterations):
+            raise ValueError("retain_history needs history_iterations, an int >= num_iterations (required when "
+                             "num_iterations is traced)")
+        history = _empty_history(refine_fn, tokens, mask, passes)
 
     def cond(state: RefineState):
-        return (state.t < num_steps) & ~jnp.all(state.finished)
+        return (state.t < num_iterations) & ~jnp.all(state.finished)
 
     def body(state: RefineState) -> RefineState:
         key, sub = jax.random.split(state.key)
@@ -179,7 +179,7 @@ def iterative_refinement(refine_fn: RefineFn, tokens: Array, mask: Array, num_st
             if remask == "stutter":
                 inp = remask_stutter(out, mask, repl)
             else:
-                inp = mask_predict_remask(out, conf, mask, repl, passes, num_steps)
+                inp = mask_predict_remask(out, conf, mask, repl, passes, num_iterations)
             inp = jnp.where(eos_here, EOS_ID, inp)
         history = None if state.history is None else _record(state.history, state.t, new, running, aux)
         return RefineState(state.t + 1, inp, out, conf, finished, passes, key, history)
@@ -208,10 +208,10 @@ def _pick_hypothesis(x: Array, best: Array) -> Array:
     return jnp.take_along_axis(x, best.reshape((b, 1) + (1,) * (x.ndim - 2)), axis=1)[:, 0]
 
 
-def refine_length_hypotheses(refine_fn: RefineFn, lengths: Array, capacity: int, num_steps: int | Array, rng: Array,
+def refine_length_hypotheses(refine_fn: RefineFn, lengths: Array, capacity: int, num_iterations: int | Array, rng: Array,
                              remask: str = defaults.REMASK, start: str = defaults.START, vocab_size: int = 0,
                              early_stop: bool = True, active: Optional[Array] = None, retain_history: bool = False,
-                             history_steps: Optional[int] = None, fixed_eos: bool = False) -> RefineOutput:
+                             history_iterations: Optional[int] = None, fixed_eos: bool = False) -> RefineOutput:
     """Refine k hypotheses per row in parallel (``refine_fn`` sees ``b * k`` rows, row ``i * k + j`` has
     length ``lengths[i, j]``; rows with ``active`` [b] False are batch padding and skipped) and keep
     each row's best by mean log-prob, with repeats dropped.
@@ -223,8 +223,8 @@ def refine_length_hypotheses(refine_fn: RefineFn, lengths: Array, capacity: int,
     mask = (jnp.arange(capacity)[None, :] < lengths.reshape(b * k, 1)).astype(jnp.int32)  # [b*k, n]
     first = jnp.where(mask > 0, replacement_tokens(init_key, (b * k, capacity), start, vocab_size), PAD_ID)
     flat_active = None if active is None else jnp.repeat(jnp.asarray(active, bool), k)   # [b*k]
-    res = iterative_refinement(refine_fn, first, mask, num_steps, loop_key, remask, start, vocab_size, early_stop,
-                               flat_active, retain_history, history_steps, fixed_eos)
+    res = iterative_refinement(refine_fn, first, mask, num_iterations, loop_key, remask, start, vocab_size, early_stop,
+                               flat_active, retain_history, history_iterations, fixed_eos)
     score = res.score.reshape(b, k)
     best = jnp.argmax(score, axis=1)                                                 # [b]
     best_mask = _pick_hypothesis(mask, best)                                         # [b, n]

@@ -8,7 +8,7 @@ checkers below and returns a frozen dataclass. Built-in suites live in ``suites/
 ``load_spec`` also takes a path.
 
 Any unknown key or bad value raises ``UserError`` naming the file and the key path, e.g.
-``suites/specs/x.toml: padir.steps: expected positive integers, got 0``.
+``suites/specs/x.toml: padir.iterations: expected positive integers, got 0``.
 
 Test sets are written ``[TASK:]SPLIT[+refs]``: ``"test"`` scores the train task's test split against
 its own references; ``"test+refs"`` also uses the extra references where the task has them

@@ -31,7 +31,7 @@ class AttentionJob:
     checkpoint: str
     sources: tuple[str, ...]
     origin: str                 # where the sources and checkpoint came from (for the page)
-    steps: int = 4
+    iterations: int = 4         # refinement iterations T
     length_hyps: int = defaults.LENGTH_HYPS
     remask: str = defaults.REMASK
     start: str = defaults.START
@@ -70,7 +70,7 @@ def analyse(job: AttentionJob, batch_size: int = 16):
     from models.checkpoint import read_meta
     from models.decoders import load_decoder
 
-    decoder = load_decoder(job.checkpoint, f"refine:{job.steps}", length_hyps=job.length_hyps, remask=job.remask,
+    decoder = load_decoder(job.checkpoint, f"refine:{job.iterations}", length_hyps=job.length_hyps, remask=job.remask,
                            start=job.start, seed=job.seed)
     stats, info = analyse_model(decoder, job.sources[: job.max_sentences], batch_size=batch_size)
     info.update(origin=job.origin, checkpoint=portable(job.checkpoint), task=(read_meta(Path(job.checkpoint)) or {}).get("task"))
@@ -82,7 +82,7 @@ def analyse_model(decoder, sources, batch_size=16):
     needs only ``encode``); sentences of similar length share a batch."""
     if not sources:
         raise UserError("no source sentences to analyse")
-    steps = decoder.parsed.k
+    iterations = decoder.parsed.k
     order = sorted(range(len(sources)), key=lambda i: len(decoder.vocab.encode(sources[i])))
     parts, passes_all = [], []
     for start in range(0, len(order), batch_size):
@@ -105,15 +105,15 @@ def analyse_model(decoder, sources, batch_size=16):
         raise UserError("every output had fewer than 2 tokens; nothing to pair (is the checkpoint trained?)")
     stats = attention.concat(parts)
     info = dict(sentences=len(parts), total_pairs=int(stats.stutter.size), stutter_pairs=int(stats.stutter.sum()),
-                passes_mean=float(np.mean(passes_all)), converged_share=float(np.mean(np.array(passes_all) < steps)),
-                steps=steps, length_hyps=decoder.length_hyps, remask=decoder.remask, start=decoder.start,
+                passes_mean=float(np.mean(passes_all)), converged_share=float(np.mean(np.array(passes_all) < iterations)),
+                iterations=iterations, length_hyps=decoder.length_hyps, remask=decoder.remask, start=decoder.start,
                 seed=decoder.seed)
     return stats, info
 
 
 def describe(info: dict) -> str:
     return (f"Model outputs: {info.get('origin', 'in-memory model')}; {info['sentences']} sentences, "
-            f"{info['total_pairs']} adjacent pairs of which {info['stutter_pairs']} stutter; refine:{info['steps']}, "
+            f"{info['total_pairs']} adjacent pairs of which {info['stutter_pairs']} stutter; refine:{info['iterations']}, "
             f"{info['length_hyps']} length hypotheses, remask {info['remask']}, start {info['start']}; "
             f"mean passes {info['passes_mean']:.2f}; refinement converged before T for "
             f"{100 * info['converged_share']:.0f}% of sentences; the analysed pass is each sentence's final "

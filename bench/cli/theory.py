@@ -73,11 +73,12 @@ def register(sub) -> None:
     src.add_argument("--run", help="a `narbench run` folder (or its suite folder): its PaDIR system's checkpoint "
                      "and test sources")
     src.add_argument("--checkpoint", help="a trained PaDIR checkpoint folder")
-    p.add_argument("--system", help="with --run: which NAR system (default: the one with the most steps, then the best BLEU)")
+    p.add_argument("--system", help="with --run: which NAR system (default: the one with the most refinement iterations, then the best BLEU)")
     p.add_argument("--test-set", help="with --run: which test set (default: the first)")
     p.add_argument("--task", help="with --checkpoint: task whose split to decode (default: the checkpoint's)")
     p.add_argument("--split", default="test", help="with --checkpoint: split to decode (default test)")
-    p.add_argument("--steps", type=int, help="refinement steps T (default: the run's, else 4)")
+    p.add_argument("--iterations", "--steps", type=int, dest="iterations",
+                   help="refinement iterations T (default: the run's, else 4)")
     p.add_argument("--length-hyps", type=int, help="length hypotheses (default: the run's, else 5)")
     p.add_argument("--remask", help="none|stutter|mask-predict (default: the run's, else stutter)")
     p.add_argument("--max-sentences", type=int, default=300, help="sentences to analyse (default 300)")
@@ -153,8 +154,8 @@ def job_from_run(run_dir: str, system: str | None = None, test_set: str | None =
     if not nar:
         raise UserError(f"{run.path} has no refine:T row{' for ' + system if system else ''}"
                         f"{' on ' + test_set if test_set else ''}; run a suite with a PaDIR system or pass --checkpoint")
-    # The most refinement steps; among those, the best BLEU (e.g. the distilled model), then the first row.
-    row = max(nar, key=lambda r: (r.steps, r.bleu if r.bleu is not None else 0.0))
+    # The most refinement iterations; among those, the best BLEU (e.g. the distilled model), then the first row.
+    row = max(nar, key=lambda r: (r.iterations, r.bleu if r.bleu is not None else 0.0))
     picked = sorted((s for s in run.samples() if s["system"] == row.system and s["test_set"] == row.test_set),
                     key=lambda s: s["index"])
     if not picked:
@@ -162,7 +163,7 @@ def job_from_run(run_dir: str, system: str | None = None, test_set: str | None =
     opts = row.decoder_options
     return AttentionJob(checkpoint=str(resolve(row.checkpoint)), sources=tuple(s["source"] for s in picked),
                         origin=f"run {run.path.name}, system {row.system}, test set {row.test_set}",
-                        steps=row.steps, length_hyps=opts["length_hyps"], remask=opts["remask"],
+                        iterations=row.iterations, length_hyps=opts["length_hyps"], remask=opts["remask"],
                         start=opts.get("start", defaults.START),      # runs before the option existed: the default
                         seed=opts["seed"])
 
@@ -177,7 +178,7 @@ def cmd_attention(args) -> int:
         job = job_from_run(args.run, system=args.system, test_set=args.test_set)
     else:
         job = attention_model.job_from_checkpoint(args.checkpoint, task=args.task, split=args.split)
-    job = job.with_overrides(steps=args.steps, length_hyps=args.length_hyps, remask=args.remask,
+    job = job.with_overrides(iterations=args.iterations, length_hyps=args.length_hyps, remask=args.remask,
                              max_sentences=args.max_sentences, seed=args.seed)
     stats, info = attention_model.analyse(job, batch_size=args.batch_size)
     rows = [{**info, **r} for r in attention.summarize(stats)]

@@ -3,7 +3,7 @@
 Spec section (each key is an axis; the systems are the Cartesian product)::
 
     [padir]
-    steps = [1, 2, 4, 10]          # refinement steps T (decoding)
+    iterations = [1, 2, 4, 10]     # refinement iterations T (decoding; at most T decoder passes)
     length_hyps = [5]              # length hypotheses k (decoding)
     length_bonus = [0]             # tokens added to every predicted length (decoding; set on dev)
     remask = ["stutter"]           # none | stutter | mask-predict (decoding)
@@ -14,17 +14,17 @@ Spec section (each key is an axis; the systems are the Cartesian product)::
     distill = [false, true]        # train on the AR teacher's outputs
     init = ["random"]              # parameters: random, or "ar": warm-started from the suite's AR model
     recipe = ["reference"]         # "reference": fixed EOS, [LENGTH] query, stage-2 remasking
-                                   # (google-research padir/); "first": without them
+                                   # (google-research padir/); "plain": without them
     glancing = [false]             # glancing training (GLAT): reveal a share of a no-gradient pass's errors
     length_predictor = ["absolute"]  # length classes: absolute lengths (the paper), or offsets from the
                                    # source length (fairseq's NAT models)
     exclude = [{distill = false, length_hyps = 1}]   # combinations left out of the product: each
                                    # table drops every system that has all of its values (a list
-                                   # value matches any of its items: {length_hyps = 5, steps = [1, 2]})
+                                   # value matches any of its items: {length_hyps = 5, iterations = [1, 2]})
 
 A system is named ``padir-s{T}-u{rate}[-distill]`` plus a suffix for every axis that differs from
 the paper's default (``-k3``, ``-lb2``, ``-remask-none``, ``-start-mask``, ``-nopos``, ``-st1``, ``-init-ar``,
-``-recipe-first``, ``-glat``, ``-lenoff``).
+``-recipe-plain``, ``-glat``, ``-lenoff``).
 """
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ from suites.spec import Invalid, boolean, integer, list_of, number, string
 
 @dataclass(frozen=True)
 class PaDIRSection:
-    steps: tuple[int, ...] = (1, 2, 4, 10)
+    iterations: tuple[int, ...] = (1, 2, 4, 10)
     unmask_rate: tuple[float, ...] = (d.UNMASK_RATE,)
     distill: tuple[bool, ...] = (False, True)
     length_hyps: tuple[int, ...] = (d.LENGTH_HYPS,)
@@ -110,14 +110,15 @@ def _suffix(length_hyps: int, remask: str, start: str, positional_attention: boo
 class PaDIRFamily(Family):
     name, label, paradigm, model_kind = "padir", "PaDIR", "nar", "padir"
     columns = (
-        Column("steps", "Steps", doc="refinement steps T"),
+        Column("iterations", "T", doc="refinement iterations T: at most T decoder passes (a row stops early "
+                                     "once an iteration changes none of its tokens)"),
         Column("unmask_rate", "unmask rate", fixed(2)),
         Column("length_hyps", "k", doc="length hypotheses"),
         Column("length_bonus", "len +", optional=True, doc="tokens added to every predicted length"),
         Column("remask"), Column("start", doc="initial hypothesis: random | mask"),
         Column("positional_attention"), Column("stages"),
         Column("init", "init", align="left", doc="parameters: random, or warm-started from the AR model"),
-        Column("recipe", align="left", doc="reference (fixed EOS, [LENGTH] query, stage-2 remasking) or first"),
+        Column("recipe", align="left", doc="reference (fixed EOS, [LENGTH] query, stage-2 remasking) or plain (none of them)"),
         Column("glancing", doc="glancing training (GLAT)", optional=True),
         Column("length_predictor", "length classes", align="left", optional=True,
                doc="absolute lengths, or offsets from the source length"),
@@ -127,8 +128,10 @@ class PaDIRFamily(Family):
         s = PaDIRSection()
         positive = list_of(integer(1), "positive integers")
         flags = list_of(boolean, "true/false")
+        if table.get("steps", lambda v: v, None) is not None:
+            table.fail("steps", "renamed: write the refinement iterations T as `iterations`")
         section = PaDIRSection(
-            steps=table.get("steps", positive, s.steps),
+            iterations=table.get("iterations", positive, s.iterations),
             unmask_rate=table.get("unmask_rate", list_of(number(0.0, 1.0), "numbers in [0, 1]"), s.unmask_rate),
             distill=table.get("distill", flags, s.distill),
             length_hyps=table.get("length_hyps", positive, s.length_hyps),
@@ -166,24 +169,24 @@ class PaDIRFamily(Family):
                 axes = (("length_predictor", length),) + axes
             cell = TrainCell(ctx.task, self.name, ctx.seed, axes, ctx.teacher if distill else None,
                              ctx.teacher if init == "ar" else None)
-            for steps, k, bonus, remask, start in itertools.product(
-                    section.steps, section.length_hyps, section.length_bonus, section.remask, section.start):
+            for iterations, k, bonus, remask, start in itertools.product(
+                    section.iterations, section.length_hyps, section.length_bonus, section.remask, section.start):
                 if section.excluded(dict(
-                        steps=steps, unmask_rate=rate, distill=distill, length_hyps=k, length_bonus=bonus,
+                        iterations=iterations, unmask_rate=rate, distill=distill, length_hyps=k, length_bonus=bonus,
                         remask=remask, start=start, positional_attention=pos, stages=stages, init=init,
                         recipe=recipe, glancing=glancing, length_predictor=length)):
                     continue
                 variant = (f"padir-u{rate:g}" + ("-distill" if distill else "")
                            + _suffix(k, remask, start, pos, stages, init, recipe, glancing, length, bonus))
-                name = variant.replace("padir-", f"padir-s{steps}-", 1)
+                name = variant.replace("padir-", f"padir-s{iterations}-", 1)
                 options = {**ctx.shapes, "length_hyps": k, "remask": remask, "start": start, "seed": ctx.seed,
                            "length_bonus": bonus}
-                info = {"steps": steps, "unmask_rate": rate, "length_hyps": k, "hypotheses": k,
+                info = {"iterations": iterations, "unmask_rate": rate, "length_hyps": k, "hypotheses": k,
                         "length_bonus": bonus, "remask": remask,
                         "start": start, "positional_attention": pos, "stages": stages, "init": init,
                         "recipe": recipe, "glancing": glancing, "length_predictor": length,
-                        "decoder": f"refine:{steps}", "variant": variant}
-                out.append(System(name, self.name, f"refine:{steps}", cell, tuple(sorted(options.items())),
+                        "decoder": f"refine:{iterations}", "variant": variant}
+                out.append(System(name, self.name, f"refine:{iterations}", cell, tuple(sorted(options.items())),
                                   tuple(info.items())))
         return out
 
@@ -196,19 +199,19 @@ class PaDIRFamily(Family):
                  "stage_remask": reference, "glancing": axes.pop("glancing", d.GLANCING)})
 
     def sort_key(self, row) -> tuple:
-        return (row.distill, row.unmask_rate, row.steps, row.system)
+        return (row.distill, row.unmask_rate, row.iterations, row.system)
 
     def point_label(self, row) -> str:
         rate = "" if row.unmask_rate == d.UNMASK_RATE else f" u{row.unmask_rate:g}"
         rest = _suffix(row.length_hyps, row.remask, row.start, row.positional_attention, row.stages, row.init,
                        row.recipe, bool(row.glancing), row.length_predictor or d.LENGTH_PREDICTOR,
                        row.length_bonus or d.LENGTH_BONUS)
-        return f"T={row.steps}{rate}{rest.replace('-', ' ')}"
+        return f"T={row.iterations}{rate}{rest.replace('-', ' ')}"
 
     def style(self, row) -> dict[str, Any]:
         if row.distill:
             return {"color": "#c0392b", "marker": "o", "label": "PaDIR, distilled"}
-        return {"color": "#e67e22", "marker": "o", "label": "PaDIR (T = steps)"}
+        return {"color": "#e67e22", "marker": "o", "label": "PaDIR (T = iterations)"}
 
 
 families.register(PaDIRFamily())

@@ -142,7 +142,7 @@ class JittedDecoder:
     def __init__(self, name: str, passes: int, dim: int = 64, vocab: int = 97,
                  buckets: tuple[int, ...] = (8, 16), family: str = "nar", seed: int = 0):
         self.name, self.family, self.passes = name, family, passes
-        self.info = {"steps": passes}
+        self.info = {"iterations": passes}
         self.buckets, self.vocab, self.dim = buckets, vocab, dim
         self.config = SimpleNamespace(d_model=dim, d_ff=dim)      # its GEMM shape, as a model config has
         k1, k2 = jax.random.split(jax.random.PRNGKey(seed))

@@ -16,7 +16,7 @@ from fakes import saved_figures
 from grid_fakes import STEP_COST, TOKENS_PER_STEP, FakeStepCost, fake_deps, fake_row, fake_spec
 from narbench_core.errors import UserError
 
-SPEC = fake_spec("budgets", test=["test"], ar_decoders=["greedy"], padir_steps=[2], max_test_sentences=10)
+SPEC = fake_spec("budgets", test=["test"], ar_decoders=["greedy"], padir_iterations=[2], max_test_sentences=10)
 
 
 @pytest.fixture(autouse=True)

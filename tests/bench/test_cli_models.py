@@ -57,7 +57,7 @@ def test_train_distill_without_teacher_trains_the_ar_teacher_first(recorded, cap
 def test_train_warm_start_and_recipe(recorded, tmp_path, capsys):
     source = tmp_path / "ar"
     assert main(["train", "--task", "synthetic_d0", "--model", "padir", "--preset", "tiny", "--steps", "3",
-                 "--init", "ar", "--init-from", str(source), "--recipe", "first", "--quiet"]) == 0
+                 "--init", "ar", "--init-from", str(source), "--recipe", "plain", "--quiet"]) == 0
     (_, model, train), = recorded["train"]
     assert recorded["init_from"] == [source]
     assert not model.fixed_eos and not model.length_token and not train.stage_remask

@@ -14,7 +14,7 @@ from bench.rows import CORE
 from bench.verify import verify_run
 from grid_fakes import FakeFactory, fake_deps, fake_spec
 
-SPEC = fake_spec("clitest", test=["test"], ar_decoders=["greedy", "beam:2"], padir_steps=[1, 2],
+SPEC = fake_spec("clitest", test=["test"], ar_decoders=["greedy", "beam:2"], padir_iterations=[1, 2],
                  max_test_sentences=15)
 
 

@@ -64,7 +64,7 @@ class ToyFamily(Family):
 
 
 FACTORY = FakeFactory()
-SPEC = fake_spec("famtest", test=["test"], ar_decoders=["greedy"], padir_steps=[2], max_test_sentences=12) + (
+SPEC = fake_spec("famtest", test=["test"], ar_decoders=["greedy"], padir_iterations=[2], max_test_sentences=12) + (
     "\n[toy]\ntemperatures = [0.5, 2.0]\n\n[train.toy]\nsteps = 3\nbatch_tokens = 64\nlearning_rate = 1e-3\n"
     "warmup_steps = 1\n")
 
@@ -98,7 +98,7 @@ def test_a_registered_family_runs_through_grid_and_report(tmp_path, toy):
     assert sorted(toy.loaded) == ["toy-t0.5", "toy-t2"]
     rows = {r.system: r for r in run.rows()}
     assert rows["toy-t2"].family == "toy" and rows["toy-t2"].paradigm == "nar" and rows["toy-t2"].temperature == 2.0
-    assert rows["ar-greedy"].temperature is None and rows["toy-t2"].steps is None   # other families' columns
+    assert rows["ar-greedy"].temperature is None and rows["toy-t2"].iterations is None   # other families' columns
     assert rows["toy-t2"].speedup_p50_vs_ar is not None
     assert verify_run(run.path) == []
 

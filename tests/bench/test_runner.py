@@ -17,7 +17,7 @@ from bench.verify import verify_run
 from grid_fakes import STEP_COST, FakeFactory, fake_deps, fake_spec
 
 SPEC = fake_spec("gridtest", test=["test", "test+refs", "dev"], ar_decoders=["greedy", "beam:3"],
-                 padir_steps=[1, 4], max_test_sentences=20, length_hyps=[3])
+                 padir_iterations=[1, 4], max_test_sentences=20, length_hyps=[3])
 
 
 @pytest.fixture(autouse=True)
@@ -285,13 +285,13 @@ def test_several_distillations_are_keyed_by_task_and_seed(tmp_path):
 def test_warm_started_cells_train_after_their_source(tmp_path):
     path = tmp_path / "warm.toml"
     path.write_text(SPEC.replace("length_hyps = [3]", 'length_hyps = [3]\ninit = ["random", "ar"]\n'
-                                 'recipe = ["reference", "first"]'))
+                                 'recipe = ["reference", "plain"]'))
     spec = load_spec(path)
     plan = expand(spec)
     warm = [c for c in plan.train_cells if c.warm_start is not None]
     assert len(warm) == 4 and all(c.warm_start == plan.train_cells[0] for c in warm)   # the AR cell
     names = {s.name for s in plan.systems}
-    assert {"padir-s1-u0.15-k3-init-ar", "padir-s4-u0.15-distill-k3-init-ar-recipe-first"} <= names
+    assert {"padir-s1-u0.15-k3-init-ar", "padir-s4-u0.15-distill-k3-init-ar-recipe-plain"} <= names
     deps = fake_deps(tmp_path / "ckpt")
     run = new_store(tmp_path, spec)
     Runner(spec, deps, run, progress=False).run()

@@ -36,7 +36,7 @@ def test_smoke_suite_end_to_end(tmp_path, capsys):
         assert row["bleurt"] is None and row["platform"] == "cpu"
         assert row.checkpoint.startswith("checkpoints/")   # named under the data root: no machine path
         if row.paradigm == "nar":
-            assert 1 <= row["passes_mean"] <= row["steps"]
+            assert 1 <= row["passes_mean"] <= row["iterations"]
         # each system timed in its own worker process, then alone (the solo check)
         assert row.isolated and row.worker_peak_rss_mb > 0 and row.engine_threads >= 1
         assert row.solo_p50_ms > 0 and row.interference > 0

@@ -34,7 +34,7 @@ learning_rate = 1e-3
 warmup_steps = 2
 
 [padir]
-steps = [1, 2]
+iterations = [1, 2]
 """
 
 
@@ -66,7 +66,7 @@ def test_default_suite_matches_the_readme_job():
     assert [t.train for t in spec.tasks] == ["bible_de_en"]
     assert spec.model.preset == "small"
     assert spec.section("ar").decoders == ("greedy", "beam:5")
-    assert spec.section("padir").steps == (1, 2, 4, 10) and set(spec.section("padir").distill) == {False, True}
+    assert spec.section("padir").iterations == (1, 2, 4, 10) and set(spec.section("padir").distill) == {False, True}
 
 
 def test_hash_is_stable_and_sensitive(tmp_path):
@@ -86,17 +86,18 @@ def test_test_set_syntax(tmp_path):
 
 
 @pytest.mark.parametrize("old,new,message", [
-    ("steps = [1, 2]", "steps = [1, 0]", "x.toml: padir.steps: expected positive integers, got 0"),
-    ("steps = [1, 2]", "steps = [1, 2]\nspeed = 3", "x.toml: padir.speed: unknown key"),
+    ("iterations = [1, 2]", "iterations = [1, 0]", "x.toml: padir.iterations: expected positive integers, got 0"),
+    ("iterations = [1, 2]", "iterations = [1, 2]\nspeed = 3", "x.toml: padir.speed: unknown key"),
+    ("iterations = [1, 2]", "steps = [1, 2]", "x.toml: padir.steps: renamed: write the refinement iterations T as"),
     ('preset = "tiny"', 'preset = "tiny"\nlayers = 3', "x.toml: model.layers: unknown key"),
     ("seeds = [0]", "seeds = [0]\nbatch_size = 0", "x.toml: batch_size: expected an integer >= 1, got 0"),
     ("seeds = [0]", "seeds = [0]\nbatch_size = true", "x.toml: batch_size: expected an integer >= 1, got True"),
-    ("steps = [1, 2]", "steps = [1, 1]", "x.toml: padir.steps: expected distinct"),
+    ("iterations = [1, 2]", "iterations = [1, 1]", "x.toml: padir.iterations: expected distinct"),
     ("learning_rate = 1e-3\nwarmup_steps = 2\n\n[train.padir]",
      'learning_rate = 1e-3\nwarmup_steps = 2\noptimizer = "sgd"\n\n[train.padir]',
      'x.toml: train.ar.optimizer: expected one of adafactor, adam, got "sgd"'),
-    ("steps = [1, 2]", 'steps = [1, 2]\nremask = ["sometimes"]', "x.toml: padir.remask: expected one of none"),
-    ("steps = [1, 2]", "steps = [1, 2]\nunmask_rate = [1.5]", "x.toml: padir.unmask_rate: expected numbers in [0, 1], got 1.5"),
+    ("iterations = [1, 2]", 'iterations = [1, 2]\nremask = ["sometimes"]', "x.toml: padir.remask: expected one of none"),
+    ("iterations = [1, 2]", "iterations = [1, 2]\nunmask_rate = [1.5]", "x.toml: padir.unmask_rate: expected numbers in [0, 1], got 1.5"),
     ("learning_rate = 1e-3\nwarmup_steps = 2\n\n[train.padir]", "learning_rate = -1.0\nwarmup_steps = 2\n\n[train.padir]",
      "x.toml: train.ar.learning_rate: expected a number > 0.0, got -1.0"),
     ('test = ["test", "test+refs", "synthetic_d50:test"]', 'test = ["te st"]', "x.toml: tasks[0].test: expected"),
@@ -107,14 +108,14 @@ def test_test_set_syntax(tmp_path):
     ('[model]\npreset = "tiny"', '[model]\npreset = "tiny"\n[model.overrides]\nkind = "ar"',
      "x.toml: model.overrides.kind: unknown model field"),
     ("[train.padir]\nsteps = 10", "[train.padir]\nsteps = 10\nmax_minutes = 3", "x.toml: train.padir.max_minutes: unknown key"),
-    ("steps = [1, 2]", 'steps = [1, 2]\n[ar]\ndecoders = ["beam:5"]', 'x.toml: ar.decoders: must include "greedy"'),
-    ("steps = [1, 2]", 'steps = [1, 2]\n[ar]\ndecoders = ["greedy", "beam:0"]', "x.toml: ar.decoders: expected"),
-    ("steps = [1, 2]", 'steps = [1, 2]\n[timing]\nphase = "wall"', "x.toml: timing.phase: expected one of end_to_end, device"),
-    ("steps = [1, 2]", 'steps = [1, 2]\n[distill]\ndecoder = "refine:4"',
+    ("iterations = [1, 2]", 'iterations = [1, 2]\n[ar]\ndecoders = ["beam:5"]', 'x.toml: ar.decoders: must include "greedy"'),
+    ("iterations = [1, 2]", 'iterations = [1, 2]\n[ar]\ndecoders = ["greedy", "beam:0"]', "x.toml: ar.decoders: expected"),
+    ("iterations = [1, 2]", 'iterations = [1, 2]\n[timing]\nphase = "wall"', "x.toml: timing.phase: expected one of end_to_end, device"),
+    ("iterations = [1, 2]", 'iterations = [1, 2]\n[distill]\ndecoder = "refine:4"',
      'x.toml: distill.decoder: expected "greedy" or "beam:K" (K >= 1), got "refine:4"'),
-    ("steps = [1, 2]", 'steps = [1, 2]\n[distill]\ndecoder = "beam:0"', "x.toml: distill.decoder: expected"),
-    ("steps = [1, 2]", 'steps = [1, 2]\n[distill]\ndecoder = 5', "x.toml: distill.decoder: expected"),
-    ("steps = [1, 2]", 'steps = [1, 2]\n[distill]\ndecoder = "greedy"\nbeam_size = 5', "x.toml: distill.beam_size: give decoder only"),
+    ("iterations = [1, 2]", 'iterations = [1, 2]\n[distill]\ndecoder = "beam:0"', "x.toml: distill.decoder: expected"),
+    ("iterations = [1, 2]", 'iterations = [1, 2]\n[distill]\ndecoder = 5', "x.toml: distill.decoder: expected"),
+    ("iterations = [1, 2]", 'iterations = [1, 2]\n[distill]\ndecoder = "greedy"\nbeam_size = 5', "x.toml: distill.beam_size: give decoder only"),
 ])
 def test_bad_values_name_the_key(tmp_path, old, new, message):
     assert old in GOOD
@@ -156,12 +157,12 @@ def test_malformed_toml(tmp_path):
 
 @pytest.mark.parametrize("suite,expected", [
     ("nope", "unknown suite 'nope'"),
-    ("BAD", "padir.steps: expected positive integers, got 0"),
+    ("BAD", "padir.iterations: expected positive integers, got 0"),
     ("MALFORMED", "malformed TOML"),
 ])
 def test_cli_exits_2_with_one_line(tmp_path, capsys, suite, expected):
     if suite == "BAD":
-        suite = str(write(tmp_path, GOOD.replace("steps = [1, 2]", "steps = [0]")))
+        suite = str(write(tmp_path, GOOD.replace("iterations = [1, 2]", "iterations = [0]")))
     elif suite == "MALFORMED":
         suite = str(write(tmp_path, "[[tasks]\n"))
     code = main(["run", "--suite", suite, "--out", str(tmp_path / "results"), "--no-progress"])
@@ -180,9 +181,9 @@ def test_extends_lays_a_suite_on_a_built_in_one(tmp_path):
     assert {k for k in default["ar"] if default["ar"][k] != anchors["ar"][k]} == {"layers"}
     assert anchors["ar"]["layers"] == ["6-1"]
     path = tmp_path / "child.toml"
-    path.write_text('extends = "default"\nname = "child"\n[padir]\nsteps = [4]\n')
+    path.write_text('extends = "default"\nname = "child"\n[padir]\niterations = [4]\n')
     child = load_spec(path).to_dict()
-    assert child["padir"]["steps"] == [4] and child["padir"]["length_hyps"] == default["padir"]["length_hyps"]
+    assert child["padir"]["iterations"] == [4] and child["padir"]["length_hyps"] == default["padir"]["length_hyps"]
     path.write_text('extends = "nosuch"\nname = "child"\n')
     with pytest.raises(UserError, match="extends = 'nosuch' is not a built-in suite"):
         load_spec(path)

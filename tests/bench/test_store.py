@@ -68,6 +68,15 @@ def test_save_cells_replaces_by_key(tmp_path):
     assert run.done_keys() == {("a", "t"), ("b", "t")}
 
 
+def test_rows_written_before_a_column_rename_load_under_the_new_name(tmp_path):
+    """Rows of schema 2 written before `steps` became `iterations` (refinement iterations T) read as new."""
+    run, _ = open_(tmp_path)
+    old = {k: v for k, v in dict(fake_row("padir-s4", iterations=4, bleu=1.0)).items() if k != "iterations"}
+    (run.path / "rows.jsonl").write_text(json.dumps({**old, "steps": 4}) + "\n")
+    (row,) = run.rows()
+    assert row.iterations == 4 and "steps" not in row
+
+
 def test_resolve_run_dir_and_loaders(tmp_path):
     run, _ = open_(tmp_path)
     run.save_cells([fake_row("a", bleu=1.5)], [{"system": "a", "test_set": "t", "index": 0}])

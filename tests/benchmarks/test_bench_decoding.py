@@ -242,19 +242,19 @@ def test_padir_one_decoder_pass(benchmark, latency_rows, padir_parts):
 
 
 @pytest.mark.parametrize("phase", PHASES)
-@pytest.mark.parametrize("steps", [1, 4, 10])
-def test_padir_refine_T(benchmark, latency_rows, padir_decoders, steps, phase):
+@pytest.mark.parametrize("iterations", [1, 4, 10])
+def test_padir_refine_T(benchmark, latency_rows, padir_decoders, iterations, phase):
     def check(decoder):
         out = jax.device_get(decoder.run(decoder.prepare([SOURCE])))
-        assert out.tokens.shape == (1, TGT) and int(out.passes[0]) == steps, (out.tokens.shape, out.passes)
+        assert out.tokens.shape == (1, TGT) and int(out.passes[0]) == iterations, (out.tokens.shape, out.passes)
 
-    key = f"padir_T{steps}"
-    system = _measure(benchmark, latency_rows, padir_decoders[steps], key, phase, ROUNDS["padir_refine"], check)
-    assert (system.passes == steps).all(), system.passes
+    key = f"padir_T{iterations}"
+    system = _measure(benchmark, latency_rows, padir_decoders[iterations], key, phase, ROUNDS["padir_refine"], check)
+    assert (system.passes == iterations).all(), system.passes
     for name, encoder in (("over_T_passes_plus_encoder_p50", "padir_encode"),
                           ("over_T_passes_plus_encoder_and_length_p50", "padir_encode_length")):
         if {("padir_pass", "device"), (encoder, "device")} <= set(MEDIANS):
-            budget = steps * MEDIANS["padir_pass", "device"] + MEDIANS[encoder, "device"]
+            budget = iterations * MEDIANS["padir_pass", "device"] + MEDIANS[encoder, "device"]
             _ratio(benchmark, name, (key, phase), budget)
     if ("ar_cached", phase) in MEDIANS:
         benchmark.extra_info["ar_cached_over_padir_p50"] = MEDIANS["ar_cached", phase] / MEDIANS[key, phase]

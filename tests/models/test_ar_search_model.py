@@ -78,11 +78,11 @@ def searches(ar_config, ar_params):
 
 def test_cached_and_uncached_greedy_agree(searches):
     g = searches["greedy"]()
-    assert list(np.asarray(g.steps)) == [4, 7, MAX_LEN]       # the rows end at different steps
+    assert list(np.asarray(g.passes)) == [4, 7, MAX_LEN]       # the rows end at different steps
     assert int(g.tokens[0, 3]) == EOS and int(g.tokens[0, 4:].max()) == 0
     u = searches["uncached"]()
     np.testing.assert_array_equal(g.tokens, u.tokens)
-    np.testing.assert_array_equal(g.steps, u.steps)
+    np.testing.assert_array_equal(g.passes, u.passes)
     np.testing.assert_allclose(g.scores, u.scores, rtol=1e-4)
     np.testing.assert_allclose(g.scores, searches["logprob"](g.tokens), rtol=1e-4)
 
@@ -91,7 +91,7 @@ def test_beam_one_equals_greedy(searches):
     g, b = searches["greedy"](), searches["beam"](1)
     np.testing.assert_array_equal(b.tokens[:, 0], g.tokens)
     np.testing.assert_allclose(b.scores[:, 0], g.scores, rtol=1e-4)
-    np.testing.assert_array_equal(b.steps, g.steps)
+    np.testing.assert_array_equal(b.passes, g.passes)
 
 
 def test_beam_k_scores_at_least_greedy_and_match_the_model(searches):
@@ -103,4 +103,4 @@ def test_beam_k_scores_at_least_greedy_and_match_the_model(searches):
     # cache followed every beam reordering.
     for j in range(4):
         np.testing.assert_allclose(b_score[:, j], searches["logprob"](b_tok[:, j]), rtol=1e-4, atol=1e-4)
-    assert np.all((np.asarray(b.steps) >= 1) & (np.asarray(b.steps) <= MAX_LEN))
+    assert np.all((np.asarray(b.passes) >= 1) & (np.asarray(b.passes) <= MAX_LEN))

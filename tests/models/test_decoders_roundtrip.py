@@ -281,7 +281,7 @@ def test_padir_loop_holds_only_hypothesis_dependent_work(padir_config, padir_par
     inputs = jnp.asarray(prepared.inputs)
     encoded, lengths = dec._encode(dec.params, inputs)
     hlo = dec._refine.lower(dec.params, encoded, inputs, lengths, jnp.asarray(prepared.active), dec.rng,
-                            dec._num_steps, capacity=16).compile().as_text()
+                            dec._num_iterations, capacity=16).compile().as_text()
     blocks = _computations(hlo)
     loops = re.findall(r"while\(.*?body=%([\w.\-]+)", blocks["ENTRY"])
     loop = max(loops, key=lambda name: len(_dots(blocks, name)))               # the refinement loop

@@ -195,7 +195,7 @@ def test_history_records_every_pass_and_the_running_rows():
     start = jnp.array([[5, 6, 9], [4, 4, 4]])
     mask = jnp.array([[1, 1, 1], [1, 1, 0]])
     out = refine.iterative_refinement(with_aux(fn), start, mask, 4, jax.random.key(0), "none", retain_history=True,
-                                      history_steps=5)
+                                      history_iterations=5)
     plain = refine.iterative_refinement(fn, start, mask, 4, jax.random.key(0), "none")
     for field in ("tokens", "score", "passes"):
         np.testing.assert_array_equal(getattr(out, field), getattr(plain, field))
@@ -216,11 +216,11 @@ def test_history_with_a_traced_step_count_needs_a_buffer_size():
     start, mask = jnp.array([[4, 5]]), jnp.ones((1, 2), jnp.int32)
     run = lambda t, **kw: refine.iterative_refinement(shift_by_one, start, mask, t, jax.random.key(0), "none",
                                                       early_stop=False, retain_history=True, **kw)
-    with pytest.raises(ValueError, match="history_steps"):
+    with pytest.raises(ValueError, match="history_iterations"):
         jax.jit(run)(jnp.int32(2))
-    with pytest.raises(ValueError, match="history_steps"):
-        run(3, history_steps=2)
-    h = jax.jit(lambda t: run(t, history_steps=4))(jnp.int32(2)).history
+    with pytest.raises(ValueError, match="history_iterations"):
+        run(3, history_iterations=2)
+    h = jax.jit(lambda t: run(t, history_iterations=4))(jnp.int32(2)).history
     np.testing.assert_array_equal(h.active[:, 0], [1, 1, 0, 0])
 
 

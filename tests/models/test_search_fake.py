@@ -32,7 +32,7 @@ def test_greedy_follows_argmax_and_stops_at_eos():
     res = decoding.greedy_search(markov_logits(TABLE), jnp.int32(0), 2, 6, EOS)
     np.testing.assert_array_equal(res.tokens, [[2, 1, 0, 0, 0, 0]] * 2)
     np.testing.assert_allclose(res.scores, [np.log(0.6 * 0.4)] * 2, rtol=1e-5)
-    np.testing.assert_array_equal(res.steps, [2, 2])
+    np.testing.assert_array_equal(res.passes, [2, 2])
 
 
 def test_greedy_rows_stop_independently():
@@ -45,7 +45,7 @@ def test_greedy_rows_stop_independently():
         return jnp.stack([row0, logp[tokens[1, 0]]]), cache
     res = decoding.greedy_search(fn, jnp.int32(0), 2, 4, EOS)
     np.testing.assert_array_equal(res.tokens, [[4, 4, 4, 4], [2, 1, 0, 0]])
-    np.testing.assert_array_equal(res.steps, [4, 2])
+    np.testing.assert_array_equal(res.passes, [4, 2])
 
 
 def test_uncached_greedy_sees_the_prefix():
@@ -56,7 +56,7 @@ def test_uncached_greedy_sees_the_prefix():
         return jnp.where(jnp.arange(10)[None] == nxt[:, None], 0.0, -10.0)
     res = decoding.greedy_search_uncached(seq_to_logits, 1, 8, EOS)
     np.testing.assert_array_equal(res.tokens, [[2, 4, 6, 1, 0, 0, 0, 0]])
-    np.testing.assert_array_equal(res.steps, [4])
+    np.testing.assert_array_equal(res.passes, [4])
 
 
 def test_beam_finds_the_better_sequence_greedy_misses():
@@ -65,7 +65,7 @@ def test_beam_finds_the_better_sequence_greedy_misses():
     np.testing.assert_array_equal(res.tokens[0, 1], [2, 1, 0, 0, 0, 0])
     np.testing.assert_allclose(res.scores[0], [np.log(0.36), np.log(0.24)], rtol=1e-5)
     # Both beams end at step 2; every alive beam is then below 0.24, so the search stops.
-    assert int(res.steps[0]) == 2
+    assert int(res.passes[0]) == 2
 
 
 def test_beam_one_equals_greedy_on_fake():
@@ -73,7 +73,7 @@ def test_beam_one_equals_greedy_on_fake():
     b = decoding.beam_search(markov_logits(TABLE), jnp.int32(0), 1, 1, 6, 0.0, EOS)
     np.testing.assert_array_equal(b.tokens[:, 0], g.tokens)
     np.testing.assert_allclose(b.scores[:, 0], g.scores, rtol=1e-6)
-    np.testing.assert_array_equal(b.steps, g.steps)
+    np.testing.assert_array_equal(b.passes, g.passes)
 
 
 def test_beam_length_penalty_prefers_longer_when_alpha_large():
@@ -98,7 +98,7 @@ def test_beam_without_eos_returns_alive_beams():
     res = decoding.beam_search(markov_logits(table), jnp.int32(0), 1, 1, 3, alpha=0.0, eos_id=EOS)
     np.testing.assert_array_equal(res.tokens[0, 0], [4, 4, 4])
     np.testing.assert_allclose(res.scores[0, 0], 3 * np.log(0.7), rtol=1e-5)
-    assert int(res.steps[0]) == 3
+    assert int(res.passes[0]) == 3
 
 
 @pytest.mark.parametrize("alpha", [0.0, 0.6])
@@ -110,15 +110,15 @@ def test_no_eos_decodes_exactly_max_len():
     """``eos_id=NO_EOS`` (the decoders' force_length): EOS is an ordinary token, every row runs max_len."""
     greedy = decoding.greedy_search(markov_logits(TABLE), jnp.int32(0), 2, 5, decoding.NO_EOS)
     np.testing.assert_array_equal(greedy.tokens, [[2, 1, 0, 2, 1]] * 2)   # decoding goes on past EOS
-    np.testing.assert_array_equal(greedy.steps, [5, 5])
+    np.testing.assert_array_equal(greedy.passes, [5, 5])
     uncached = decoding.greedy_search_uncached(lambda seqs, i: jnp.zeros((1, 5)), 1, 4, decoding.NO_EOS)
-    np.testing.assert_array_equal(uncached.steps, [4])
+    np.testing.assert_array_equal(uncached.passes, [4])
     beam = decoding.beam_search(markov_logits(TABLE), jnp.int32(0), 1, 2, 5, 0.0, decoding.NO_EOS)
-    assert beam.tokens.shape == (1, 2, 5) and int(beam.steps[0]) == 5
+    assert beam.tokens.shape == (1, 2, 5) and int(beam.passes[0]) == 5
     assert (np.asarray(beam.tokens[0, 0]) > 0).sum() >= 3                  # runs past its EOS
 
 
 def test_padding_rows_start_finished():
     res = decoding.greedy_search(markov_logits(TABLE), jnp.int32(0), 2, 6, EOS, active=jnp.array([True, False]))
-    np.testing.assert_array_equal(res.steps, [2, 0])
+    np.testing.assert_array_equal(res.passes, [2, 0])
     np.testing.assert_array_equal(res.tokens[1], [0] * 6)

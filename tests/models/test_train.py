@@ -82,9 +82,9 @@ def test_ar_learns_reversal(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("recipe", ["first", "reference"])
+@pytest.mark.parametrize("recipe", ["plain", "reference"])
 def test_padir_learns_copy(tmp_path, recipe):
-    """Both the first recipe and the reference one (fixed EOS, [LENGTH] query, stage-2 remasking)."""
+    """Both the plain recipe and the reference one (fixed EOS, [LENGTH] query, stage-2 remasking)."""
     data = TokenPairs.from_lists(*toy_pairs(4000, "copy", seed=0))
     ref = recipe == "reference"
     config = tiny("padir", fixed_eos=ref, length_token=ref)

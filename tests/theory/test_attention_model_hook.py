@@ -40,7 +40,7 @@ def test_pairs_and_bookkeeping(analysed):
     assert info["total_pairs"] == stats.stutter.size >= info["sentences"]
     assert info["stutter_pairs"] == int(stats.stutter.sum())
     assert 0.0 <= info["converged_share"] <= 1.0 and 1.0 <= info["passes_mean"] <= 2.0
-    assert (info["steps"], info["length_hyps"], info["remask"], info["start"], info["seed"]) == (2, 2, "none",
+    assert (info["iterations"], info["length_hyps"], info["remask"], info["start"], info["seed"]) == (2, 2, "none",
                                                                                                 "random", 0)
     heads = 4
     assert stats.self_scores.shape == (info["total_pairs"], 2, heads)
@@ -90,7 +90,7 @@ def test_cli_attention_from_a_run_folder(tmp_path):
     from bench.rows import SCHEMA_VERSION, Row, columns
 
     row = Row({**{c.name: None for c in columns()}, "schema_version": SCHEMA_VERSION, "family": "padir",
-               "paradigm": "nar", "system": "padir-s2", "test_set": "test", "checkpoint": str(ckpt), "steps": 2,
+               "paradigm": "nar", "system": "padir-s2", "test_set": "test", "checkpoint": str(ckpt), "iterations": 2,
                "decoder": "refine:2", "decoder_options": {"length_hyps": 2, "remask": "stutter", "start": "random",
                                                           "seed": 0}})
     (run / "rows.jsonl").write_text(json.dumps(dict(row)) + "\n")
@@ -110,18 +110,18 @@ def test_cli_attention_from_a_run_folder(tmp_path):
     assert rows[0]["pairs"] == rows[0]["stutter_pairs"]
 
 
-def test_job_from_run_picks_most_steps_then_best_bleu(tmp_path):
+def test_job_from_run_picks_most_iterations_then_best_bleu(tmp_path):
     from bench.cli.theory import job_from_run
 
-    """Without --system, the analysed model is the NAR row with the most steps; a tie goes to the higher BLEU."""
+    """Without --system, the analysed model is the NAR row with the most refinement iterations; a tie goes to the higher BLEU."""
     from bench.rows import SCHEMA_VERSION, Row, columns
 
-    def row(system, test_set, checkpoint, steps, bleu):
-        nar = steps is not None
+    def row(system, test_set, checkpoint, iterations, bleu):
+        nar = iterations is not None
         return dict(Row({**{c.name: None for c in columns()}, "schema_version": SCHEMA_VERSION, "system": system,
                          "family": "padir" if nar else "ar", "paradigm": "nar" if nar else "ar",
-                         "test_set": test_set, "checkpoint": checkpoint, "steps": steps, "bleu": bleu,
-                         "decoder": f"refine:{steps}" if nar else "greedy",
+                         "test_set": test_set, "checkpoint": checkpoint, "iterations": iterations, "bleu": bleu,
+                         "decoder": f"refine:{iterations}" if nar else "greedy",
                          "decoder_options": {"length_hyps": 5, "remask": "stutter", "start": "random", "seed": 0}}))
 
     rows = [row("ar-greedy", "test", "ar", None, 30.0), row("padir-s4", "test", "c4", 4, 9.0),
@@ -132,7 +132,7 @@ def test_job_from_run_picks_most_steps_then_best_bleu(tmp_path):
         json.dumps({"system": r["system"], "test_set": r["test_set"], "index": i, "source": f"{r['system']} {i}"}) + "\n"
         for r in rows for i in (1, 0)))
     job = job_from_run(str(tmp_path))
-    assert job.checkpoint.endswith("c10d") and job.steps == 10   # resolved under the data root
+    assert job.checkpoint.endswith("c10d") and job.iterations == 10   # resolved under the data root
     assert job.sources == ("padir-s10-distill 0", "padir-s10-distill 1")
     assert job.origin.endswith("test set test")      # the run's first test set, not the higher-BLEU test+refs
     assert job_from_run(str(tmp_path), system="padir-s4").checkpoint.endswith("c4")
