@@ -255,12 +255,12 @@ class Row(Mapping[str, Any]):
 
 # ------------------------------------------------------------------------------------------ figures
 
-def figures(hypotheses: Sequence[str], references: Sequence[Sequence[str]], latencies_ms: Sequence[float],
-            passes: Sequence[int], target_lang: str, baseline_latencies_ms: Sequence[float] | None = None,
-            baseline_hypotheses: Sequence[str] | None = None, bootstrap_resamples: int = 1000,
-            seed: int = 0, score: bool = True, phase_ms: Sequence[Mapping[str, float]] | None = None,
-            host_syncs: Sequence[int] | None = None,
-            solo_ms: Sequence[float | None] | None = None) -> dict[str, Any]:
+def compute_figures(hypotheses: Sequence[str], references: Sequence[Sequence[str]], latencies_ms: Sequence[float],
+                    passes: Sequence[int], target_lang: str, baseline_latencies_ms: Sequence[float] | None = None,
+                    baseline_hypotheses: Sequence[str] | None = None, bootstrap_resamples: int = 1000,
+                    seed: int = 0, score: bool = True, phase_ms: Sequence[Mapping[str, float]] | None = None,
+                    host_syncs: Sequence[int] | None = None,
+                    solo_ms: Sequence[float | None] | None = None) -> dict[str, Any]:
     """Every column of a row that follows from per-sentence data (``verify_run`` recomputes these);
     without ``score`` (timing only) the quality columns are None; without ``phase_ms`` (runs that
     predate phases) the phase columns are; without ``solo_ms`` (the solo check's latencies, None for
@@ -331,7 +331,7 @@ def solo_figures(latencies_ms: Sequence[float], solo_ms: Sequence[float | None] 
     return {"solo_p50_ms": solo_p50, "interference": float(np.percentile(suite, 50)) / solo_p50}
 
 
-FIGURE_FIELDS = tuple(figures(["a"], [["a"]], [1.0], [1], "en", score=False))   # what figures() returns
+FIGURE_FIELDS = tuple(compute_figures(["a"], [["a"]], [1.0], [1], "en", score=False))   # what compute_figures() returns
 
 
 # ------------------------------------------------------------------------------------------- verify

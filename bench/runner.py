@@ -25,7 +25,7 @@ import numpy as np
 from bench import curves, families
 from bench.families import System, TrainCell
 from bench.plan import Plan, expand, needed_cells
-from bench.rows import SCHEMA_VERSION, Row, columns, figures
+from bench.rows import SCHEMA_VERSION, Row, columns, compute_figures
 from bench.store import RunStore
 from narbench_core.errors import UserError
 from suites.spec import SuiteSpec
@@ -336,7 +336,7 @@ class Runner:
             "test_set": target.name, "system": system.name, "family": system.family,
             "paradigm": families.get(system.family).paradigm, "distill": system.cell.teacher is not None,
             **dict(system.info), "batch_size": spec.batch_size,
-            **figures(t.hypotheses, refs, t.latencies_ms, t.passes, target_lang, base_lat, base_hyp,
+            **compute_figures(t.hypotheses, refs, t.latencies_ms, t.passes, target_lang, base_lat, base_hyp,
                       spec.bootstrap_resamples, spec.seeds[0], self.score, t.phase_ms or None,
                       None if t.host_syncs is None else list(t.host_syncs), _solo(t)),
             "bleurt": self._bleurt(refs[0], t.hypotheses) if self.score else None,

@@ -5,7 +5,7 @@ import math
 from typing import Any, Mapping
 
 from bench import store as st
-from bench.rows import CORE, figures
+from bench.rows import CORE, compute_figures
 
 
 def _close(a: Any, b: Any, rel: float = 1e-9) -> bool:
@@ -52,7 +52,7 @@ def verify_run(run_dir) -> list[str]:
                 else [[s["reference"] for s in g]])
         base = groups.get((row.baseline_system, row.test_set))
         base_ok = base is not None and [s["index"] for s in base] == [s["index"] for s in g]
-        recomputed = figures(
+        recomputed = compute_figures(
             [s["hypothesis"] for s in g], refs, [s["latency_ms"] for s in g], [s["passes"] for s in g],
             row.target_lang,
             [s["latency_ms"] for s in base] if base_ok and row.speedup_p50_vs_ar is not None else None,

@@ -238,7 +238,7 @@ def test_phases_come_from_the_median_repeat():
 
 
 def test_phase_p50s_add_up_to_the_latency_p50_within_five_percent():
-    from bench.rows import figures
+    from bench.rows import compute_figures
 
     clock, log = FakeClock(), []
 
@@ -254,7 +254,7 @@ def test_phase_p50s_add_up_to_the_latency_p50_within_five_percent():
     a = Growing("A", clock, log, Costs(prepare=50_000, encode=300_000, run=200_000, block=100_000, finish=20_000))
     sources = [" ".join("w" * (1 + i % 7) for _ in range(1 + i % 9)) for i in range(40)]
     t = timing.measure([a], sources, clock=clock).systems["A"]
-    out = figures(t.hypotheses, [sources], t.latencies_ms, t.passes, "en", score=False,
+    out = compute_figures(t.hypotheses, [sources], t.latencies_ms, t.passes, "en", score=False,
                   phase_ms=t.phase_ms, host_syncs=list(t.host_syncs))
     assert set(out["phase_p50_ms"]) == {"tokenize", "encode", "passes", "detokenize"}
     assert out["phase_p50_sum_ratio"] == pytest.approx(1.0, abs=0.05)
