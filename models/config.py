@@ -18,11 +18,11 @@ KINDS = ("ar", "padir")
 DTYPES = ("float32", "bfloat16")
 
 
-def added_field(default: Any, doc: str = ""):
-    """A config field added after checkpoints existed: ``to_dict`` (the checkpoint identity) omits it
-    while it holds its default, so adding it changes no existing checkpoint's hash. Its default must
-    be the behaviour before it existed."""
-    return dataclasses.field(default=default, metadata={"added": True, "doc": doc})
+def unhashed_at_default(default: Any, doc: str = ""):
+    """A config field that ``to_dict`` (the checkpoint identity) omits while it holds its default, so a
+    field added later changes no existing checkpoint's hash. Its default must be the behaviour of
+    checkpoints trained before it existed."""
+    return dataclasses.field(default=default, metadata={"unhashed_at_default": True, "doc": doc})
 
 
 def setting_field(default: Any, doc: str = ""):
@@ -32,11 +32,11 @@ def setting_field(default: Any, doc: str = ""):
 
 
 def identity_dict(config: Any) -> dict[str, Any]:
-    """``dataclasses.asdict`` without the ``setting_field``s and the ``added_field``s that hold their
+    """``dataclasses.asdict`` without the ``setting_field``s and the ``unhashed_at_default`` fields that hold their
     defaults."""
     out = dataclasses.asdict(config)
     for f in dataclasses.fields(config):
-        if f.metadata.get("setting") or (f.metadata.get("added") and out[f.name] == f.default):
+        if f.metadata.get("setting") or (f.metadata.get("unhashed_at_default") and out[f.name] == f.default):
             del out[f.name]
     return out
 
@@ -57,14 +57,14 @@ class ModelConfig:
     max_target_length: int = 128           # PaDIR: absolute positions and length classes 0..this
     positional_attention: bool = True      # PaDIR only: the positional-attention sublayer
     dtype: str = "float32"                 # activation dtype; parameters stay float32
-    length_token: bool = added_field(False, "PaDIR: predict the length from a learned [LENGTH] query "
-                                            "prepended to the encoder input (the reference design), not "
-                                            "from the mean-pooled encoder output")
-    fixed_eos: bool = added_field(False, "PaDIR: EOS sits at each hypothesis' last position: never noised in "
-                                         "training, placed there at inference, never emitted elsewhere")
-    length_offset: bool = added_field(False, "PaDIR: the length predictor scores offsets from the source length "
-                                             "(target - source tokens, in [-max_target_length, max_target_length], "
-                                             "as fairseq's NAT models do), not absolute lengths")
+    length_token: bool = unhashed_at_default(False, "PaDIR: predict the length from a learned [LENGTH] query "
+                                             "prepended to the encoder input (the reference design), not "
+                                             "from the mean-pooled encoder output")
+    fixed_eos: bool = unhashed_at_default(False, "PaDIR: EOS sits at each hypothesis' last position: never noised in "
+                                          "training, placed there at inference, never emitted elsewhere")
+    length_offset: bool = unhashed_at_default(False, "PaDIR: the length predictor scores offsets from the source "
+                                              "length (target - source tokens, in [-max_target_length, "
+                                              "max_target_length], as fairseq's NAT models do), not absolute lengths")
 
     def __post_init__(self):
         if self.kind not in KINDS:

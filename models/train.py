@@ -27,7 +27,7 @@ from narbench_core.errors import UserError
 from models import checkpoint, losses, refine, sharding
 from narbench_core.tokens import EOS_ID
 from models.batching import BucketedBatches, TokenPairs
-from models.config import ModelConfig, added_field, identity_dict, setting_field
+from models.config import ModelConfig, unhashed_at_default, identity_dict, setting_field
 
 
 @dataclass(frozen=True)
@@ -50,11 +50,11 @@ class TrainConfig:
     optimizer: str = "adafactor"      # "adafactor" (paper, t5x defaults) or "adam" (clip 1.0, b2 0.98)
     # PaDIR recipe detail of the reference implementation (google-research padir/), off by default only
     # because checkpoints trained before it existed had it off (see also ModelConfig.fixed_eos):
-    stage_remask: bool = added_field(False, "PaDIR: stage s > 1 sees stage s-1's argmax with stutter "
-                                            "re-masked, as refinement step t + 1 does at inference")
-    glancing: bool = added_field(False, "PaDIR: glancing training (GLAT): stage 1's correct tokens are "
-                                        "glance_ratio x the errors of a no-gradient pass from pure noise, "
-                                        "instead of unmask_rate")
+    stage_remask: bool = unhashed_at_default(False, "PaDIR: stage s > 1 sees stage s-1's argmax with stutter "
+                                             "re-masked, as refinement iteration t + 1 does at inference")
+    glancing: bool = unhashed_at_default(False, "PaDIR: glancing training (GLAT): stage 1's correct tokens are "
+                                         "glance_ratio x the errors of a no-gradient pass from pure noise, "
+                                         "instead of unmask_rate")
 
     def __post_init__(self):
         checks = {"steps": self.steps >= 1, "batch_tokens": self.batch_tokens >= self.max_length,

@@ -17,7 +17,7 @@ from narbench_core.tokens import EOS_ID, FIRST_REGULAR_ID, MASK_ID, PAD_ID, UNK_
 V = 16
 
 
-def test_added_fields_keep_old_identities_until_set():
+def test_unhashed_at_default_fields_keep_old_identities_until_set():
     assert "length_token" not in ModelConfig().to_dict() and "fixed_eos" not in ModelConfig().to_dict()
     assert "stage_remask" not in TrainConfig().to_dict()
     on = ModelConfig(kind="padir", length_token=True, fixed_eos=True).to_dict()
