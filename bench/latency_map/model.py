@@ -64,8 +64,8 @@ def work_ms(row: dict, rates: costs.MachineRates) -> dict[str, float]:
 
 def features(row: dict, rates: costs.MachineRates) -> np.ndarray:
     """The cost model's inputs of one row: [1, passes, kernels, work ms]. The four kinds of work are
-    times at measured rates, so they are added as one timeline with one coefficient: fitting one
-    coefficient each over-fits the calibration size, where they move together (README, latency map)."""
+    times at measured rates, so they are added as one timeline with one coefficient (why one:
+    docs/experiments.md, "Latency map")."""
     return np.array([1.0, float(row["passes"]), float(row["ops"]), sum(work_ms(row, rates).values())])
 
 
