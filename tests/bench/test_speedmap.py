@@ -10,7 +10,7 @@ import pytest
 from bench import latency_map as sm
 from bench.costs import MachinePeaks, MachineRates
 from narbench_core.errors import UserError
-from narbench_core.io import read_jsonl
+from narbench_core.io import read_jsonl, write_jsonl
 from fakes import JittedDecoder, saved_figures
 
 PEAKS = MachinePeaks("test", 1e11, 1e10, "x", 8, 8)
@@ -172,7 +172,7 @@ def test_rows_of_an_older_cost_method_are_recosted_on_resume_without_timing(tmp_
     assert {r["cost_method"] for r in fresh} == {sm.COST_METHOD}
     old = [{k: (v * 3 if k in ("pass_flops", "flops") else v) for k, v in r.items() if k != "cost_method"}
            for r in fresh[:5]] + fresh[5:]                         # one cell's rows from an earlier method
-    sm.write_jsonl(run_dir / sm.ROWS, old)
+    write_jsonl(run_dir / sm.ROWS, old)
     info = json.loads((run_dir / "run.json").read_text())
     (run_dir / "run.json").write_text(json.dumps({**info, "status": "running"}))   # as if killed at the end
     again = FakeFactory()

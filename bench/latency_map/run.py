@@ -1,0 +1,135 @@
+"""Running a latency map: time every missing cell into its run folder, keep the machine rates the cost
+model needs, fit the model and write the report (:func:`write_outputs`, after every cell).
+
+Cells run cheapest first and each finished cell is saved whole, so an interrupted map resumes where
+it stopped (the same settings, hence the same :meth:`MapSpec.spec_hash`, open the same folder).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import asdict
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import TYPE_CHECKING, Sequence
+
+from bench import store as st
+from bench.latency_map.cells import (COST_METHOD, DecoderFactory, cell_rows, part_costs, random_weight_decoders,
+                                     recost, time_cell)
+from bench.latency_map.model import FEATURES, CostModel, apply_model
+from bench.latency_map.report import plot_crossover, render
+from bench.latency_map.spec import MODEL, PLOT, RATES, ROWS, SUITE, TABLE, MapSpec
+from narbench_core.errors import UserError
+from narbench_core.io import read_jsonl, write_jsonl, write_text
+
+if TYPE_CHECKING:      # jax-importing modules load on first use, so `narbench --help` stays light
+    from bench import costs
+
+
+def run_map(spec: MapSpec, out_root: Path, command: str, factory: DecoderFactory | None = None,
+            peaks: costs.MachinePeaks | None = None, env: dict | None = None, platform: str | None = None,
+            progress: bool = True, force: bool = False, rates: costs.MachineRates | None = None,
+            model: CostModel | None = None) -> Path:
+    """Time every missing cell into ``<out_root>/speedmap/<run_id>/rows.jsonl`` (resuming an unfinished
+    run of the same settings), then fit the cost model and write the table and the plot."""
+    from bench import costs
+
+    if spec.calibrate and model is not None:      # before any cell is timed
+        raise UserError("a map fits its own cost model on its calibration sizes or is scored by another map's "
+                        "(--cost-model), not both")
+    run, resumed = st.open_run(Path(out_root), SUITE, spec.spec_hash(), spec.to_toml(), command, force=force)
+    if env is not None and not (run.path / st.ENV).is_file():
+        run.write_env(env)
+    cpu = (env or run.env()).get("cpu_model", "unknown")
+    peaks = peaks or costs.machine_peaks()
+    factory = factory or random_weight_decoders(spec)
+    systems = spec.systems()
+    rows = read_jsonl(run.path / ROWS)
+    if any(r.get("cost_method") != COST_METHOD for r in rows):
+        rows = recost(rows, spec, factory, peaks)
+        write_jsonl(run.path / ROWS, rows)
+    done = {(r["size"], r["target_length"], r["batch_size"]) for r in rows}
+    todo = [c for c in spec.cells() if c.key not in done]
+    bar = None
+    if progress and todo:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=len(todo), unit="cell", desc="speedmap", dynamic_ncols=True)
+    for cell in todo:
+        if bar is not None:
+            bar.set_postfix_str(f"{cell.size} len {cell.length} batch {cell.batch}, compiling")
+        decoders = factory(cell, systems)
+        label = f"{cell.size} len {cell.length} batch {cell.batch}"
+        on_call = None if bar is None else (lambda done, total: bar.set_postfix_str(f"{label}, call {done}/{total}"))
+        timed = time_cell(decoders, cell, spec, platform, on_call=on_call)
+        parts = part_costs(decoders, systems, cell.batch)
+        rows = [r for r in rows if (r["size"], r["target_length"], r["batch_size"]) != cell.key]
+        rows += cell_rows(cell, systems, timed, parts, peaks, cpu)
+        write_jsonl(run.path / ROWS, rows)           # whole file: a kill leaves the previous cells intact
+        ensure_rates(run.path, rows, rates)
+        write_outputs(run.path, spec, model)
+        if bar is not None:
+            bar.update(1)
+    if bar is not None:
+        bar.close()
+    ensure_rates(run.path, rows, rates)
+    write_outputs(run.path, spec, model)
+    st.finish_run(run)
+    return run.path
+
+
+def load_rates(run_dir: Path) -> costs.MachineRates | None:
+    from bench import costs
+
+    path = run_dir / RATES
+    return costs.MachineRates(**json.loads(path.read_text())) if path.is_file() else None
+
+
+def ensure_rates(run_dir: Path, rows: Sequence[dict], given: costs.MachineRates | None = None) -> None:
+    """``machine_rates.json`` in the run folder covers every GEMM shape, batched dot and layout move of
+    ``rows``: the ``given`` rates, else measured here for what they lack (``bench.costs.measure_rates``,
+    ``measure_dot_rates``, ``measure_move_rates``: about 1.5 s a rate, ~30 s for a GEMM shape's table)."""
+    from bench import costs
+
+    stored = load_rates(run_dir)
+    have = given or stored
+    shapes = sorted({tuple(r["gemm_dims"]) for r in rows})
+    missing = [(d, ff) for d, ff in shapes if have is None or f"{d},{ff}" not in have.gemm]
+    if missing:
+        fresh = costs.measure_rates(missing)
+        have = fresh if have is None else dataclasses.replace(have, gemm={**have.gemm, **fresh.gemm})
+    if have is None:             # no rows
+        return
+    dots = sorted({k for r in rows for part in ("encode_dots", "pass_dots") for k in r.get(part, {})} - set(have.dots))
+    now = lambda: datetime.now(timezone.utc).isoformat(timespec="seconds")     # when each table was (last) added
+    if dots:
+        have = dataclasses.replace(have, dots={**have.dots, **costs.measure_dot_rates(dots)},
+                                   measured={**have.measured, "dots": now()})
+    if not have.moves:
+        have = dataclasses.replace(have, moves=costs.measure_move_rates(), measured={**have.measured, "moves": now()})
+    if have != stored:
+        write_text(run_dir / RATES, json.dumps(asdict(have), indent=2) + "\n")
+
+
+def write_outputs(run_dir: Path, spec: MapSpec, model: CostModel | None = None) -> None:
+    """Fit the cost model on the calibration sizes (once they have enough timed rows), add its
+    predictions to ``rows.jsonl`` and write ``speedmap.md`` and ``crossover.png`` (after every cell,
+    so an unfinished map can be read). A map with no calibration sizes fits nothing: it is scored by
+    ``model`` (fitted in another map), or by the one it was first given (its ``cost_model.json``)."""
+    rows = read_jsonl(run_dir / ROWS)
+    if not rows:
+        raise UserError(f"{run_dir} has no timed cells; run `narbench latency --map` until some finish")
+    fitted = [r for r in rows if r["size"] in spec.calibrate]
+    rates = load_rates(run_dir)
+    if model is None and not spec.calibrate and (run_dir / MODEL).is_file():
+        model = CostModel.load(run_dir / MODEL)
+    if model is None and len(fitted) >= len(FEATURES) and rates:
+        model = CostModel.fit(rows, rates, spec.calibrate)
+    if model is not None and rates:
+        rows = apply_model(rows, model, rates)
+        write_jsonl(run_dir / ROWS, rows)
+        write_text(run_dir / MODEL, json.dumps(asdict(model), indent=2) + "\n")
+    plot_crossover(rows, spec, run_dir / PLOT)
+    done = {(r["size"], r["target_length"], r["batch_size"]) for r in rows}
+    write_text(run_dir / TABLE, render(rows, spec, model, st.RunStore(run_dir).env(),
+                                       run_finished=all(c.key in done for c in spec.cells()), rates=rates))
