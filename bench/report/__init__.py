@@ -1,15 +1,18 @@
-"""Writers for a run folder: ``table.md``, ``leaderboard.md`` and plots (all in ``bench.report.pages``)."""
+"""Writers for a run folder: ``table.md``, ``leaderboard.md`` and plots, from its saved rows and samples only.
+
+- ``pages``: the two pages, ``render_table`` (table.md) and ``render_leaderboard`` (leaderboard.md),
+  with their prose (the stutter verdict, theory links), and ``write_report``, which writes the pages
+  and the plots into the run folder.
+- ``tables``: the column lists, ``markdown_table``, the order of systems and test sets, and the
+  tables the pages are built from (the systems x test sets grid, training budgets, where the time
+  goes, isolation and its note, the fastest AR).
+- ``plots``: every plot (file names ``PLOTS`` and ``CURVE_PLOT``) and its helpers (the Pareto front,
+  axes, labels).
+"""
 from __future__ import annotations
 
-from bench.report.pages import (CURVE_PLOT, FASTEST_AR, ISOLATION_TABLE, LATENCY_TABLE, LEADERBOARD, NO_BLEURT,
-                                PHASE_TABLE, PLOTS, RESULTS, STUTTER_CLAIM, SUMMARY, fastest_ar, isolation_note,
-                                markdown_table, pareto_front, plot_bleu_vs_steps, plot_latency_cdf,
-                                plot_learning_curves, plot_pareto, render_budgets, render_isolation,
-                                render_leaderboard, render_phases, render_table, stutter_verdict, system_order,
-                                test_sets, write_report)
+from bench.report.pages import render_leaderboard, render_table, write_report
+from bench.report.plots import CURVE_PLOT, PLOTS
+from bench.report.tables import RESULTS, markdown_table
 
-__all__ = ["CURVE_PLOT", "FASTEST_AR", "ISOLATION_TABLE", "LATENCY_TABLE", "LEADERBOARD", "NO_BLEURT", "PHASE_TABLE",
-           "PLOTS", "RESULTS", "STUTTER_CLAIM", "SUMMARY", "fastest_ar", "isolation_note", "markdown_table",
-           "pareto_front", "plot_bleu_vs_steps", "plot_latency_cdf", "plot_learning_curves", "plot_pareto",
-           "render_budgets", "render_isolation", "render_leaderboard", "render_phases", "render_table",
-           "stutter_verdict", "system_order", "test_sets", "write_report"]
+__all__ = ["CURVE_PLOT", "PLOTS", "RESULTS", "markdown_table", "render_leaderboard", "render_table", "write_report"]
