@@ -14,8 +14,9 @@ from typing import Sequence
 from bench import store as st
 from bench.report.plots import (CURVE_PLOT, PLOTS, plot_bleu_vs_steps, plot_latency_cdf, plot_learning_curves,
                                 plot_pareto)
-from bench.report.tables import (LATENCY_TABLE, LEADERBOARD, SUMMARY, fastest_ar, isolation_note, markdown_table,
-                                 render_budgets, render_isolation, render_phases, system_order, test_sets)
+from bench.report.tables import (LATENCY_TABLE, LEADERBOARD, fastest_ar, isolation_note, markdown_table,
+                                 render_budgets, render_grid, render_isolation, render_phases, system_order,
+                                 test_sets)
 from bench.rows import P99_MIN_N, Row, column
 from narbench_core.errors import UserError
 from narbench_core.io import write_text
@@ -31,27 +32,16 @@ def render_table(rows: list[Row], info: dict, env: dict) -> str:
     order = system_order(rows)
     sets = test_sets(rows)
     by = {r.key: r for r in rows}
-    first = [next(r for r in rows if r.system == name) for name in order]
     r0 = rows[0]
     lines = [f"# {info['suite']}: run {info['run_id']}", "",
              f"Platform **{r0.platform}** ({env.get('cpu_model') or env.get('device_kind', '?')}, "
              f"{env.get('threads', '?')} threads), batch size {r0.batch_size}, "
              f"{str(r0.phase).replace('_', '-')} latency. "
              "Steps 'N' = autoregressive; '# Hyp.' = beam size (AR) or length hypotheses (PaDIR).", ""]
-
-    def grid(title: str, metric: str) -> None:
-        fmt = column(metric).fmt
-        head = markdown_table(first, SUMMARY, mark_best=False)
-        lines.extend([f"## {title}", "", head[0] + " " + " | ".join(sets) + " |", head[1] + "---:|" * len(sets)])
-        for row, line in zip(first, head[2:]):
-            lines.append(line + " " + " | ".join(fmt(by[(row.system, ts)][metric]) if (row.system, ts) in by else ""
-                                                 for ts in sets) + " |")
-        lines.append("")
-
-    grid("Test BLEU (layout of the paper's Table 1)", "bleu")
+    lines.extend(render_grid(rows, "Test BLEU (layout of the paper's Table 1)", "bleu"))
     lines.extend(render_budgets(rows))
     if any(r.bleurt is not None for r in rows):
-        grid("Test BLEURT (layout of the paper's Table 3)", "bleurt")
+        lines.extend(render_grid(rows, "Test BLEURT (layout of the paper's Table 3)", "bleurt"))
     else:
         lines.extend(["## Test BLEURT (paper's Table 3)", "", f"{NO_BLEURT}: pass `--bleurt-checkpoint DIR` "
                       "(or set NARBENCH_BLEURT) to fill this table.", ""])

@@ -35,6 +35,15 @@ FASTEST_AR = ("System", "BLEU", "vs AR greedy", "fastest AR at >= its BLEU", "it
 
 def markdown_table(rows: Sequence[Row], names: Sequence[str], rank: bool = False, mark_best: bool = True) -> list[str]:
     """A markdown table of ``rows`` with the named columns; the best value of each score is bold."""
+    header, cells, align = _cells(rows, names, mark_best)
+    if rank:
+        return table(["#", *header], ([i, *row] for i, row in enumerate(cells, 1)), "r" + align)
+    return table(header, cells, align)
+
+
+def _cells(rows: Sequence[Row], names: Sequence[str], mark_best: bool) -> tuple[list[str], list[list[str]], str]:
+    """The header, the cells and the alignment letters of a table of ``rows`` with the named columns
+    (with ``mark_best``, the best value of each score bold when more than one row has one)."""
     cols = [column(n) for n in names]
     best = {}
     for c in cols:
@@ -45,9 +54,7 @@ def markdown_table(rows: Sequence[Row], names: Sequence[str], rank: bool = False
     cells = [[f"**{c.cell(r)}**" if c.name in best and r[c.name] == best[c.name] else c.cell(r) for c in cols]
              for r in rows]
     align = "".join("l" if c.align == "left" else "r" for c in cols)
-    if rank:
-        return table(["#", *(c.header for c in cols)], ([i, *row] for i, row in enumerate(cells, 1)), "r" + align)
-    return table([c.header for c in cols], cells, align)
+    return [c.header for c in cols], cells, align
 
 
 def system_order(rows: Sequence[Row]) -> list[str]:
@@ -60,6 +67,19 @@ def system_order(rows: Sequence[Row]) -> list[str]:
 
 def test_sets(rows: Sequence[Row]) -> list[str]:
     return list(dict.fromkeys(r.test_set for r in rows))
+
+
+def render_grid(rows: Sequence[Row], title: str, metric: str) -> list[str]:
+    """One score as systems x test sets (the layout of the paper's Tables 1 and 3): each system's
+    ``SUMMARY`` columns, then its ``metric`` on each test set (blank where it has no row)."""
+    by = {r.key: r for r in rows}
+    first = [next(r for r in rows if r.system == name) for name in system_order(rows)]
+    sets = test_sets(rows)
+    fmt = column(metric).fmt
+    header, cells, align = _cells(first, SUMMARY, mark_best=False)
+    body = [[*summary, *(fmt(by[(row.system, ts)][metric]) if (row.system, ts) in by else "" for ts in sets)]
+            for row, summary in zip(first, cells)]
+    return [f"## {title}", "", *table([*header, *sets], body, align), ""]
 
 
 def render_budgets(rows: Sequence[Row]) -> list[str]:
