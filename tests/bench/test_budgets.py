@@ -7,6 +7,7 @@ import json
 import pytest
 
 from bench import curves, report, store as st
+from bench.report import plots
 from bench.costs import MachinePeaks
 from bench.families import load_suite
 from bench.plan import expand
@@ -179,7 +180,7 @@ def test_plot_learning_curves_from_points(tmp_path):
                                          for s in (10, 20, 30)])
               + curves.records("b", "padir", [{"step": 5, "seconds": 1.0, "dev_nll": 6.0, "dev_bleu": 0.5}]))
     with saved_figures() as figures:
-        report.plot_learning_curves(points, tmp_path / "lc.png")
+        plots.plot_learning_curves(points, tmp_path / "lc.png")
     assert (tmp_path / "lc.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert [ax.get_ylabel() for ax in figures["lc.png"].axes] == ["dev BLEU", "dev NLL per target token"]
     for ax in figures["lc.png"].axes:

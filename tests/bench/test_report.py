@@ -4,6 +4,7 @@ from __future__ import annotations
 import pytest
 
 from bench import report, store as st
+from bench.report import pages, plots, tables
 from bench.costs import MachinePeaks
 from bench.runner import Runner
 from bench.families import load_suite as load_spec
@@ -104,7 +105,7 @@ def test_leaderboard_sorted_with_signature_env_command_and_links(run_dir):
 
 def test_pareto_front():
     pts = [(10.0, 20.0), (5.0, 15.0), (20.0, 25.0), (12.0, 18.0), (5.0, 10.0), (30.0, 24.0)]
-    assert report.pareto_front(pts) == [1, 0, 2]
+    assert plots.pareto_front(pts) == [1, 0, 2]
 
 
 def test_report_of_an_empty_run_is_a_user_error(tmp_path):
@@ -123,12 +124,12 @@ def test_stutter_verdict_compares_each_nar_row_with_its_baseline():
                  stutter_per_1k_words=stutter)
 
     ar = row("ar-greedy", "ar", 2.0)
-    assert report.stutter_verdict([ar, row("ar-beam5", "ar", 9.0)]) is None
-    line = report.stutter_verdict([ar, row("p1", "nar", 8.0), row("p4", "nar", 3.0)])
+    assert pages.stutter_verdict([ar, row("ar-beam5", "ar", 9.0)]) is None
+    line = pages.stutter_verdict([ar, row("p1", "nar", 8.0), row("p4", "nar", 3.0)])
     assert "holds for 1 of 2" in line and "1.5x to 4.0x" in line and "(2.00 per 1k words)" in line
-    assert "holds for all 1 " in report.stutter_verdict([ar, row("p1", "nar", 4.0)])
-    assert "holds for none of the 1 " in report.stutter_verdict([ar, row("p1", "nar", 3.9)])
-    assert "AR greedy has none" in report.stutter_verdict([row("ar-greedy", "ar", 0.0), row("p1", "nar", 1.0)])
+    assert "holds for all 1 " in pages.stutter_verdict([ar, row("p1", "nar", 4.0)])
+    assert "holds for none of the 1 " in pages.stutter_verdict([ar, row("p1", "nar", 3.9)])
+    assert "AR greedy has none" in pages.stutter_verdict([row("ar-greedy", "ar", 0.0), row("p1", "nar", 1.0)])
 
 
 def test_fastest_ar_and_speedups_at_equal_or_better_bleu():
@@ -142,25 +143,25 @@ def test_fastest_ar_and_speedups_at_equal_or_better_bleu():
                     "padir-c": 4.0}
     samples = [{"system": name, "test_set": "t", "index": i, "latency_ms": ms}
                for name, ms in per_sentence.items() for i in range(3)]
-    text = "\n".join(report.fastest_ar(rows, samples))
+    text = "\n".join(tables.fastest_ar(rows, samples))
     assert "**Fastest AR** on t: ct2-greedy (p50 5.0 ms, BLEU 20.00)" in text
     assert "| padir-a | 21.00 | 1.25x | ar-beam5 | 22.00 | 40.0 | 5.00x |" in text      # beam is the AR that good
     assert "| padir-b | 10.00 | 2.50x | ct2-greedy | 20.00 | 5.0 | 1.25x |" in text
     assert "| padir-c | 30.00 | 2.50x | none: better than every AR |" in text
-    assert report.fastest_ar([r for r in rows if r.paradigm == "ar"], samples) == []
+    assert tables.fastest_ar([r for r in rows if r.paradigm == "ar"], samples) == []
 
 
 def test_leaderboard_flags_rows_whose_speed_the_other_systems_changed():
     rows = [fake_row("ar-greedy", interference=1.04, isolated=True), fake_row("ct2-greedy", interference=1.35,
                                                                                isolated=True),
             fake_row("padir-s4", interference=0.82, isolated=True)]
-    note = report.isolation_note(rows)[0]
+    note = tables.isolation_note(rows)[0]
     assert note.startswith("Each system was timed in a worker process of its own")
     flagged = note.split("Flagged")[1]
     assert "ct2-greedy on t (1.35x)" in flagged and "padir-s4 on t (0.82x)" in flagged and "ar-greedy" not in flagged
-    calm = report.isolation_note(rows[:1])[0]
+    calm = tables.isolation_note(rows[:1])[0]
     assert "Flagged" not in calm and "Every row is within 0.9-1.1" in calm
     assert "one batch a turn" in calm                              # rows from before turns: every call cold
-    turned = report.isolation_note([fake_row("ar-greedy", interference=1.0, isolated=True, turn=10)])[0]
+    turned = tables.isolation_note([fake_row("ar-greedy", interference=1.0, isolated=True, turn=10)])[0]
     assert "each decoding 10 batches back to back when its turn came" in turned
-    assert report.isolation_note([fake_row("x")]) == []          # no solo check: nothing to say
+    assert tables.isolation_note([fake_row("x")]) == []          # no solo check: nothing to say

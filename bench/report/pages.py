@@ -1,0 +1,190 @@
+"""The report's pages, ``table.md`` and ``leaderboard.md``, and ``write_report``, which writes them and
+the plots into a run folder.
+
+Nothing here measures: every figure comes from ``rows.jsonl`` (and the per-sentence plots from
+``samples.jsonl``). The pages put prose around the tables of ``bench.report.tables`` and link the
+plots of ``bench.report.plots``.
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Sequence
+
+from bench import store as st
+from bench.report.plots import (CURVE_PLOT, PLOTS, plot_bleu_vs_steps, plot_latency_cdf, plot_learning_curves,
+                                plot_pareto)
+from bench.report.tables import (LATENCY_TABLE, LEADERBOARD, fastest_ar, isolation_note, markdown_table,
+                                 render_budgets, render_grid, render_isolation, render_phases, system_order,
+                                 test_sets)
+from bench.rows import P99_MIN_N, Row, column
+from narbench_core.errors import UserError
+from narbench_core.io import write_text
+
+NO_BLEURT = "no BLEURT checkpoint"
+STUTTER_CLAIM = 2.0        # the paper: non-autoregressive outputs stutter 2x or more as often as AR ones
+
+
+# ------------------------------------------------------------------------------------------ table.md
+
+def render_table(rows: list[Row], info: dict, env: dict) -> str:
+    """The paper's Tables 1 and 3 (systems x test sets) plus per-test-set latency tables."""
+    order = system_order(rows)
+    sets = test_sets(rows)
+    by = {r.key: r for r in rows}
+    r0 = rows[0]
+    lines = [f"# {info['suite']}: run {info['run_id']}", "",
+             f"Platform **{r0.platform}** ({env.get('cpu_model') or env.get('device_kind', '?')}, "
+             f"{env.get('threads', '?')} threads), batch size {r0.batch_size}, "
+             f"{str(r0.phase).replace('_', '-')} latency. "
+             "Steps 'N' = autoregressive; '# Hyp.' = beam size (AR) or length hypotheses (PaDIR).", ""]
+    lines.extend(render_grid(rows, "Test BLEU (layout of the paper's Table 1)", "bleu"))
+    lines.extend(render_budgets(rows))
+    if any(r.bleurt is not None for r in rows):
+        lines.extend(render_grid(rows, "Test BLEURT (layout of the paper's Table 3)", "bleurt"))
+    else:
+        lines.extend(["## Test BLEURT (paper's Table 3)", "", f"{NO_BLEURT}: pass `--bleurt-checkpoint DIR` "
+                      "(or set NARBENCH_BLEURT) to fill this table.", ""])
+    for ts in sets:
+        ts_rows = [by[(n, ts)] for n in order if (n, ts) in by]
+        lines.extend([f"## {ts}: latency and quality (n = {ts_rows[0].n_sentences} sentences)", "",
+                      *markdown_table(ts_rows, LATENCY_TABLE), ""])
+    lines.extend(render_phases(rows, order))
+    lines.extend(render_isolation(rows, order))
+    lines.extend(["ΔBLEU: paired bootstrap against AR greedy on the same sentences; * p < 0.05, ** p < 0.01. "
+                  "Speedup: median of per-sentence ratios (AR greedy ms / system ms), sentences timed "
+                  f"interleaved; CIs from order statistics. p99 needs n >= {P99_MIN_N} (MLPerf LoadGen rule). "
+                  "Bold: the best value of a column.", ""])
+    sigs = _signatures(rows, "bleu_signature")
+    if sigs:
+        lines.extend(["SacreBLEU: " + "; ".join(f"`{s}`" for s in sigs), ""])
+    return "\n".join(lines)
+
+
+def _signatures(rows: Sequence[Row], field: str) -> list[str]:
+    return sorted({r[field] for r in rows if r[field]})
+
+
+# ---------------------------------------------------------------------------------------- leaderboard.md
+
+def stutter_verdict(rows: Sequence[Row]) -> str | None:
+    """One line on the paper's claim that non-autoregressive outputs stutter ``STUTTER_CLAIM`` x or more
+    as often as autoregressive ones: each row on the other side of the comparison from its baseline
+    (AR greedy) against the baseline's stutter per 1k words on the same test set. None without such rows."""
+    by_key = {(r.test_set, r.system): r for r in rows}
+    ratios, base_values = [], set()
+    for r in rows:
+        base = by_key.get((r.test_set, r.baseline_system))
+        if base is None or r.paradigm == base.paradigm or None in (r.stutter_per_1k_words, base.stutter_per_1k_words):
+            continue
+        base_values.add(round(base.stutter_per_1k_words, 2))
+        ratios.append(math.inf if base.stutter_per_1k_words == 0 else r.stutter_per_1k_words / base.stutter_per_1k_words)
+    if not ratios:
+        return None
+    held = sum(x >= STUTTER_CLAIM for x in ratios)
+    n = len(ratios)
+    verdict = (f"holds for all {n}" if held == n else f"holds for none of the {n}" if held == 0
+               else f"holds for {held} of {n}")
+    finite = [x for x in ratios if math.isfinite(x)]
+    spread = (f"{min(finite):.1f}x to {max(finite):.1f}x" if finite else "AR greedy has none")
+    base = ", ".join(f"{b:.2f}" for b in sorted(base_values))
+    return (f"**Stutter** (the paper: {STUTTER_CLAIM:g}x or more the AR's): the claim {verdict} non-autoregressive "
+            f"row{'s' if n > 1 else ''} here: {spread} AR greedy's stutter ({base} per 1k words).")
+
+
+def _theory_links(run_dir: Path) -> list[str]:
+    """Relative links to theory pages under ``<results>/theory`` (latest run of each, if any)."""
+    theory = run_dir.parent.parent / "theory"
+    if not theory.is_dir():
+        return []
+    links = []
+    for sub in sorted(p for p in theory.iterdir() if p.is_dir()):
+        latest = sub / st.LATEST
+        base = sub / latest.read_text().strip() if latest.is_file() else sub
+        for md in sorted(base.glob("*.md")) or sorted(base.rglob("*.md"))[:3]:
+            links.append(f"- [{sub.name}: {md.stem}]({Path('..', '..', 'theory', md.relative_to(theory)).as_posix()})")
+    return links
+
+
+def _phase_words(phase: str) -> str:
+    """How a row's timing phase reads in prose."""
+    return "device-only (the jitted part and the wait)" if phase == "device" else "end-to-end (tokenize to detokenize)"
+
+
+def render_leaderboard(rows: list[Row], info: dict, env: dict, run_dir: Path, samples: Sequence[dict] = ()) -> str:
+    r0 = rows[0]
+    lines = [f"# Leaderboard: {info['suite']} (run {info['run_id']})", "",
+             f"Systems sorted by test BLEU. Latency is {_phase_words(r0.phase)} at batch size {r0.batch_size} "
+             f"on **{r0.platform}**; speedups are against AR greedy, paired per sentence.", ""]
+    apart = sorted({r.system for r in rows if r.baseline_timed_together is False})
+    if apart:
+        lines.extend([f"Resumed run: {', '.join(apart)} were timed in a later session than AR greedy, so "
+                      "their speedups pair latencies measured apart (not interleaved).", ""])
+    has_bleurt = any(r.bleurt is not None for r in rows)
+    names = [n for n in LEADERBOARD if has_bleurt or n != "bleurt"]
+    for ts in test_sets(rows):
+        ts_rows = sorted((r for r in rows if r.test_set == ts), key=lambda r: -(r.bleu if r.bleu is not None else -1e9))
+        lines.extend([f"## {ts}", "", *markdown_table(ts_rows, names, rank=True), ""])
+    if not has_bleurt:
+        lines.extend([f"BLEURT: {NO_BLEURT} (pass `--bleurt-checkpoint DIR` or set NARBENCH_BLEURT).", ""])
+    verdict = stutter_verdict(rows)
+    if verdict:
+        lines.extend([verdict, ""])
+    lines.extend(isolation_note(rows))
+    lines.extend(fastest_ar(rows, samples))
+    lines.extend(["ΔBLEU: paired bootstrap against AR greedy; * p < 0.05, ** p < 0.01. Bold: the best value of a "
+                  "column. Len ratio: hypothesis words / reference words. Full tables with CIs, passes and stutter: "
+                  "[table.md](table.md).", "",
+                  "Train steps, seconds and FLOPs: the training budget of the system's model (seconds in train "
+                  "steps only; FLOPs from XLA's cost analysis of the compiled train step, summed over steps; "
+                  f"per model in table.md). Still improving: {column('still_improving').doc}; the curves are in "
+                  "learning_curves.png and curves.jsonl.", ""])
+    sigs = _signatures(rows, "bleu_signature") + _signatures(rows, "chrf_signature")
+    lines.extend(["## Reproduce", "", "```", info.get("command") or "narbench run", "```", "",
+                  "SacreBLEU signatures: " + "; ".join(f"`{s}`" for s in sigs), ""])
+    versions = env.get("versions", {})
+    git = env.get("git", {})
+    lines.extend(["## Environment", "", "```",
+                  f"platform     {env.get('platform')} ({env.get('device_kind')}, {env.get('device_count')} device(s))",
+                  f"cpu          {env.get('cpu_model')}, {env.get('threads')} threads, {env.get('cores')} cores",
+                  "versions     " + ", ".join(f"{k} {v}" for k, v in versions.items() if v),
+                  f"python       {env.get('python')}",
+                  f"git          {git.get('commit')}{' (dirty)' if git.get('dirty') else ''}",
+                  f"date (UTC)   {env.get('date_utc')}",
+                  f"seeds        {env.get('seeds')}",
+                  f"run          started {info.get('started')}, finished {info.get('finished', 'not yet')}",
+                  "```", ""])
+    lines.extend(["## Files", "", "- [table.md](table.md) (paper layout), [rows.jsonl](rows.jsonl), "
+                  "[samples.jsonl](samples.jsonl), [spec.toml](spec.toml), [env.json](env.json)"
+                  + (f", [{st.CURVES}]({st.CURVES})" if (run_dir / st.CURVES).is_file() else ""),
+                  *(f"- ![{p}]({p})" for p in (*PLOTS, CURVE_PLOT) if (run_dir / p).is_file()), ""])
+    theory = _theory_links(run_dir)
+    if theory:
+        lines.extend(["## Theory suites", "", *theory, ""])
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------- entry
+
+def write_report(run_dir: str | Path) -> list[Path]:
+    """Write ``table.md``, ``leaderboard.md`` and the plots into the run folder (``learning_curves.png``
+    when it has ``curves.jsonl``)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    run = st.RunStore(st.resolve_run_dir(run_dir))
+    rows, samples = run.rows(), run.samples()
+    if not rows:
+        raise UserError(f"{run.path} has no finished cells yet; run `narbench run` until some finish")
+    info, env = {"run_id": run.run_id, "suite": rows[0].suite, **run.info}, run.env()
+    scored = [r for r in rows if r.bleu is not None]
+    if scored:
+        plot_pareto(scored, run.path / "pareto.png")
+        plot_bleu_vs_steps(scored, run.path / "bleu_vs_steps.png")
+    plot_latency_cdf(rows, samples, run.path / "latency_cdf.png")
+    curves = run.curves()
+    if curves:
+        plot_learning_curves(curves, run.path / CURVE_PLOT)
+    write_text(run.path / "table.md", render_table(rows, info, env))
+    write_text(run.path / "leaderboard.md", render_leaderboard(rows, info, env, run.path, samples))
+    return [run.path / "table.md", run.path / "leaderboard.md", *(run.path / p for p in (*PLOTS, CURVE_PLOT) if (run.path / p).is_file())]

@@ -1,0 +1,213 @@
+"""The report's plots, drawn from the saved rows and samples: BLEU against p50 latency with the Pareto
+front, latency CDFs, BLEU over refinement steps, learning curves. Families give each row's point label
+and style (``bench.families``); matplotlib is imported inside each plot."""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from bench import families
+from bench.report.tables import system_order, test_sets
+from bench.rows import Row
+
+PLOTS = ("pareto.png", "latency_cdf.png", "bleu_vs_steps.png")
+CURVE_PLOT = "learning_curves.png"       # drawn when the run has curves.jsonl (models trained with curves)
+
+
+def _axes_grid(n: int, plt, width: float = 6.0, height: float = 4.6):
+    cols = min(n, 3)
+    rows = math.ceil(n / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(width * cols, height * rows), squeeze=False)
+    for ax in axes.flat[n:]:
+        ax.set_visible(False)
+    return fig, list(axes.flat[:n])
+
+
+def _latency_axis(ax, values: list[float]) -> None:
+    """Log scale when latencies span more than a decade, else linear; plain-number tick labels."""
+    from matplotlib.ticker import FuncFormatter, NullFormatter
+
+    lo, hi = min(values), max(values)
+    if lo > 0 and hi / lo > 10:
+        ax.set_xscale("log")
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+        ax.xaxis.set_minor_formatter(NullFormatter())
+        ax.set_xlabel(ax.get_xlabel() + " (log scale)")
+
+
+def pareto_front(points: list[tuple[float, float]]) -> list[int]:
+    """Indices of points not dominated (lower latency and higher BLEU), sorted by latency."""
+    order = sorted(range(len(points)), key=lambda i: (points[i][0], -points[i][1]))
+    front, best = [], -math.inf
+    for i in order:
+        if points[i][1] > best:
+            front.append(i)
+            best = points[i][1]
+    return front
+
+
+def _place_labels(ax, points: list[tuple[float, float]], labels: list[str]) -> None:
+    """Annotate points, moving each label to the first nearby slot that overlaps no earlier label."""
+    fig = ax.figure
+    fig.canvas.draw()
+    placed: list[tuple[float, float, float, float]] = []
+    offsets = [(6, 4), (6, -12), (-8, 6), (-8, -14), (6, 14), (6, -22), (-8, 16), (-8, -24), (6, 24), (6, -32)]
+    for (x, y), text in sorted(zip(points, labels), key=lambda pl: (pl[0][0], -pl[0][1])):
+        px, py = ax.transData.transform((x, y))
+        w, h = 5.6 * len(text) * fig.dpi / 100, 9 * fig.dpi / 100
+        for dx, dy in offsets:
+            left = px + dx * fig.dpi / 72 - (w if dx < 0 else 0)
+            box = (left, py + dy * fig.dpi / 72, left + w, py + dy * fig.dpi / 72 + h)
+            if not any(box[0] < b[2] and b[0] < box[2] and box[1] < b[3] and b[1] < box[3] for b in placed):
+                break
+        placed.append(box)
+        ax.annotate(text, (x, y), textcoords="offset points", xytext=(dx, dy), fontsize=7, color="#333",
+                    ha="right" if dx < 0 else "left")
+
+
+def _style(row: Row) -> dict:
+    return families.get(row.family).style(row)
+
+
+def plot_pareto(rows: list[Row], path: Path) -> None:
+    import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
+
+    sets = test_sets(rows)
+    fig, axes = _axes_grid(len(sets), plt)
+    legend: dict[str, dict] = {}
+    for ax, ts in zip(axes, sets):
+        rs = [r for r in rows if r.test_set == ts and r.bleu is not None]
+        pts = [(r.latency_p50_ms, r.bleu) for r in rs]
+        for r, (x, y) in zip(rs, pts):
+            style = _style(r)
+            legend.setdefault(style["label"], style)
+            ax.scatter(x, y, s=46, zorder=3, color=style["color"], marker=style["marker"])
+        front = pareto_front(pts)
+        if front:
+            fx, fy = [pts[i][0] for i in front], [pts[i][1] for i in front]
+            ax.step(fx, fy, where="post", color="#555", lw=1.2, ls="--", zorder=2)
+            ax.scatter(fx, fy, s=170, facecolors="none", edgecolors="#222", lw=1.2, zorder=4)
+        ax.set_xlabel("p50 latency per sentence, ms")
+        _latency_axis(ax, [p[0] for p in pts] or [1.0])
+        ax.set_ylabel("BLEU")
+        ax.set_title(ts, fontsize=10)
+        ax.grid(alpha=0.3, which="both")
+        ax.margins(x=0.18, y=0.15)
+        _place_labels(ax, pts, [families.get(r.family).point_label(r) for r in rs])
+    handles = [Line2D([], [], ls="", marker=s["marker"], color=s["color"], label=label) for label, s in legend.items()]
+    handles.append(Line2D([], [], ls="--", color="#555", marker="o", mfc="none", mec="#222", label="Pareto front"))
+    axes[0].legend(handles=handles, fontsize=8, loc="best")
+    fig.suptitle(f"Quality vs latency (batch {rows[0].batch_size}, {rows[0].platform})")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def plot_latency_cdf(rows: list[Row], samples: list[dict], path: Path) -> None:
+    """One line per system: AR-paradigm systems in greys, the others in colours (distilled solid)."""
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    sets = test_sets(rows)
+    order = system_order(rows)
+    fig, axes = _axes_grid(len(sets), plt)
+    first = {name: next(r for r in rows if r.system == name) for name in order}
+    others = [name for name, r in first.items() if r.paradigm != "ar"]
+    cmap = plt.get_cmap("viridis")
+    greys = ["#000000", "#7f7f7f", "#4a4a4a", "#b0b0b0"]
+    colors, styles, n_ar = {}, {}, 0
+    for name, r in first.items():
+        if r.paradigm == "ar":
+            colors[name], styles[name] = greys[n_ar % len(greys)], "-"
+            n_ar += 1
+        else:
+            colors[name] = cmap(0.85 * others.index(name) / max(1, len(others) - 1))
+            styles[name] = "-" if r.distill else "--"
+    for ax, ts in zip(axes, sets):
+        for name in order:
+            lat = np.sort([s["latency_ms"] for s in samples if s["test_set"] == ts and s["system"] == name])
+            if lat.size == 0:
+                continue
+            y = np.arange(1, lat.size + 1) / lat.size
+            ax.step(lat, y, where="post", color=colors[name], ls=styles[name], lw=1.5, label=name)
+        ax.axhline(0.5, color="#999", lw=0.8)
+        ax.axhline(0.99, color="#999", lw=0.8)
+        ax.set_xlabel("latency per sentence, ms")
+        _latency_axis(ax, [x for line in ax.get_lines() for x in line.get_xdata()] or [1.0])
+        ax.set_ylabel("share of sentences")
+        ax.set_ylim(0, 1.01)
+        ax.set_title(ts, fontsize=10)
+        ax.grid(alpha=0.3, which="both")
+    axes[-1].legend(fontsize=7, loc="lower right", ncol=1 if len(order) <= 8 else 2)
+    fig.suptitle("Latency CDF (grey lines: p50 and p99)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def plot_learning_curves(points: list[dict], path: Path) -> None:
+    """Dev BLEU and dev NLL against training seconds, one line per trained model (``curves.jsonl``)."""
+    import matplotlib.pyplot as plt
+
+    models = list(dict.fromkeys(p["model"] for p in points))
+    legend_rows = len(models)                                 # one per row: model names are long
+    fig, (bleu_ax, nll_ax) = plt.subplots(1, 2, figsize=(12, 4.6 + 0.22 * legend_rows))
+    cmap = plt.get_cmap("tab10")
+    for i, model in enumerate(models):
+        pts = sorted((p for p in points if p["model"] == model), key=lambda p: p["step"])
+        style = {"color": cmap(i % 10), "ls": ["-", "--", ":"][i // 10 % 3], "marker": "o", "ms": 3, "lw": 1.5}
+        seconds = [p["seconds"] for p in pts]
+        bleu_ax.plot(seconds, [p["dev_bleu"] for p in pts], label=model, **style)
+        nll_ax.plot(seconds, [p["dev_nll"] for p in pts], label=model, **style)
+    for ax, what in ((bleu_ax, "dev BLEU"), (nll_ax, "dev NLL per target token")):
+        ax.set_xlabel("training seconds (train steps only)")
+        ax.set_ylabel(what)
+        ax.grid(alpha=0.3)
+    fig.suptitle("Learning curves (dev sample, seeded)")
+    bottom = (0.3 + 0.22 * legend_rows) / fig.get_figheight()
+    fig.tight_layout(rect=(0, bottom, 1, 1))
+    handles, labels = bleu_ax.get_legend_handles_labels()     # below the axes: model names are long
+    fig.legend(handles, labels, loc="lower center", ncol=1, fontsize=7, frameon=False)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def plot_bleu_vs_steps(rows: list[Row], path: Path) -> None:
+    """A line over steps per variant (systems that differ only in steps); other systems as levels."""
+    import matplotlib.pyplot as plt
+
+    sets = test_sets(rows)
+    fig, axes = _axes_grid(len(sets), plt)
+    palettes = {True: ["#c0392b", "#8e44ad", "#d35400", "#7b241c"], False: ["#e67e22", "#16a085", "#f1c40f", "#7f8c8d"]}
+    for ax, ts in zip(axes, sets):
+        rs = [r for r in rows if r.test_set == ts and r.bleu is not None]
+        variants: dict[str, list[Row]] = {}
+        for r in rs:
+            if r.variant is not None:
+                variants.setdefault(r.variant, []).append(r)
+        used = {True: 0, False: 0}
+        for label, vr in sorted(variants.items()):
+            vr = sorted(vr, key=lambda r: r.steps)
+            distilled = bool(vr[0].distill)
+            color = palettes[distilled][used[distilled] % 4]
+            used[distilled] += 1
+            ax.plot([r.steps for r in vr], [r.bleu for r in vr], marker="o", lw=1.6, color=color,
+                    ls="-" if distilled else "--", label=label)
+        levels = sorted((r for r in rs if r.variant is None), key=lambda r: (families.rank(r.family), r.hypotheses))
+        for j, r in enumerate(levels):
+            ax.axhline(r.bleu, color="#1f4e79", lw=1.2, ls=[":", "-.", "--"][j % 3], label=r.system)
+        steps = sorted({r.steps for r in rs if r.variant is not None})
+        if steps:
+            ax.set_xscale("log", base=2)
+            ax.set_xticks(steps, [str(s) for s in steps])
+            ax.minorticks_off()
+        ax.set_xlabel("refinement steps T (decoder passes)")
+        ax.set_ylabel("BLEU")
+        ax.set_title(ts, fontsize=10)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7, loc="best")
+    fig.suptitle("Quality vs refinement steps")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

@@ -1,0 +1,217 @@
+"""The tables of the report's pages, each rendered by the one markdown renderer (``narbench_core.markdown``).
+
+The column lists (each a list of ``bench.rows`` columns; ``bench.rows.VIEWS`` adds composite cells such
+as "p50 [CI]"), ``markdown_table`` (rows by named columns, the best score bold), the order of systems
+and test sets that pages and plots share, and the sections both pages build from them: the systems x
+test sets grid, training budgets, where the time goes, isolation and its note, the fastest AR.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+from bench import families
+from bench.rows import Row, column
+from narbench_core import defaults
+from narbench_core.markdown import table
+from narbench_core.phases import PHASES
+
+SUMMARY = ("system", "family", "hypotheses", "steps_view")
+LATENCY_TABLE = ("system", "hypotheses", "steps_view", "bleu", "bleu_delta_vs_ar", "p50_view", "latency_p99_ms",
+                 "speedup_p50_vs_ar", "passes_view", "stutter_per_1k_words", "stutter_sentence_share", "length_ratio",
+                 "compile_s")
+LEADERBOARD = ("system", "family", "hypotheses", "steps_view", "bleu", "train_steps", "train_seconds", "train_flops",
+               "still_improving", "bleu_delta_vs_ar", "chrf", "bleurt",
+               "latency_p50_ms", "latency_p99_ms", "speedup_p50_vs_ar", "interference", "stutter_per_1k_words",
+               "length_ratio")
+ISOLATION_TABLE = ("system", "isolated", "engine_threads", "latency_p50_ms", "solo_p50_ms", "interference",
+                   "worker_peak_rss_mb")
+PHASE_TABLE = ("system", "hypotheses", "steps_view", *(f"phase_{p}_view" for p in PHASES), "phase_p50_sum_ratio",
+               "latency_p50_ms", "host_syncs")
+RESULTS = ("system", "test_set", "family", "steps_view", "bleu", "chrf", "bleurt", "latency_p50_ms",
+           "latency_p99_ms", "speedup_p50_vs_ar", "passes_mean", "stutter_per_1k_words", "n_sentences")
+FASTEST_AR = ("System", "BLEU", "vs AR greedy", "fastest AR at >= its BLEU", "its BLEU", "its p50 ms",
+              "speedup p50 [95% CI]")
+
+
+def markdown_table(rows: Sequence[Row], names: Sequence[str], rank: bool = False, mark_best: bool = True) -> list[str]:
+    """A markdown table of ``rows`` with the named columns; the best value of each score is bold."""
+    header, cells, align = _cells(rows, names, mark_best)
+    if rank:
+        return table(["#", *header], ([i, *row] for i, row in enumerate(cells, 1)), "r" + align)
+    return table(header, cells, align)
+
+
+def _cells(rows: Sequence[Row], names: Sequence[str], mark_best: bool) -> tuple[list[str], list[list[str]], str]:
+    """The header, the cells and the alignment letters of a table of ``rows`` with the named columns
+    (with ``mark_best``, the best value of each score bold when more than one row has one)."""
+    cols = [column(n) for n in names]
+    best = {}
+    for c in cols:
+        values = [r[c.name] for r in rows if c.render is None and c.higher_is_better is not None
+                  and r[c.name] is not None]
+        if mark_best and len(values) > 1:
+            best[c.name] = max(values) if c.higher_is_better else min(values)
+    cells = [[f"**{c.cell(r)}**" if c.name in best and r[c.name] == best[c.name] else c.cell(r) for c in cols]
+             for r in rows]
+    align = "".join("l" if c.align == "left" else "r" for c in cols)
+    return [c.header for c in cols], cells, align
+
+
+def system_order(rows: Sequence[Row]) -> list[str]:
+    """Systems by family (registry order), then each family's own order."""
+    first: dict[str, Row] = {}
+    for r in rows:
+        first.setdefault(r.system, r)
+    return sorted(first, key=lambda n: (families.rank(first[n].family), families.get(first[n].family).sort_key(first[n])))
+
+
+def test_sets(rows: Sequence[Row]) -> list[str]:
+    return list(dict.fromkeys(r.test_set for r in rows))
+
+
+def render_grid(rows: Sequence[Row], title: str, metric: str) -> list[str]:
+    """One score as systems x test sets (the layout of the paper's Tables 1 and 3): each system's
+    ``SUMMARY`` columns, then its ``metric`` on each test set (blank where it has no row)."""
+    by = {r.key: r for r in rows}
+    first = [next(r for r in rows if r.system == name) for name in system_order(rows)]
+    sets = test_sets(rows)
+    fmt = column(metric).fmt
+    header, cells, align = _cells(first, SUMMARY, mark_best=False)
+    body = [[*summary, *(fmt(by[(row.system, ts)][metric]) if (row.system, ts) in by else "" for ts in sets)]
+            for row, summary in zip(first, cells)]
+    return [f"## {title}", "", *table([*header, *sets], body, align), ""]
+
+
+def render_budgets(rows: Sequence[Row]) -> list[str]:
+    """The "Training budgets" table: one line per trained model (the rows' ``model``), with its FLOPs
+    as a share of its baseline (AR) model's; [] when no row has a trained model."""
+    order = {name: i for i, name in enumerate(system_order(rows))}
+    first: dict[str, Row] = {}
+    for r in sorted(rows, key=lambda r: (r.task, order[r.system])):   # per task, in the order of the systems
+        if r.model is not None:
+            first.setdefault(r.model, r)
+    if not first:
+        return []
+    by_system = {(r.task, r.system): r for r in rows}
+    base_label = families.get(families.BASELINE).label
+    names = ("family", "train_steps", "train_tokens", "train_seconds", "train_flops")
+    tail = ("warm_start_seconds", "distill_seconds", "still_improving", "dev_length_exact", "dev_length_within2")
+    body = []
+    for model, r in first.items():
+        base = by_system.get((r.task, r.baseline_system))
+        share = (r.train_flops / base.train_flops if base is not None and r.train_flops is not None
+                 and base.train_flops else None)
+        body.append([model, *(column(n).cell(r) for n in names), "–" if share is None else f"{100 * share:.0f}%",
+                     *(column(n).cell(r) for n in tail)])
+    header = ["model", *(column(n).header for n in names), f"FLOPs / {base_label}", *(column(n).header for n in tail)]
+    lines = ["## Training budgets", "", *table(header, body, "ll")]
+    lines.extend(["", "Seconds: in train steps only (compiling, checkpoints and dev evaluation excluded). FLOPs: XLA's "
+                  "cost analysis of each step's compiled train step, summed. Warm-start s: the train s of the model "
+                  "a warm-started one starts from (its total budget is both). Distill s: the teacher's decoding of "
+                  "the distilled training data. Len exact / ±2: dev sentences whose top predicted length is exact "
+                  "or within 2 tokens (models with a length predictor). Curves: learning_curves.png.", ""])
+    return lines
+
+
+def render_phases(rows: Sequence[Row], order: Sequence[str]) -> list[str]:
+    """"Where the time goes": each system's p50 per phase, once per timed measurement (test sets that
+    score the same timed hypotheses, e.g. ``test`` and ``test+refs``, share one table); [] before phases."""
+    lines: list[str] = []
+    seen: dict[tuple, list[str]] = {}
+    for ts in test_sets(rows):
+        here = {r.system: r for r in rows if r.test_set == ts and r.phase_p50_ms}
+        if here:
+            key = tuple((n, here[n].latency_p50_ms) for n in order if n in here)
+            seen.setdefault(key, []).append(ts)
+    for key, names in seen.items():
+        ts_rows = [r for n, _ in key for r in rows if r.system == n and r.test_set == names[0]]
+        lines.extend([f"## Where the time goes: {', '.join(names)} (p50 ms per phase)", "",
+                      *markdown_table(ts_rows, PHASE_TABLE, mark_best=False), "",
+                      "Each call's phases add up to its latency exactly (they split one timed window); "
+                      "'phases / p50' sums the phases' p50s over the latency p50. Encode: the encoder, with "
+                      "length prediction for PaDIR (CTranslate2 does not expose it: inside its passes). Host "
+                      "sync: device values read back (PaDIR's predicted lengths, the results).", ""])
+    return lines
+
+
+def render_isolation(rows: Sequence[Row], order: Sequence[str]) -> list[str]:
+    """Where each system ran, with how many threads, and its solo check (first test set with one)."""
+    ts = next((t for t in test_sets(rows) if any(r.test_set == t and r.interference is not None for r in rows)), None)
+    if ts is None:
+        return []
+    ts_rows = [r for n in order for r in rows if r.system == n and r.test_set == ts]
+    return [f"## Isolation and the solo check: {ts}", "", *markdown_table(ts_rows, ISOLATION_TABLE, mark_best=False),
+            "", *isolation_note(rows)]
+
+
+def _schedule_text(rows: Sequence[Row]) -> str:
+    """How the rows were scheduled: rows from before turns (``turn`` absent) ran one batch a turn with the
+    solo check after the schedule; since then the solo rounds are spread through it."""
+    turns = sorted({r.turn or 1 for r in rows})
+    if all(r.turn is None for r in rows):
+        return (", each call following the other systems' calls (one batch a turn); after the interleaved "
+                "schedule, each was timed again alone")
+    return (f", each decoding {'/'.join(map(str, turns))} batches back to back when its turn came (after one "
+            "untimed call, so its caches were its own); in solo rounds spread through the schedule, each was "
+            "timed again alone")
+
+
+def isolation_note(rows: Sequence[Row]) -> list[str]:
+    """How the systems were kept apart while timed, and a flag on every row the others slowed (or sped up)."""
+    timed = [r for r in rows if r.interference is not None]
+    if not timed:
+        return []
+    lo, hi = defaults.INTERFERENCE_OK
+    isolated = all(r.isolated for r in timed)
+    lines = [("Each system was timed in a worker process of its own" if isolated else
+              "The systems shared one process while timed") + _schedule_text(timed) + " on a seeded sample of the "
+             "sentences (solo check). In suite / solo is the p50 over those sentences in the schedule divided by their "
+             "solo p50."]
+    off = [r for r in timed if not lo <= r.interference <= hi]
+    if off:
+        lines[0] += (f" **Flagged (outside {lo:g}-{hi:g}, the other systems changed its speed):** "
+                     + ", ".join(f"{r.system} on {r.test_set} ({r.interference:.2f}x)" for r in off) + ".")
+    else:
+        lines[0] += f" Every row is within {lo:g}-{hi:g}."
+    return [*lines, ""]
+
+
+def fastest_ar(rows: Sequence[Row], samples: Sequence[dict]) -> list[str]:
+    """Per test set: the fastest AR-side system (lowest p50, any family: JAX AR, CTranslate2 ...), and
+    for each non-autoregressive row its paired per-sentence p50 speedup against the fastest AR-side
+    row whose BLEU is at least its own (the AR a user would deploy instead). Empty without NAR rows."""
+    from bench.measure import stats
+
+    lat: dict[tuple[str, str], dict[int, float]] = {}
+    for s in samples:
+        lat.setdefault((s["system"], s["test_set"]), {})[s["index"]] = s["latency_ms"]
+    lines: list[str] = []
+    for ts in test_sets(rows):
+        here = [r for r in rows if r.test_set == ts and r.latency_p50_ms is not None]
+        ar = sorted((r for r in here if r.paradigm == "ar"), key=lambda r: r.latency_p50_ms)
+        nar = sorted((r for r in here if r.paradigm != "ar" and r.bleu is not None), key=lambda r: -r.bleu)
+        if not ar or not nar:
+            continue
+        top = ar[0]
+        lines.extend([f"**Fastest AR** on {ts}: {top.system} (p50 {top.latency_p50_ms:.1f} ms"
+                      + (f", BLEU {top.bleu:.2f}" if top.bleu is not None else "") + "). Each non-autoregressive "
+                      "system against the fastest AR-side system at equal or better BLEU (paired per sentence):", ""])
+        body = []
+        for r in nar:
+            rival = next((a for a in ar if a.bleu is not None and a.bleu >= r.bleu), None)
+            greedy = "-" if r.speedup_p50_vs_ar is None else f"{r.speedup_p50_vs_ar:.2f}x"
+            if rival is None:
+                body.append([r.system, f"{r.bleu:.2f}", greedy, "none: better than every AR", "-", "-", "-"])
+                continue
+            a, b = lat.get((rival.system, ts), {}), lat.get((r.system, ts), {})
+            common = sorted(set(a) & set(b))
+            if common:
+                sp = stats.paired_speedup([a[i] for i in common], [b[i] for i in common])
+                ci = "" if sp.ci is None else f" [{sp.ci[0]:.2f}, {sp.ci[1]:.2f}]"
+                cell = f"{sp.median:.2f}x{ci}"
+            else:
+                cell = "-"
+            body.append([r.system, f"{r.bleu:.2f}", greedy, rival.system, f"{rival.bleu:.2f}",
+                         f"{rival.latency_p50_ms:.1f}", cell])
+        lines.extend([*table(FASTEST_AR, body, "lrrl"), ""])
+    return lines
