@@ -53,14 +53,17 @@ class DevSet:
                             f"and {len(self.references)} references")
 
 
-def dev_set(task: str, n: int = defaults.CURVE_SENTENCES, seed: int = DEV_SEED) -> DevSet:
-    """``n`` sentences of the dev split of ``task`` (of its source task if distilled), seeded."""
+def dev_set(task: str, n: int = defaults.CURVE_SENTENCES, seed: int = DEV_SEED, needed_by: str | None = None) -> DevSet:
+    """``n`` sentences of the dev split of ``task`` (of its source task if distilled), seeded
+    (``needed_by``: the setting that asks for them, named in the error when there are none)."""
     from suites import tasks
 
     base = tasks.source_task(task)
     sources, references = tasks.load_text(base, "dev")
     if not sources:
-        raise UserError(f"task {base} has an empty dev split; learning curves need one (check `narbench tasks`)")
+        why = f"{needed_by} trains until dev BLEU stops rising" if needed_by else "learning curves need one"
+        raise UserError(f"task {base} has an empty dev split; {why} (add a dev split, or train a set number of "
+                        "steps; check `narbench tasks`)")
     idx = np.arange(len(sources))
     if n < len(sources):
         idx = np.sort(np.random.default_rng(seed).choice(len(sources), size=n, replace=False))
@@ -147,7 +150,8 @@ class DevEvaluator:
         return float(sacrebleu.corpus_bleu(list(hypotheses), [list(self.dev.references)],
                                            tokenize=self.dev.tokenize).score)
 
-    def __call__(self, params) -> dict[str, float]:
+    def __call__(self, params, step: int | None = None) -> dict[str, float]:
+        """The curve point's scores of ``params`` (reached at ``step``; the scores do not depend on it)."""
         return {**self.losses(params), "dev_bleu": self.bleu(self.hypotheses(params))}
 
 

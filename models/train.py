@@ -25,6 +25,7 @@ from narbench_core import defaults
 from narbench_core.defaults import TRAIN_BUCKETS
 from narbench_core.errors import UserError
 from models import checkpoint, losses, refine, sharding
+from models import schedule as schedules
 from narbench_core.tokens import EOS_ID
 from models.batching import BucketedBatches, TokenPairs
 from models.config import ModelConfig, unhashed_at_default, identity_dict, setting_field
@@ -55,6 +56,14 @@ class TrainConfig:
     glancing: bool = unhashed_at_default(False, "PaDIR: glancing training (GLAT): stage 1's correct tokens are "
                                          "glance_ratio x the errors of a no-gradient pass from pure noise, "
                                          "instead of unmask_rate")
+    # When to stop and the learning rate on the way (models/schedule.py):
+    until: str = unhashed_at_default("steps", "steps: train `steps` steps; plateau: stop when dev BLEU stops "
+                                              "improving (patience, min_delta), `steps` a cap")
+    patience: int = unhashed_at_default(3, "plateau: evaluations in a row without a rise over min_delta")
+    min_delta: float = unhashed_at_default(0.2, "plateau: the dev BLEU rise over the best that counts")
+    schedule: str = unhashed_at_default("cosine", "after warm-up: cosine to min_learning_rate at `steps`, or "
+                                                  "wsd (constant, then a linear decay, then stop)")
+    decay_share: float = unhashed_at_default(0.2, "wsd: decay steps per step run before the decay")
 
     def __post_init__(self):
         checks = {"steps": self.steps >= 1, "batch_tokens": self.batch_tokens >= self.max_length,
@@ -65,18 +74,30 @@ class TrainConfig:
                   "label_smoothing": 0.0 <= self.label_smoothing < 1.0,
                   "max_length": self.max_length >= 2, "checkpoint_every": self.checkpoint_every >= 1,
                   "eval_every": self.eval_every >= 0,
-                  "optimizer": self.optimizer in OPTIMIZERS}
+                  "optimizer": self.optimizer in OPTIMIZERS, "until": self.until in schedules.UNTIL,
+                  "patience": self.patience >= 1, "min_delta": self.min_delta >= 0,
+                  "schedule": self.schedule in schedules.SCHEDULES, "decay_share": 0 <= self.decay_share < 1}
         bad = [name for name, ok in checks.items() if not ok]
         if bad:
             raise UserError(f"invalid training config value(s) for {', '.join(bad)}: "
                             f"{ {name: getattr(self, name) for name in bad} }")
+        if self.until == "plateau" and not self.eval_every:
+            raise UserError("until = \"plateau\" needs eval_every: the steps between dev evaluations")
+        if self.until == "plateau" and self.schedule == "cosine":
+            raise UserError("until = \"plateau\" needs schedule = \"wsd\": a cosine schedule needs the total "
+                            "number of steps in advance")
         object.__setattr__(self, "buckets", tuple(int(b) for b in self.buckets))
 
     def replace(self, **changes: Any) -> "TrainConfig":
         return dataclasses.replace(self, **changes)
 
     def to_dict(self) -> dict[str, Any]:
-        return {**identity_dict(self), "buckets": list(self.buckets)}
+        """The training's identity (part of the checkpoint's hash): every field but settings, and the
+        evaluation interval only where it decides when the training stops."""
+        out = {**identity_dict(self), "buckets": list(self.buckets)}
+        if self.until == "plateau":
+            out["eval_every"] = self.eval_every
+        return out
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "TrainConfig":
@@ -93,23 +114,15 @@ class TrainState(NamedTuple):
 
 
 # -- optimizer ----------------------------------------------------------------------------------
-def learning_rate_schedule(cfg: TrainConfig) -> optax.Schedule:
-    """Linear warm-up from ``min_learning_rate`` to the peak, then cosine decay back to it."""
-    warmup = min(cfg.warmup_steps, cfg.steps - 1)
-    return optax.warmup_cosine_decay_schedule(
-        init_value=cfg.min_learning_rate, peak_value=cfg.learning_rate, warmup_steps=warmup,
-        decay_steps=max(cfg.steps, warmup + 1), end_value=cfg.min_learning_rate)
-
-
-def make_optimizer(cfg: TrainConfig) -> optax.GradientTransformation:
+def make_optimizer(cfg: TrainConfig, decay_start: int | None = None) -> optax.GradientTransformation:
     """``adafactor``: optax Adafactor with t5x's defaults (factored second moments, decay 0.8, update
     clipping 1.0, steps scaled by the parameter RMS, no momentum): the paper's recipe.
     ``adam``: Adam (b2 0.98) after global-norm clipping at 1.0, the calibration reference recipe, for
     comparison (on this machine Adafactor reached the lower loss in 150 steps; see suites/specs/default.toml)."""
+    rate = schedules.learning_rate_schedule(cfg, decay_start)
     if cfg.optimizer == "adam":
-        return optax.chain(optax.clip_by_global_norm(1.0),
-                           optax.adam(learning_rate_schedule(cfg), b1=0.9, b2=0.98, eps=1e-9))
-    return optax.adafactor(learning_rate_schedule(cfg), decay_rate=0.8, clipping_threshold=1.0,
+        return optax.chain(optax.clip_by_global_norm(1.0), optax.adam(rate, b1=0.9, b2=0.98, eps=1e-9))
+    return optax.adafactor(rate, decay_rate=0.8, clipping_threshold=1.0,
                            multiply_by_parameter_scale=True, momentum=None, factored=True)
 
 
@@ -216,10 +229,11 @@ def train_step(state: TrainState, batch: dict, rng: jax.Array, *, loss: Callable
     return TrainState(state.step + 1, params, opt_state), metrics
 
 
-def make_train_step(model_config: ModelConfig, cfg: TrainConfig, model=None):
-    """The jitted step (state donated) and the optimizer it uses."""
+def make_train_step(model_config: ModelConfig, cfg: TrainConfig, model=None, decay_start: int | None = None):
+    """The jitted step (state donated) and the optimizer it uses (``decay_start``: where a wsd
+    schedule's decay starts; its optimizer state is the same at any start)."""
     model = build_model(model_config) if model is None else model
-    tx = make_optimizer(cfg)
+    tx = make_optimizer(cfg, decay_start)
     step = functools.partial(train_step, loss=loss_fn(model_config, cfg, model), tx=tx)
     return jax.jit(step, donate_argnums=(0,)), tx
 
@@ -355,34 +369,43 @@ def train(task: str, model_config: ModelConfig, train_config: TrainConfig, out_d
     mesh = sharding.make_mesh() if mesh is None else mesh
     batches = BucketedBatches(data, cfg.batch_tokens, cfg.max_length, cfg.buckets, cfg.seed,
                               num_shards=mesh.devices.size)
-    step_fn, tx = make_train_step(model_config, cfg, build_model(model_config))
+    model = build_model(model_config)
+    step_fn, tx = make_train_step(model_config, cfg, model)
     state, start, warm = _initial_state(model_config, cfg, tx, mesh, init_from, out_dir)
     record = _new_record(task, model_config, cfg, identity, state, mesh, batches, start, warm, meta or {})
     rng = sharding.replicate(jax.random.PRNGKey(cfg.seed), mesh)
-    steps = _CompiledSteps(step_fn, record)
     evaluate, curve = _curve_setup(task, model_config, cfg, out_dir, start, dev, in_memory=identity["vocab_path"] is None)
+    stop = schedules.stop_state(cfg, curve)                  # where the training ends, from the curve so far
+    steps = _CompiledSteps(lambda decay_start: make_train_step(model_config, cfg, model, decay_start)[0],
+                           stop.decay_start, record)
     clock = _SessionClock(record["wall_seconds"])
-    bar = tqdm(total=cfg.steps, initial=start, disable=not progress, unit="step",
+    bar = tqdm(total=stop.stop, initial=start, disable=not progress, unit="step",
                desc=f"train {task} {model_config.kind}", dynamic_ncols=True)
     try:
-        for step in range(start, cfg.steps):
-            state, metrics, flops = steps(state, sharding.shard_batch(batches.batch(step), mesh), rng)
-            _check_finite(metrics, step + 1, out_dir)
+        done = start
+        while done < stop.stop:
+            state, metrics, flops = steps(state, sharding.shard_batch(batches.batch(done), mesh), rng)
+            done += 1
+            _check_finite(metrics, done, out_dir)
             record["target_tokens"] += int(metrics["target_tokens"])
             record["train_flops"] += flops
-            done = step + 1
             if on_step is not None:
-                on_step(step, metrics)
-            if evaluate is not None and (done % cfg.eval_every == 0 or done == cfg.steps):
+                on_step(done - 1, metrics)
+            if evaluate is not None and (done % cfg.eval_every == 0 or done == stop.stop):
                 _dev_point(evaluate, state, done, record, curve, out_dir)
-            if done % cfg.checkpoint_every == 0 or done == cfg.steps:
-                _save_checkpoint(out_dir, state, done, done == cfg.steps, metrics, record, clock)
+                stop = schedules.stop_state(cfg, curve)
+                steps.decay_from(stop.decay_start)
+                bar.total = stop.stop
+            record.update(stopped_by=stop.stopped_by, best_dev_bleu=stop.best_dev_bleu, best_step=stop.best_step,
+                          decay_start=stop.decay_start)
+            if done % cfg.checkpoint_every == 0 or done == stop.stop:
+                _save_checkpoint(out_dir, state, done, done == stop.stop, metrics, record, clock)
             tps = record["target_tokens"] / max(record["train_seconds"], 1e-9)
             bar.set_postfix(loss=f"{metrics['loss']:.3f}", tok_s=f"{tps:,.0f}")
             bar.update(1)
     finally:
         bar.close()
-        if record["steps_done"] < cfg.steps:           # interrupted or diverged: keep timings honest
+        if record["steps_done"] < stop.stop:           # interrupted or diverged: keep timings honest
             _write_record(out_dir, record, clock)
     return out_dir
 
@@ -431,12 +454,19 @@ def _new_record(task: str, model_config: ModelConfig, cfg: TrainConfig, identity
 
 class _CompiledSteps:
     """The train step, compiled once per batch shape (its compile time and XLA flops per step go to the
-    record), run and timed: ``steps(state, batch, rng) -> (state, metrics as host floats, the step's flops)``."""
+    record), run and timed: ``steps(state, batch, rng) -> (state, metrics as host floats, the step's flops)``.
+    ``make_step(decay_start)`` builds the jitted step for a schedule whose decay starts there."""
 
-    def __init__(self, step_fn, record: dict):
-        self.step_fn, self.record = step_fn, record
+    def __init__(self, make_step: Callable[[int | None], Any], decay_start: int | None, record: dict):
+        self.make_step, self.decay_start, self.record = make_step, decay_start, record
+        self.step_fn = make_step(decay_start)
         self.compiled: dict[tuple, Any] = {}
         self.flops: dict[tuple, float] = {}
+
+    def decay_from(self, decay_start: int | None) -> None:
+        """Follow a schedule whose decay starts at ``decay_start`` from now on (recompiles if it moved)."""
+        if decay_start != self.decay_start:
+            self.decay_start, self.step_fn, self.compiled = decay_start, self.make_step(decay_start), {}
 
     def __call__(self, state: TrainState, batch: dict, rng) -> tuple[TrainState, dict, float]:
         record = self.record
@@ -459,7 +489,7 @@ def _dev_point(evaluate: Callable, state: TrainState, done: int, record: dict, c
     """One learning-curve point (dev BLEU and NLL at ``done`` steps), appended to ``curve.jsonl``;
     its time is evaluation time, not training time."""
     t0 = time.perf_counter()
-    point = {"step": done, "seconds": record["train_seconds"], **evaluate(state.params)}
+    point = {"step": done, "seconds": record["train_seconds"], **evaluate(state.params, done)}
     point["eval_seconds"] = time.perf_counter() - t0
     record["eval_seconds"] += point["eval_seconds"]
     curve.append(point)
@@ -498,16 +528,20 @@ def _write_record(out_dir: Path, record: dict, clock: _SessionClock) -> None:
 # -- learning curves --------------------------------------------------------------------------------
 def _curve_setup(task: str, model_config: ModelConfig, cfg: TrainConfig, out_dir: Path, start: int, dev,
                  in_memory: bool) -> tuple[Callable | None, list[dict]]:
-    """The dev evaluator (None without ``eval_every``) and the curve points kept from before ``start``."""
+    """The dev scorer (None without ``eval_every``) and the curve points kept from before ``start``.
+    ``dev``: a ``curves.DevSet`` (default: the task's dev sample), or a scorer of its own,
+    ``dev(params, step) -> {"dev_bleu": ..., "dev_nll": ...}``."""
     if not cfg.eval_every:
         return None, []
     from models import curves
 
+    kept = [p for p in curves.read_curve(out_dir) if p["step"] <= start]
+    if callable(dev):
+        return dev, kept
     if dev is None:
         if in_memory:
             raise UserError("training on in-memory data with eval_every needs a dev set (dev=curves.DevSet(...))")
-        dev = curves.dev_set(task)
-    kept = [p for p in curves.read_curve(out_dir) if p["step"] <= start]
+        dev = curves.dev_set(task, needed_by=f'until = "{cfg.until}"' if cfg.until == "plateau" else None)
     quiet = model_config.replace(dropout_rate=0.0)          # the same parameters, scored without dropout
     loss = loss_fn(quiet, cfg.replace(label_smoothing=0.0), build_model(quiet))
     return curves.DevEvaluator(model_config, cfg, dev, loss), kept

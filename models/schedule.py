@@ -1,0 +1,98 @@
+"""When a training stops, and the learning rate it follows on the way.
+
+Two stopping rules (``TrainConfig.until``), the same for every family:
+
+- ``"steps"``: train exactly ``steps`` steps.
+- ``"plateau"``: evaluate on dev every ``eval_every`` steps (``models.curves``) and stop once dev BLEU
+  has not risen by more than ``min_delta`` over its best for ``patience`` evaluations in a row;
+  ``steps`` is a cap.
+
+Two learning-rate schedules after the linear warm-up (``TrainConfig.schedule``):
+
+- ``"cosine"``: cosine decay to ``min_learning_rate`` at ``steps`` (it needs the total in advance, so
+  it serves ``until = "steps"`` only);
+- ``"wsd"`` (warmup-stable-decay): the peak rate held constant, then a linear decay to
+  ``min_learning_rate`` over ``decay_share`` x the steps run before it, then the training stops. The
+  decay starts where the plateau rule fires, or at the latest where the decay ends at the cap.
+
+Everything here is a function of the config and the dev curve so far, so a training killed at any
+moment and resumed from its last checkpoint (whose curve points it keeps, re-evaluating the later
+ones on the same parameters) reaches the same decisions at the same steps.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Iterable, Mapping
+
+import jax.numpy as jnp
+import optax
+
+SCHEDULES = ("cosine", "wsd")
+UNTIL = ("steps", "plateau")
+
+
+@dataclass(frozen=True)
+class StopState:
+    """Where a training stands against its stopping rule, from its dev curve so far."""
+
+    decay_start: int | None        # step the learning rate starts to decay (wsd; None: cosine)
+    stop: int                      # the step the training ends at
+    stopped_by: str                # "plateau" (the rule fired), "cap" (no plateau by ``steps``), "steps"
+    best_dev_bleu: float | None    # best dev BLEU of the curve so far
+    best_step: int | None          # ... and its step
+    evals_since_best: int          # evaluations since dev BLEU last rose by more than min_delta
+
+
+def latest_decay_start(cfg: Any) -> int:
+    """The last step a wsd decay may start at and still end at the cap: ``steps / (1 + decay_share)``."""
+    return max(1, math.floor(cfg.steps / (1.0 + cfg.decay_share)))
+
+
+def decay_steps(cfg: Any, decay_start: int) -> int:
+    """Steps of the wsd decay that starts at ``decay_start`` (at least one, at most up to the cap)."""
+    return max(1, min(round(cfg.decay_share * decay_start), cfg.steps - decay_start))
+
+
+def stop_state(cfg: Any, points: Iterable[Mapping[str, Any]]) -> StopState:
+    """The stopping decision of ``cfg`` (a ``TrainConfig``) given its curve points so far
+    (``{"step", "dev_bleu"}``; points after the decay started do not move it)."""
+    pts = sorted((int(p["step"]), float(p["dev_bleu"])) for p in points)
+    best, best_step, since = None, None, 0
+    fired = None
+    latest = latest_decay_start(cfg) if cfg.schedule == "wsd" else cfg.steps
+    for step, bleu in pts:
+        if best is None or bleu > best + cfg.min_delta:
+            best, best_step, since = bleu, step, 0
+        else:
+            since += 1
+        if fired is None and cfg.until == "plateau" and since >= cfg.patience and step < latest:
+            fired = step
+    if fired is None:
+        return StopState(latest if cfg.schedule == "wsd" else None, cfg.steps,
+                         "cap" if cfg.until == "plateau" else "steps", best, best_step, since)
+    if cfg.schedule == "wsd":
+        return StopState(fired, fired + decay_steps(cfg, fired), "plateau", best, best_step, since)
+    return StopState(None, fired, "plateau", best, best_step, since)
+
+
+def learning_rate_schedule(cfg: Any, decay_start: int | None = None) -> optax.Schedule:
+    """Linear warm-up from ``min_learning_rate`` to the peak, then ``cfg.schedule``: cosine decay to
+    ``min_learning_rate`` at ``steps``, or (wsd) the peak until ``decay_start`` (default: the latest,
+    ``latest_decay_start``) and a linear decay to ``min_learning_rate`` over ``decay_steps``."""
+    warmup = min(cfg.warmup_steps, cfg.steps - 1)
+    if cfg.schedule == "cosine":
+        return optax.warmup_cosine_decay_schedule(
+            init_value=cfg.min_learning_rate, peak_value=cfg.learning_rate, warmup_steps=warmup,
+            decay_steps=max(cfg.steps, warmup + 1), end_value=cfg.min_learning_rate)
+    start = latest_decay_start(cfg) if decay_start is None else decay_start
+    length = decay_steps(cfg, start)
+    peak, low = cfg.learning_rate, cfg.min_learning_rate
+
+    def wsd(count):
+        count = jnp.asarray(count, jnp.float32)
+        ramp = low + (peak - low) * count / max(warmup, 1)
+        decay = peak + (low - peak) * jnp.clip((count - start) / length, 0.0, 1.0)
+        return jnp.where(count < warmup, ramp, jnp.where(count < start, peak, decay))
+
+    return wsd

@@ -1,0 +1,162 @@
+"""Training to the plateau: the stopping rule, the warmup-stable-decay schedule, and a training that
+stops where the rule says, killed with SIGKILL on the way and resumed."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from models import checkpoint, curves
+from models.schedule import decay_steps, latest_decay_start, learning_rate_schedule, stop_state
+from models.train import TrainConfig, train
+from narbench_core.errors import UserError
+
+
+def cfg(**changes) -> TrainConfig:
+    base = dict(steps=40, batch_tokens=256, learning_rate=1e-2, min_learning_rate=1e-4, warmup_steps=4,
+                max_length=16, buckets=(16,), label_smoothing=0.0, until="plateau", schedule="wsd",
+                eval_every=2, patience=2, min_delta=0.5, decay_share=0.5)
+    return TrainConfig(**{**base, **changes})
+
+
+def curve(bleu_at, last: int, every: int = 2) -> list[dict]:
+    return [{"step": s, "dev_bleu": bleu_at(s)} for s in range(every, last + 1, every)]
+
+
+def rises_then_flat(step: int) -> float:
+    return 3.0 * min(step, 10)                    # +6 BLEU per evaluation until step 10, then flat
+
+
+def test_the_rule_fires_after_patience_evaluations_without_a_rise_over_min_delta():
+    c = cfg()
+    assert stop_state(c, curve(rises_then_flat, 12)).stopped_by == "cap"       # one flat evaluation: waits
+    state = stop_state(c, curve(rises_then_flat, 14))                           # two: fires at 14
+    assert (state.decay_start, state.stop, state.stopped_by) == (14, 14 + 7, "plateau")
+    assert (state.best_dev_bleu, state.best_step, state.evals_since_best) == (30.0, 10, 2)
+    # Later points (the decay phase) do not move the decision.
+    later = stop_state(c, curve(lambda s: 100.0 if s > 14 else rises_then_flat(s), 20))
+    assert (later.decay_start, later.stop, later.stopped_by, later.best_dev_bleu) == (14, 21, "plateau", 100.0)
+    # Rises of at most min_delta over the best do not count as improvements.
+    creeping = stop_state(c, curve(lambda s: 0.25 * s / 2, 6))
+    assert (creeping.stopped_by, creeping.decay_start, creeping.best_step) == ("plateau", 6, 2)
+    assert stop_state(cfg(patience=3), curve(rises_then_flat, 14)).stopped_by == "cap"
+
+
+def test_without_a_plateau_the_decay_starts_where_it_ends_at_the_cap():
+    c = cfg()
+    state = stop_state(c, curve(lambda s: float(s), 40))
+    assert (state.stopped_by, state.stop, state.decay_start) == ("cap", 40, latest_decay_start(c)) == ("cap", 40, 26)
+    # A plateau detected after the latest decay start is the cap's.
+    assert stop_state(c, curve(lambda s: min(s, 24.0), 30)).stopped_by == "cap"
+    fixed = stop_state(cfg(until="steps"), curve(rises_then_flat, 40))
+    assert (fixed.stopped_by, fixed.stop, fixed.decay_start) == ("steps", 40, 26)
+    assert stop_state(cfg(until="steps", schedule="cosine"), []).decay_start is None
+
+
+def test_wsd_warms_up_holds_the_peak_then_decays_linearly_to_the_floor():
+    c = cfg(steps=100, warmup_steps=10, decay_share=0.25)
+    rate = learning_rate_schedule(c, decay_start=40)
+    assert decay_steps(c, 40) == 10
+    lr = lambda step: float(rate(step))                        # noqa: E731
+    approx = lambda v: pytest.approx(v, rel=1e-5)              # noqa: E731  (float32 rates)
+    assert lr(0) == approx(1e-4) and lr(5) == approx((1e-4 + 1e-2) / 2)
+    assert lr(10) == lr(25) == lr(39) == approx(1e-2)
+    assert lr(45) == approx((1e-2 + 1e-4) / 2) and lr(50) == lr(80) == approx(1e-4)
+    assert float(learning_rate_schedule(c)(latest_decay_start(c) - 1)) == approx(1e-2)   # default: latest
+
+
+@pytest.mark.parametrize("changes,key", [
+    (dict(eval_every=0), "eval_every"), (dict(schedule="cosine"), "wsd"), (dict(patience=0), "patience"),
+    (dict(min_delta=-0.1), "min_delta"), (dict(until="never"), "until"), (dict(decay_share=1.0), "decay_share"),
+])
+def test_bad_plateau_settings_name_the_key(changes, key):
+    with pytest.raises(UserError, match=key):
+        cfg(**changes)
+
+
+def test_the_plateau_rule_is_part_of_the_identity_and_old_identities_stay():
+    assert "until" not in TrainConfig().to_dict() and "eval_every" not in TrainConfig(eval_every=5).to_dict()
+    assert cfg().to_dict()["eval_every"] == 2 and cfg().to_dict() != cfg(eval_every=4).to_dict()
+    assert cfg().to_dict() != cfg(patience=3).to_dict()
+
+
+# ------------------------------------------------------------------------ a training to its plateau
+
+# Builds the same tiny training in this process and in a child process that is killed mid-way.
+TRAINING = """
+import sys, time
+import numpy as np
+from models.config import preset
+from models.batching import TokenPairs
+from models.train import TrainConfig, train
+
+KILL_AT = int(sys.argv[2]) if __name__ == "__main__" else None
+
+def scorer(params, step):
+    if step == KILL_AT:
+        print("evaluating", step, flush=True)
+        time.sleep(600)                                  # the parent kills us here
+    return {"dev_bleu": 3.0 * min(step, 10), "dev_nll": 1.0}
+
+rng = np.random.default_rng(0)
+rows = [list(rng.integers(4, 60, size=int(rng.integers(3, 10)))) + [1] for _ in range(200)]
+data = TokenPairs.from_lists(rows, rows)
+model = preset("tiny", kind="ar", vocab_size=64, dropout_rate=0.0, max_target_length=16)
+config = TrainConfig(steps=40, batch_tokens=256, learning_rate=1e-2, min_learning_rate=1e-4, warmup_steps=4,
+                     max_length=16, buckets=(16,), label_smoothing=0.0, until="plateau", schedule="wsd",
+                     eval_every=2, patience=2, min_delta=0.5, decay_share=0.5, checkpoint_every=4)
+
+def run(out):
+    return train("toy", model, config, out, progress=False, data=data, dev=scorer)
+
+if __name__ == "__main__":
+    run(sys.argv[1])
+"""
+
+
+def _training():
+    space: dict = {"__name__": "training"}
+    exec(TRAINING, space)
+    return space["run"]
+
+
+def _outcome(out) -> tuple:
+    meta = checkpoint.read_meta(out)
+    return (meta["steps_done"], meta["complete"], meta["stopped_by"], meta["best_dev_bleu"], meta["decay_start"],
+            [p["step"] for p in curves.read_curve(out)])
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    out = tmp_path_factory.mktemp("plateau") / "whole"
+    _training()(out)
+    return out
+
+
+def test_training_stops_at_the_predicted_step(uninterrupted):
+    # Fires at step 14 (two flat evaluations after the best, 30 BLEU at step 10), then decays for
+    # 0.5 x 14 = 7 steps: stops at 21, evaluated there too.
+    assert _outcome(uninterrupted) == (21, True, "plateau", 30.0, 14, [2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 21])
+
+
+@pytest.mark.parametrize("kill_at", [10, 18])       # before the rule fires; in the decay phase
+def test_a_sigkill_mid_way_resumes_and_stops_at_the_same_step(tmp_path, uninterrupted, kill_at):
+    out = tmp_path / "killed"
+    proc = subprocess.Popen([sys.executable, "-c", TRAINING, str(out), str(kill_at)], stdout=subprocess.PIPE,
+                            cwd=os.getcwd())
+    try:
+        assert proc.stdout.readline().split() == [b"evaluating", str(kill_at).encode()]
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        proc.stdout.close()
+    meta = checkpoint.read_meta(out)
+    assert not meta["complete"] and meta["steps_done"] == kill_at - 2      # the last checkpoint (every 4 steps)
+    _training()(out)
+    assert _outcome(out) == _outcome(uninterrupted)
+    assert json.loads((out / "narbench.json").read_text())["final_loss"] == pytest.approx(
+        checkpoint.read_meta(uninterrupted)["final_loss"], rel=1e-6)
