@@ -22,14 +22,18 @@ def records(model: str, family: str, points: Iterable[Mapping[str, Any]]) -> lis
             for p in sorted(points, key=lambda p: p["step"])]
 
 
-def still_improving(points: Iterable[Mapping[str, Any]], rise: float = defaults.CURVE_RISE,
-                    tail: float = defaults.CURVE_TAIL) -> bool | None:
-    """Did dev BLEU rise by more than ``rise`` over the last ``tail`` share of training (by steps)?
+def still_improving(points: Iterable[Mapping[str, Any]], stopped_by: str | None = None,
+                    rise: float = defaults.CURVE_RISE, tail: float = defaults.CURVE_TAIL) -> bool | None:
+    """Was the model still learning when its training stopped? No if the plateau rule stopped it
+    (``stopped_by == "plateau"``, ``models.schedule``); otherwise: did dev BLEU rise by more than
+    ``rise`` over the last ``tail`` share of training (by steps)?
 
     The rise is the last point's BLEU minus the BLEU at step ``(1 - tail) x`` the last point's step
     (linearly interpolated between the points around it). None when the curve does not reach back
     that far (no point at or before that step), or has no points.
     """
+    if stopped_by == "plateau":
+        return False
     pts = sorted((int(p["step"]), float(p["dev_bleu"])) for p in points)
     if not pts:
         return None

@@ -161,9 +161,15 @@ TRAINING = (                                         # the system's trained mode
       optional=True),
     C("dev_length_within2", "len ±2", fixed(3), True,
       doc="dev sentences whose top predicted length is within 2 tokens (last curve point)", optional=True),
+    C("stopped_by", "stopped by", align="left", optional=True,
+      doc="what ended the training: plateau (dev BLEU stopped rising), cap (no plateau by its steps), or "
+          "steps (a set number of steps; models.schedule)"),
+    C("best_dev_bleu", "best dev BLEU", fixed(2), True, optional=True,
+      doc="the best dev BLEU of the model's learning curve (its curve decoder, the task's own references)"),
     C("still_improving", "still improving", yes_no,
-      doc=f"dev BLEU rose by more than {defaults.CURVE_RISE:g} over the last {defaults.CURVE_TAIL:.0%} of the "
-          "training steps (bench.curves.still_improving)", optional=True),
+      doc=f"no when the plateau rule stopped it; else: dev BLEU rose by more than {defaults.CURVE_RISE:g} over "
+          f"the last {defaults.CURVE_TAIL:.0%} of the training steps (bench.curves.still_improving)",
+      optional=True),
 )
 ENV = (C("device_kind"), C("cpu_model"), C("threads"), C("jax_version"), C("flax_version"), C("git_commit"),
        C("git_dirty"), C("date_utc"))

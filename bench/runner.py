@@ -258,7 +258,8 @@ class Runner:
                 "train_flops": record.get("train_flops"),
                 "warm_start_seconds": (record.get("init") or {}).get("source_train_seconds"),
                 "distill_seconds": None if distilled is None else distilled.get("seconds"),
-                "still_improving": curves.still_improving(points),
+                "stopped_by": record.get("stopped_by"), "best_dev_bleu": record.get("best_dev_bleu"),
+                "still_improving": curves.still_improving(points, record.get("stopped_by")),
                 "dev_length_exact": points[-1].get("dev_length_exact") if points else None,
                 "dev_length_within2": points[-1].get("dev_length_within2") if points else None}
 

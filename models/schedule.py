@@ -28,9 +28,6 @@ from typing import Any, Iterable, Mapping
 import jax.numpy as jnp
 import optax
 
-SCHEDULES = ("cosine", "wsd")
-UNTIL = ("steps", "plateau")
-
 
 @dataclass(frozen=True)
 class StopState:

@@ -74,9 +74,9 @@ class TrainConfig:
                   "label_smoothing": 0.0 <= self.label_smoothing < 1.0,
                   "max_length": self.max_length >= 2, "checkpoint_every": self.checkpoint_every >= 1,
                   "eval_every": self.eval_every >= 0,
-                  "optimizer": self.optimizer in OPTIMIZERS, "until": self.until in schedules.UNTIL,
+                  "optimizer": self.optimizer in OPTIMIZERS, "until": self.until in defaults.TRAIN_UNTIL,
                   "patience": self.patience >= 1, "min_delta": self.min_delta >= 0,
-                  "schedule": self.schedule in schedules.SCHEDULES, "decay_share": 0 <= self.decay_share < 1}
+                  "schedule": self.schedule in defaults.LR_SCHEDULES, "decay_share": 0 <= self.decay_share < 1}
         bad = [name for name, ok in checks.items() if not ok]
         if bad:
             raise UserError(f"invalid training config value(s) for {', '.join(bad)}: "

@@ -32,6 +32,10 @@ DISTILL_MAX_EXAMPLES = None    # training sources the teacher decodes (None: all
 DISTILL_HELDOUT = 500          # training pairs held aside (never distilled) to score the teacher's BLEU
 DISTILL_BATCH_SIZE = 32        # sentences per teacher batch, sources sorted by length (docs/experiments.md)
 
+# -- when training stops (models/schedule.py) ------------------------------------------------------
+TRAIN_UNTIL = ("steps", "plateau")    # train `steps` steps, or until dev BLEU stops rising (`steps` a cap)
+LR_SCHEDULES = ("cosine", "wsd")      # after warm-up: cosine to the floor at `steps`, or warmup-stable-decay
+
 # -- learning curves (every training evaluates on the dev split at regular intervals) -----------------
 CURVE_POINTS = 5               # a suite's default: evaluate every steps // CURVE_POINTS steps
 CURVE_SENTENCES = 200          # dev sentences per point (a seeded sample of the dev split)

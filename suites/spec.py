@@ -99,6 +99,11 @@ class TrainBudget:
     optimizer: str | None = None              # "adafactor" (paper) or "adam"
     eval_every: int | None = None             # steps between learning-curve points (None: the family's default)
     match: str | None = None                  # "flops" | "seconds": as much as the baseline (AR) model, steps a cap
+    until: str | None = None                  # "plateau": stop when dev BLEU stops rising (models/schedule.py),
+    patience: int | None = None               #   after `patience` evaluations without a rise over `min_delta`,
+    min_delta: float | None = None            #   steps a cap; None: "steps" (train `steps` steps)
+    schedule: str | None = None               # "cosine" | "wsd" (a plateau budget's default: wsd)
+    decay_share: float | None = None          # wsd: decay steps per step run before the decay
 
     def train_kwargs(self) -> dict[str, Any]:
         """The ``TrainConfig`` fields that are set (None means: keep its default; ``match`` is the
@@ -264,12 +269,13 @@ def integer(lo: int) -> Callable[[Any], int]:
     return check
 
 
-def number(lo: float, hi: float = math.inf, lo_open: bool = False) -> Callable[[Any], float]:
+def number(lo: float, hi: float = math.inf, lo_open: bool = False, hi_open: bool = False) -> Callable[[Any], float]:
     def check(v):
         ok = not isinstance(v, bool) and isinstance(v, (int, float)) and math.isfinite(v)
-        ok = ok and (v > lo if lo_open else v >= lo) and v <= hi
+        ok = ok and (v > lo if lo_open else v >= lo) and (v < hi if hi_open else v <= hi)
         if not ok:
-            bound = f"{'>' if lo_open else '>='} {lo}" + (f" and <= {hi}" if hi != math.inf else "")
+            bound = (f"{'>' if lo_open else '>='} {lo}"
+                     + (f" and {'<' if hi_open else '<='} {hi}" if hi != math.inf else ""))
             raise Invalid(f"expected a number {bound}, got {_show(v)}")
         return float(v)
     return check
@@ -319,6 +325,7 @@ _LANG = re.compile(r"^[A-Za-z]{2,3}(?:[-_][A-Za-z0-9]+)*$")
 
 
 def _budget(r: Reader) -> TrainBudget:
+    until = r.get("until", string(choices=defaults.TRAIN_UNTIL), None)
     b = TrainBudget(
         steps=r.get("steps", integer(1), required=True),
         batch_tokens=r.get("batch_tokens", integer(1), required=True),
@@ -333,7 +340,24 @@ def _budget(r: Reader) -> TrainBudget:
         optimizer=r.get("optimizer", string(choices=("adafactor", "adam")), None),
         eval_every=r.get("eval_every", integer(0), None),
         match=r.get("match", string(choices=BUDGET_MATCHES), None),
+        until=until,
+        patience=r.get("patience", integer(1), None),
+        min_delta=r.get("min_delta", number(0.0), None),
+        schedule=r.get("schedule", string(choices=defaults.LR_SCHEDULES), "wsd" if until == "plateau" else None),
+        decay_share=r.get("decay_share", number(0.0, 1.0, hi_open=True), None),
     )
+    if until == "plateau":
+        if b.match is not None:
+            r.fail("match", f'a plateau budget (until = "plateau") trains until dev BLEU stops rising; it cannot also '
+                            f'match the baseline\'s {b.match}: drop one of them')
+        if not b.eval_every:
+            r.fail("eval_every", 'until = "plateau" needs eval_every: the steps between dev evaluations')
+        if b.schedule == "cosine":
+            r.fail("schedule", 'until = "plateau" needs schedule = "wsd": cosine needs the total steps in advance')
+    elif until is None:
+        for key in ("patience", "min_delta"):
+            if getattr(b, key) is not None:
+                r.fail(key, 'applies to until = "plateau" only')
     r.done()
     return b
 
@@ -449,6 +473,9 @@ def parse_spec(data: dict[str, Any], source: str = "<spec>",
     budgets = tuple((family, _budget(tr.sub(family, required=True))) for family, _ in systems
                     if sections[family].trains)
     tr.done()
+    rules = {b.until or "steps" for _, b in budgets}
+    if len(rules) > 1:
+        tr.fail("", "every family of a suite trains by the same rule: give each [train.<family>] the same `until`")
     ds = top.sub("distill")
     d = DistillSpec()
     # `beam_size = K` is what `decoder = "beam:K"` replaced: still read from the spec.toml of earlier runs.

@@ -29,7 +29,7 @@ def register(sub) -> None:
     p.add_argument("--model", required=True, choices=[f.name for f in families.all_families() if f.trains],
                    help="system family whose model to train")
     p.add_argument("--preset", default="small", help="model size: tiny | small | paper (default small)")
-    p.add_argument("--steps", type=int, help="optimizer steps (default: TrainConfig's)")
+    p.add_argument("--steps", type=int, help="optimizer steps (with --until plateau: the cap; default: TrainConfig's)")
     p.add_argument("--batch-tokens", type=int, help="padded target tokens per batch")
     p.add_argument("--learning-rate", type=float, help="peak learning rate")
     p.add_argument("--warmup-steps", type=int)
@@ -37,7 +37,7 @@ def register(sub) -> None:
     p.add_argument("--unmask-rate", type=float, help="PaDIR: share of target tokens kept correct (0.15)")
     p.add_argument("--stages", type=int, help="PaDIR: training stages (2)")
     p.add_argument("--recipe", choices=defaults.RECIPES,
-                   help=f"PaDIR: reference (fixed EOS, [LENGTH] query, stage-2 remasking) or first (default {defaults.RECIPE})")
+                   help=f"PaDIR: reference (fixed EOS, [LENGTH] query, stage-2 remasking) or plain (default {defaults.RECIPE})")
     p.add_argument("--glancing", action="store_true", default=None,
                    help=f"PaDIR: glancing training (GLAT; ratio {defaults.GLANCE_START:g} -> {defaults.GLANCE_END:g})")
     p.add_argument("--length-predictor", choices=defaults.LENGTH_PREDICTORS,
@@ -51,6 +51,15 @@ def register(sub) -> None:
     p.add_argument("--checkpoint-every", type=int)
     p.add_argument("--eval-every", type=int,
                    help="steps between learning-curve points (dev NLL and BLEU in curve.jsonl; default: none)")
+    p.add_argument("--until", choices=defaults.TRAIN_UNTIL,
+                   help="steps: train --steps steps (default); plateau: until dev BLEU has not risen by more than "
+                        "--min-delta for --patience evaluations (needs --eval-every; --steps is the cap)")
+    p.add_argument("--patience", type=int, help="plateau: evaluations without a rise (default 3)")
+    p.add_argument("--min-delta", type=float, help="plateau: the dev BLEU rise that counts (default 0.2)")
+    p.add_argument("--schedule", choices=defaults.LR_SCHEDULES,
+                   help="learning rate after warm-up: cosine (default with --until steps) or wsd (constant, then a "
+                        "linear decay; the only one with --until plateau)")
+    p.add_argument("--decay-share", type=float, help="wsd: decay steps per step run before the decay (default 0.2)")
     p.add_argument("--distill", action="store_true", help="train on <task>_distilled (see above)")
     p.add_argument("--teacher", type=Path, help="AR checkpoint folder used as the distillation teacher")
     p.add_argument("--suite", help="take the distillation settings from this suite's [distill] section")
@@ -173,7 +182,10 @@ def _train_command(args: argparse.Namespace) -> int:
                             "glancing": args.glancing, "length_predictor": args.length_predictor},
                       steps=args.steps, batch_tokens=args.batch_tokens, learning_rate=args.learning_rate,
                       warmup_steps=args.warmup_steps, seed=args.seed, checkpoint_every=args.checkpoint_every,
-                      eval_every=args.eval_every, optimizer=args.optimizer)
+                      eval_every=args.eval_every, optimizer=args.optimizer, until=args.until,
+                      patience=args.patience, min_delta=args.min_delta,
+                      schedule=args.schedule or ("wsd" if args.until == "plateau" else None),
+                      decay_share=args.decay_share)
     print(out)
     return 0
 

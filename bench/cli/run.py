@@ -42,7 +42,7 @@ def register(sub) -> None:
 
     p = sub.add_parser("report", help="(re)write table.md, leaderboard.md and plots of a run",
                        description="Render a run folder's rows into table.md, leaderboard.md, pareto.png, "
-                       "latency_cdf.png and bleu_vs_steps.png, and check every figure against samples.jsonl.")
+                       "latency_cdf.png and bleu_vs_iterations.png, and check every figure against samples.jsonl.")
     p.add_argument("run_dir", help="run folder (results/<suite>/<run_id>) or suite folder (latest)")
     p.set_defaults(func=cmd_report)
 
@@ -59,7 +59,7 @@ def register(sub) -> None:
                        "checkpoint first) without scoring quality; prints a latency table. With --map: time "
                        "AR greedy against PaDIR refine:T (k length hypotheses) on random-weight models over "
                        "model sizes, forced target lengths and batch sizes into results/speedmap/<run_id>/ "
-                       "(rows.jsonl, latency_map.md, crossover.png; re-running the same command resumes), with "
+                       "(rows.jsonl, speedmap.md, crossover.png; re-running the same command resumes), with "
                        "a cost model fitted on --calibrate sizes that predicts the others.")
     p.add_argument("--suite", default="default", help=SUITE_HELP + " (default: default)")
     _timing_args(p)
@@ -67,7 +67,8 @@ def register(sub) -> None:
     m = p.add_argument_group("latency map (--map)")
     m.add_argument("--map", action="store_true", help="time the latency map instead of a suite")
     for name, default, kind, text in _MAP_ARGS:
-        m.add_argument("--" + name.replace("_", "-"), type=kind, nargs="+" if isinstance(default, tuple) else None,
+        flags = ["--" + name.replace("_", "-"), *_MAP_ALIASES.get(name, ())]
+        m.add_argument(*flags, dest=name, type=kind, nargs="+" if isinstance(default, tuple) else None,
                        help=f"{text} (default: {' '.join(map(str, default)) if isinstance(default, tuple) else default})")
     m.add_argument("--out", default="results", help="results root folder of the map (default: results)")
     m.add_argument("--force", action="store_true", help="start a fresh map folder instead of resuming")
@@ -83,12 +84,13 @@ def _map_defaults():
 
 
 # Options of `narbench latency --map`: (MapSpec field, default, type, help); defaults live in MapSpec.
+_MAP_ALIASES = {"iterations": ("--steps",), "length_hyps": ("--hyps",)}   # names the options had before
 _MAP_ARGS = tuple((name, getattr(_map_defaults(), name), kind, text) for name, kind, text in (
     ("sizes", str, "model presets to map"),
     ("lengths", int, "forced target lengths (tokens; the source has as many)"),
     ("batches", int, "batch sizes"),
-    ("steps", int, "PaDIR refinement steps T"),
-    ("hyps", int, "PaDIR length hypotheses k"),
+    ("iterations", int, "PaDIR refinement iterations T (--steps is an alias)"),
+    ("length_hyps", int, "PaDIR length hypotheses k (--hyps is an alias)"),
     ("calibrate", str, "sizes the cost model is fitted on (it predicts the others)"),
     ("cell_seconds", float, "timed seconds per cell, all systems"),
     ("min_calls", int, "fewest timed calls per system and cell"),

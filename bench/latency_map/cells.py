@@ -3,7 +3,7 @@
 Latency does not depend on training, so the map times random-weight models (seeded) on a synthetic
 source of ``length`` tokens (``length - 1`` fixed random ids + EOS) with every target length forced:
 
-- AR greedy decodes exactly ``length`` steps (EOS ends nothing; ``force_length``);
+- AR greedy decodes exactly ``length`` tokens, one decoder pass each (EOS ends nothing; ``force_length``);
 - PaDIR ``refine:T`` refines ``k`` hypotheses of exactly ``length`` tokens for exactly T passes
   (``force_length``, ``early_stop=False``: the length predictor does not run).
 
@@ -86,7 +86,7 @@ def random_weight_decoders(spec: MapSpec) -> DecoderFactory:
         out = []
         for s in systems:
             config, params = model(cell.size, s.kind)
-            extra = {} if s.steps == 0 else dict(length_hyps=s.length_hyps, early_stop=False, seed=spec.seed)
+            extra = {} if s.iterations == 0 else dict(length_hyps=s.length_hyps, early_stop=False, seed=spec.seed)
             out.append(make_decoder(config, params, vocab, s.spec, name=s.name, **shapes, **extra))
         return out
 
@@ -191,7 +191,7 @@ def cell_rows(cell: Cell, systems: Sequence[MapSystem], timed: CellTiming, parts
                 phase.setdefault(name, []).append(ms)
         row = {
             "size": cell.size, "target_length": cell.length, "batch_size": cell.batch, "system": s.name,
-            "family": s.kind, "steps": s.steps or None,
+            "family": s.kind, "iterations": s.iterations or None,
             "length_hyps": s.length_hyps, "passes": passes, "calls": timed.calls,
             "latency_p50_ms": summary.p50, "latency_p99_ms": summary.p99, "latency_mean_ms": summary.mean,
             "p99_reliable": summary.p99_reliable, "latencies_ms": [float(x) for x in lat],

@@ -33,16 +33,16 @@ def plot_crossover(rows: Sequence[dict], spec: MapSpec, path: Path) -> None:
     sizes = [s for s in spec.sizes if any(r["size"] == s for r in rows)]
     fig, axes = plt.subplots(len(sizes), len(spec.batches), figsize=(4.2 * len(spec.batches), 3.4 * len(sizes)),
                              squeeze=False, sharey=True)
-    colours = dict(zip(spec.steps, plt.get_cmap("viridis")(np.linspace(0.0, 0.85, len(spec.steps)))))
+    colours = dict(zip(spec.iterations, plt.get_cmap("viridis")(np.linspace(0.0, 0.85, len(spec.iterations)))))
     styles = ["-", "--", ":", "-."]
     for i, size in enumerate(sizes):
         for j, batch in enumerate(spec.batches):
             ax = axes[i][j]
             ax.axhline(1.0, color="0.4", lw=0.8)
-            for hi, k in enumerate(spec.hyps):
-                for t in spec.steps:
+            for hi, k in enumerate(spec.length_hyps):
+                for t in spec.iterations:
                     pts = sorted((r["target_length"], r["speedup_p50_vs_ar"]) for r in _padir(rows)
-                                 if r["size"] == size and r["batch_size"] == batch and r["steps"] == t
+                                 if r["size"] == size and r["batch_size"] == batch and r["iterations"] == t
                                  and r["length_hyps"] == k)
                     if pts:
                         ax.plot(*zip(*pts), marker="o", ms=3, color=colours[t], ls=styles[hi % len(styles)],
@@ -95,7 +95,7 @@ def render(rows: Sequence[dict], spec: MapSpec, model: CostModel | None, env: di
     lines = ["# Latency map: AR greedy vs PaDIR refine:T (k length hypotheses)", "",
              f"Measured on **{cpu}** ({env.get('threads', '?')} threads, {env.get('platform', 'cpu')}), "
              f"random-weight models (seed {spec.seed}), vocabulary {spec.vocab_size:,}, source length = target "
-             "length, every target length forced (AR: exactly that many steps; PaDIR: k hypotheses of that "
+             "length, every target length forced (AR: exactly that many decoder passes; PaDIR: k hypotheses of that "
              "length, exactly T passes, no early stop). End-to-end latency per call, timed interleaved "
              f"by `bench.measure.timing`; {spec.min_calls}-{spec.max_calls} calls per system and cell "
              f"(about {spec.cell_seconds:g} s of timed rounds per cell). Speedup = AR greedy p50 / PaDIR p50 "
@@ -110,9 +110,9 @@ def render(rows: Sequence[dict], spec: MapSpec, model: CostModel | None, env: di
             ar = {r["target_length"]: r for r in rows if r["family"] == "ar" and r["size"] == size
                   and r["batch_size"] == batch}
             body = [["AR greedy p50 ms", *(f"{ar[n]['latency_p50_ms']:.1f}" if n in ar else "-" for n in lengths)]]
-            for k in spec.hyps:
-                for t in spec.steps:
-                    by_len = {r["target_length"]: r for r in cell_rows_ if r["steps"] == t and r["length_hyps"] == k}
+            for k in spec.length_hyps:
+                for t in spec.iterations:
+                    by_len = {r["target_length"]: r for r in cell_rows_ if r["iterations"] == t and r["length_hyps"] == k}
                     body.append([f"T={t}, k={k}", *(_fmt_x(by_len[n]["speedup_p50_vs_ar"]) if n in by_len else "-"
                                                     for n in lengths)])
             lines += [f"## {size}, batch {batch}: PaDIR speedup over AR greedy (p50)", "",
@@ -176,7 +176,7 @@ def _projection_lines(rows: Sequence[dict], spec: MapSpec) -> list[str]:
              "Speedup of PaDIR T=4 over AR greedy at batch 1:", ""]
     body = []
     for r in sorted(_padir(rows), key=lambda r: (spec.sizes.index(r["size"]), r["target_length"], r["length_hyps"])):
-        if r["batch_size"] != 1 or r["steps"] != 4:
+        if r["batch_size"] != 1 or r["iterations"] != 4:
             continue
         ar = next((a for a in rows if a["family"] == "ar" and (a["size"], a["target_length"], a["batch_size"])
                    == (r["size"], r["target_length"], 1)), None)

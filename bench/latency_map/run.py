@@ -18,9 +18,9 @@ from bench.latency_map.cells import (COST_METHOD, DecoderFactory, cell_rows, par
                                      recost, time_cell)
 from bench.latency_map.model import FEATURES, CostModel, apply_model
 from bench.latency_map.report import plot_crossover, render
-from bench.latency_map.spec import MODEL, PLOT, RATES, ROWS, SUITE, TABLE, MapSpec
+from bench.latency_map.spec import MODEL, PLOT, RATES, ROWS, SUITE, TABLE, MapSpec, read_rows
 from narbench_core.errors import UserError
-from narbench_core.io import read_jsonl, write_jsonl, write_text
+from narbench_core.io import write_jsonl, write_text
 
 if TYPE_CHECKING:      # jax-importing modules load on first use, so `narbench --help` stays light
     from bench import costs
@@ -44,7 +44,7 @@ def run_map(spec: MapSpec, out_root: Path, command: str, factory: DecoderFactory
     peaks = peaks or costs.machine_peaks()
     factory = factory or random_weight_decoders(spec)
     systems = spec.systems()
-    rows = read_jsonl(run.path / ROWS)
+    rows = read_rows(run.path / ROWS)
     if any(r.get("cost_method") != COST_METHOD for r in rows):
         rows = recost(rows, spec, factory, peaks)
         write_jsonl(run.path / ROWS, rows)
@@ -116,7 +116,7 @@ def write_outputs(run_dir: Path, spec: MapSpec, model: CostModel | None = None) 
     predictions to ``rows.jsonl`` and write ``speedmap.md`` and ``crossover.png`` (after every cell,
     so an unfinished map can be read). A map with no calibration sizes fits nothing: it is scored by
     ``model`` (fitted in another map), or by the one it was first given (its ``cost_model.json``)."""
-    rows = read_jsonl(run_dir / ROWS)
+    rows = read_rows(run_dir / ROWS)
     if not rows:
         raise UserError(f"{run_dir} has no timed cells; run `narbench latency --map` until some finish")
     fitted = [r for r in rows if r["size"] in spec.calibrate]

@@ -8,6 +8,7 @@ from typing import Any
 
 from narbench_core.digest import COMPACT, json_digest
 from narbench_core.errors import UserError
+from narbench_core.io import read_jsonl
 
 SUITE = "speedmap"                 # results/<SUITE>/<run_id>/
 ROWS = "rows.jsonl"
@@ -17,6 +18,12 @@ RATES = "machine_rates.json"
 MODEL = "cost_model.json"
 AR_NAME = "ar-greedy"
 PROJECTED = ("tpu-v3", "a100-sxm-80gb", "h100-sxm")      # accelerators the report projects onto
+RENAMED = {"steps": "iterations", "hyps": "length_hyps"}  # names in maps written before the rename -> now
+
+
+def read_rows(path) -> list[dict]:
+    """A map's ``rows.jsonl`` (rows written before a column was renamed read under the new name)."""
+    return [{RENAMED.get(k, k): v for k, v in row.items()} for row in read_jsonl(path)]
 
 
 @dataclass(frozen=True)
@@ -26,8 +33,8 @@ class MapSpec:
     sizes: tuple[str, ...] = ("small", "paper")
     lengths: tuple[int, ...] = (16, 32, 64, 128, 256)
     batches: tuple[int, ...] = (1, 8, 32)
-    steps: tuple[int, ...] = (1, 2, 4, 10)
-    hyps: tuple[int, ...] = (1, 5)
+    iterations: tuple[int, ...] = (1, 2, 4, 10)   # PaDIR's refinement iterations T
+    length_hyps: tuple[int, ...] = (1, 5)         # PaDIR's length hypotheses k
     calibrate: tuple[str, ...] = ("small",)   # sizes the cost model is fitted on
     vocab_size: int = 8000
     cell_seconds: float = 30.0                # timed seconds per cell (all systems), before clipping
@@ -36,10 +43,10 @@ class MapSpec:
     seed: int = 0
 
     def __post_init__(self):
-        for name in ("sizes", "lengths", "batches", "steps", "hyps"):
+        for name in ("sizes", "lengths", "batches", "iterations", "length_hyps"):
             if not getattr(self, name):
                 raise UserError(f"the map needs at least one value of {name}")
-        for name in ("lengths", "batches", "steps", "hyps"):
+        for name in ("lengths", "batches", "iterations", "length_hyps"):
             bad = [v for v in getattr(self, name) if int(v) != v or v < 1]
             if bad:
                 raise UserError(f"{name} must be whole numbers >= 1, got {bad}")
@@ -53,6 +60,12 @@ class MapSpec:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "MapSpec":
+        """A spec as ``to_dict`` wrote it (maps written before a field was renamed included)."""
+        values = {RENAMED.get(k, k): v for k, v in data.items()}
+        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in values.items()})
 
     def spec_hash(self) -> str:
         return json_digest(self.to_dict(), separators=COMPACT)
@@ -71,7 +84,7 @@ class MapSpec:
 
     def systems(self) -> list["MapSystem"]:
         return [MapSystem(AR_NAME, "greedy", 0, 1)] + [
-            MapSystem(f"padir-T{t}-k{k}", f"refine:{t}", int(t), int(k)) for k in self.hyps for t in self.steps]
+            MapSystem(f"padir-T{t}-k{k}", f"refine:{t}", int(t), int(k)) for k in self.length_hyps for t in self.iterations]
 
 
 @dataclass(frozen=True)
@@ -89,14 +102,14 @@ class Cell:
 class MapSystem:
     name: str
     spec: str        # decoder spec: greedy | refine:T
-    steps: int       # T (0 for AR)
+    iterations: int  # T (0 for AR)
     length_hyps: int
 
     @property
     def kind(self) -> str:
         """The model kind the system runs on (models.config.ModelConfig.kind): its rows' family."""
-        return "ar" if self.steps == 0 else "padir"
+        return "ar" if self.iterations == 0 else "padir"
 
     def tokens_per_pass(self, length: int) -> int:
         """Target positions one decoder pass computes per hypothesis: one AR step, or all of them."""
-        return 1 if self.steps == 0 else int(length)
+        return 1 if self.iterations == 0 else int(length)

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Sequence
 
 from bench import store as st
-from bench.report.plots import (CURVE_PLOT, PLOTS, plot_bleu_vs_steps, plot_latency_cdf, plot_learning_curves,
+from bench.report.plots import (BLEU_VS_ITERATIONS, CURVE_PLOT, LATENCY_CDF, PARETO, PLOTS, plot_bleu_vs_iterations, plot_latency_cdf, plot_learning_curves,
                                 plot_pareto)
 from bench.report.tables import (LATENCY_TABLE, LEADERBOARD, fastest_ar, isolation_note, markdown_table,
                                  render_budgets, render_grid, render_isolation, render_phases, system_order,
@@ -179,9 +179,9 @@ def write_report(run_dir: str | Path) -> list[Path]:
     info, env = {"run_id": run.run_id, "suite": rows[0].suite, **run.info}, run.env()
     scored = [r for r in rows if r.bleu is not None]
     if scored:
-        plot_pareto(scored, run.path / "pareto.png")
-        plot_bleu_vs_steps(scored, run.path / "bleu_vs_steps.png")
-    plot_latency_cdf(rows, samples, run.path / "latency_cdf.png")
+        plot_pareto(scored, run.path / PARETO)
+        plot_bleu_vs_iterations(scored, run.path / BLEU_VS_ITERATIONS)
+    plot_latency_cdf(rows, samples, run.path / LATENCY_CDF)
     curves = run.curves()
     if curves:
         plot_learning_curves(curves, run.path / CURVE_PLOT)

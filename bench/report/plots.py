@@ -1,5 +1,5 @@
 """The report's plots, drawn from the saved rows and samples: BLEU against p50 latency with the Pareto
-front, latency CDFs, BLEU over refinement steps, learning curves. Families give each row's point label
+front, latency CDFs, BLEU over refinement iterations, learning curves. Families give each row's point label
 and style (``bench.families``); matplotlib is imported inside each plot."""
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ from bench import families
 from bench.report.tables import system_order, test_sets
 from bench.rows import Row
 
-PLOTS = ("pareto.png", "latency_cdf.png", "bleu_vs_steps.png")
+PARETO, LATENCY_CDF, BLEU_VS_ITERATIONS = "pareto.png", "latency_cdf.png", "bleu_vs_iterations.png"
+PLOTS = (PARETO, LATENCY_CDF, BLEU_VS_ITERATIONS)
 CURVE_PLOT = "learning_curves.png"       # drawn when the run has curves.jsonl (models trained with curves)
 
 
@@ -173,8 +174,8 @@ def plot_learning_curves(points: list[dict], path: Path) -> None:
     plt.close(fig)
 
 
-def plot_bleu_vs_steps(rows: list[Row], path: Path) -> None:
-    """A line over steps per variant (systems that differ only in steps); other systems as levels."""
+def plot_bleu_vs_iterations(rows: list[Row], path: Path) -> None:
+    """A line over refinement iterations T per variant (systems that differ only in T); other systems as levels."""
     import matplotlib.pyplot as plt
 
     sets = test_sets(rows)
@@ -188,26 +189,26 @@ def plot_bleu_vs_steps(rows: list[Row], path: Path) -> None:
                 variants.setdefault(r.variant, []).append(r)
         used = {True: 0, False: 0}
         for label, vr in sorted(variants.items()):
-            vr = sorted(vr, key=lambda r: r.steps)
+            vr = sorted(vr, key=lambda r: r.iterations)
             distilled = bool(vr[0].distill)
             color = palettes[distilled][used[distilled] % 4]
             used[distilled] += 1
-            ax.plot([r.steps for r in vr], [r.bleu for r in vr], marker="o", lw=1.6, color=color,
+            ax.plot([r.iterations for r in vr], [r.bleu for r in vr], marker="o", lw=1.6, color=color,
                     ls="-" if distilled else "--", label=label)
         levels = sorted((r for r in rs if r.variant is None), key=lambda r: (families.rank(r.family), r.hypotheses))
         for j, r in enumerate(levels):
             ax.axhline(r.bleu, color="#1f4e79", lw=1.2, ls=[":", "-.", "--"][j % 3], label=r.system)
-        steps = sorted({r.steps for r in rs if r.variant is not None})
-        if steps:
+        t_values = sorted({r.iterations for r in rs if r.variant is not None})
+        if t_values:
             ax.set_xscale("log", base=2)
-            ax.set_xticks(steps, [str(s) for s in steps])
+            ax.set_xticks(t_values, [str(t) for t in t_values])
             ax.minorticks_off()
-        ax.set_xlabel("refinement steps T (decoder passes)")
+        ax.set_xlabel("refinement iterations T (at most T decoder passes)")
         ax.set_ylabel("BLEU")
         ax.set_title(ts, fontsize=10)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7, loc="best")
-    fig.suptitle("Quality vs refinement steps")
+    fig.suptitle("Quality vs refinement iterations")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

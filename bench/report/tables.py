@@ -15,19 +15,19 @@ from narbench_core import defaults
 from narbench_core.markdown import table
 from narbench_core.phases import PHASES
 
-SUMMARY = ("system", "family", "hypotheses", "steps_view")
-LATENCY_TABLE = ("system", "hypotheses", "steps_view", "bleu", "bleu_delta_vs_ar", "p50_view", "latency_p99_ms",
+SUMMARY = ("system", "family", "hypotheses", "iterations_view")
+LATENCY_TABLE = ("system", "hypotheses", "iterations_view", "bleu", "bleu_delta_vs_ar", "p50_view", "latency_p99_ms",
                  "speedup_p50_vs_ar", "passes_view", "stutter_per_1k_words", "stutter_sentence_share", "length_ratio",
                  "compile_s")
-LEADERBOARD = ("system", "family", "hypotheses", "steps_view", "bleu", "train_steps", "train_seconds", "train_flops",
+LEADERBOARD = ("system", "family", "hypotheses", "iterations_view", "bleu", "train_steps", "train_seconds", "train_flops",
                "still_improving", "bleu_delta_vs_ar", "chrf", "bleurt",
                "latency_p50_ms", "latency_p99_ms", "speedup_p50_vs_ar", "interference", "stutter_per_1k_words",
                "length_ratio")
 ISOLATION_TABLE = ("system", "isolated", "engine_threads", "latency_p50_ms", "solo_p50_ms", "interference",
                    "worker_peak_rss_mb")
-PHASE_TABLE = ("system", "hypotheses", "steps_view", *(f"phase_{p}_view" for p in PHASES), "phase_p50_sum_ratio",
+PHASE_TABLE = ("system", "hypotheses", "iterations_view", *(f"phase_{p}_view" for p in PHASES), "phase_p50_sum_ratio",
                "latency_p50_ms", "host_syncs")
-RESULTS = ("system", "test_set", "family", "steps_view", "bleu", "chrf", "bleurt", "latency_p50_ms",
+RESULTS = ("system", "test_set", "family", "iterations_view", "bleu", "chrf", "bleurt", "latency_p50_ms",
            "latency_p99_ms", "speedup_p50_vs_ar", "passes_mean", "stutter_per_1k_words", "n_sentences")
 FASTEST_AR = ("System", "BLEU", "vs AR greedy", "fastest AR at >= its BLEU", "its BLEU", "its p50 ms",
               "speedup p50 [95% CI]")
@@ -95,7 +95,9 @@ def render_budgets(rows: Sequence[Row]) -> list[str]:
     by_system = {(r.task, r.system): r for r in rows}
     base_label = families.get(families.BASELINE).label
     names = ("family", "train_steps", "train_tokens", "train_seconds", "train_flops")
-    tail = ("warm_start_seconds", "distill_seconds", "still_improving", "dev_length_exact", "dev_length_within2")
+    stops = tuple(n for n in ("stopped_by", "best_dev_bleu") if any(r[n] is not None for r in first.values()))
+    tail = ("warm_start_seconds", "distill_seconds", *stops, "still_improving", "dev_length_exact",
+            "dev_length_within2")
     body = []
     for model, r in first.items():
         base = by_system.get((r.task, r.baseline_system))
@@ -108,8 +110,9 @@ def render_budgets(rows: Sequence[Row]) -> list[str]:
     lines.extend(["", "Seconds: in train steps only (compiling, checkpoints and dev evaluation excluded). FLOPs: XLA's "
                   "cost analysis of each step's compiled train step, summed. Warm-start s: the train s of the model "
                   "a warm-started one starts from (its total budget is both). Distill s: the teacher's decoding of "
-                  "the distilled training data. Len exact / ±2: dev sentences whose top predicted length is exact "
-                  "or within 2 tokens (models with a length predictor). Curves: learning_curves.png.", ""])
+                  "the distilled training data. Stopped by: plateau (dev BLEU stopped rising), cap (no plateau "
+                  "within its steps) or steps (a set number). Len exact / ±2: dev sentences whose top predicted "
+                  "length is exact or within 2 tokens (models with a length predictor). Curves: learning_curves.png.", ""])
     return lines
 
 

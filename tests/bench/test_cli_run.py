@@ -50,7 +50,7 @@ def test_run_report_results_end_to_end(env, capsys):
     run_dir = st.resolve_run_dir(out / "clitest")
     assert (out / "clitest" / "latest").read_text().strip() == run_dir.name
     for name in ("spec.toml", "env.json", "rows.jsonl", "samples.jsonl", "table.md", "leaderboard.md",
-                 "pareto.png", "latency_cdf.png", "bleu_vs_steps.png"):
+                 "pareto.png", "latency_cdf.png", "bleu_vs_iterations.png"):
         assert (run_dir / name).is_file(), name
     assert "recomputed from samples.jsonl: OK" in err
     info = json.loads((run_dir / "run.json").read_text())
@@ -63,7 +63,7 @@ def test_run_report_results_end_to_end(env, capsys):
     code, stdout, _ = run_cli(["results", str(out / "clitest"), "--format", "json"], capsys)
     assert len([json.loads(line) for line in stdout.splitlines()]) == 6
     code, stdout, _ = run_cli(["results", str(run_dir), "--format", "md"], capsys)
-    assert stdout.startswith("| System | Test set | Family | Steps | BLEU |") and stdout.count("\n") == 8
+    assert stdout.startswith("| System | Test set | Family | T | BLEU |") and stdout.count("\n") == 8
     code, _, err = run_cli(["results", str(run_dir), "--test-set", "nope"], capsys)
     assert code == 2 and "no test set 'nope'" in err
 
@@ -160,8 +160,12 @@ def test_latency_map_options(env, capsys, tmp_path, monkeypatch):
                                "--no-progress", "--out", str(tmp_path)], capsys)
     assert code == 0 and "speedmap.md" in stdout
     assert seen["spec"].sizes == ("tiny",) and seen["spec"].lengths == (8, 16)
-    assert seen["spec"].batches == (1, 8, 32) and seen["spec"].hyps == (1, 5)
+    assert seen["spec"].batches == (1, 8, 32) and seen["spec"].length_hyps == (1, 5)
     assert "--map --sizes tiny --lengths 8 16 --calibrate tiny" in seen["command"]
+    # The options' former names still work.
+    code, _, _ = run_cli(["latency", "--map", "--sizes", "tiny", "--calibrate", "tiny", "--hyps", "3", "--steps", "2",
+                          "--no-progress", "--out", str(tmp_path)], capsys)
+    assert code == 0 and (seen["spec"].length_hyps, seen["spec"].iterations) == ((3,), (2,))
     code, _, err = run_cli(["latency", "--lengths", "8"], capsys)
     assert code == 2 and "--lengths only apply to the latency map; add --map" in err
     code, _, err = run_cli(["latency", "--map", "--batch-size", "4"], capsys)

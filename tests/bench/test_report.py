@@ -64,17 +64,18 @@ def test_plots_draw_every_system(run_dir):
     assert len(cdf) == len(sets)
     for ax in cdf:
         assert {line.get_label() for line in ax.get_lines() if not line.get_label().startswith("_")} == systems
-    steps = [ax for ax in FIGURES["bleu_vs_steps.png"].axes if ax.get_xlabel().startswith("refinement steps")]
-    assert len(steps) == len(sets)
-    refine = {r.steps for r in rows if r.variant is not None}
-    for ax in steps:
+    panels = [ax for ax in FIGURES["bleu_vs_iterations.png"].axes
+              if ax.get_xlabel().startswith("refinement iterations")]
+    assert len(panels) == len(sets)
+    refine = {r.iterations for r in rows if r.variant is not None}
+    for ax in panels:
         lines = [line for line in ax.get_lines() if len(line.get_xdata()) > 1 and line.get_marker() == "o"]
         assert lines and all(set(line.get_xdata()) <= refine for line in lines)
 
 
 def test_table_has_paper_layout_and_latency_columns(run_dir):
     text = (run_dir / "table.md").read_text()
-    assert "| System | Family | # Hyp. | Steps | bible_de_en:test | bible_de_en:test+refs |" in text
+    assert "| System | Family | # Hyp. | T | bible_de_en:test | bible_de_en:test+refs |" in text
     assert "| ar-beam5 | AR | 5 | N | 100.00 | 100.00 |" in text
     assert "| padir-s4-u0.15-distill-lb1-init-ar-glat-lenoff | PaDIR | 5 | 4 |" in text
     assert "| padir-s4-u0.15-distill-k1-lb1-init-ar-glat-lenoff | PaDIR | 1 | 4 |" in text
@@ -83,7 +84,7 @@ def test_table_has_paper_layout_and_latency_columns(run_dir):
     assert "no BLEURT checkpoint" in text
     assert "**" in text  # the stuttering 1-step systems differ significantly from AR greedy
     lines = text.splitlines()
-    # AR rows come first, then PaDIR by distillation and steps.
+    # AR rows come first, then PaDIR by distillation and refinement iterations.
     order = [ln.split("|")[1].strip() for ln in lines if ln.startswith("| ar-") or ln.startswith("| padir-")][:10]
     assert order[:3] == ["ar-greedy", "ar-beam5", "padir-s1-u0.15-k1-lb1-init-ar-glat-lenoff"]
 

@@ -21,7 +21,7 @@ RATES = MachineRates({"16,16": _GEMM, "32,32": {k: 1.5 * v for k, v in _GEMM.ite
                      {"1000": 4e10, "1000000": 4e10, "4000000": 1e10, "1000000000": 1e10}, "2024-01-01", "test",
                      dots={"8,1,64,16": 3e9, "8,16,64,16": 2e10}, moves={"1000": 2e10, "1000000": 2e10, "4000000": 2e9})
 ENV = {"cpu_model": "Test CPU", "threads": 2, "platform": "cpu"}
-SPEC = sm.MapSpec(sizes=("s", "m"), lengths=(8, 16), batches=(1, 2), steps=(1, 4), hyps=(1, 2),
+SPEC = sm.MapSpec(sizes=("s", "m"), lengths=(8, 16), batches=(1, 2), iterations=(1, 4), length_hyps=(1, 2),
                   calibrate=("s",), cell_seconds=0.05, min_calls=3, max_calls=4)
 
 
@@ -37,7 +37,7 @@ class FakeFactory:
             raise KeyboardInterrupt            # a kill in the middle of the map
         self.built.append(cell.key)
         dim = {"s": 16, "m": 32}[cell.size]
-        return [JittedDecoder(s.name, passes=cell.length if s.steps == 0 else s.steps, dim=dim,
+        return [JittedDecoder(s.name, passes=cell.length if s.iterations == 0 else s.iterations, dim=dim,
                               buckets=(cell.length,)) for s in systems]
 
 
@@ -54,7 +54,7 @@ def test_cells_run_cheapest_first_and_systems_follow_the_axes():
     (dict(calibrate=("big",)), "calibration sizes"),
     (dict(lengths=(0, 8)), "lengths must be whole numbers"),
     (dict(min_calls=5, max_calls=2), "min_calls <= max_calls"),
-    (dict(hyps=()), "at least one value of hyps"),
+    (dict(length_hyps=()), "at least one value of length_hyps"),
 ])
 def test_bad_map_settings_are_user_errors(changes, message):
     with pytest.raises(UserError, match=message):
@@ -127,7 +127,7 @@ def test_map_runs_every_cell_and_resumes_after_a_kill(tmp_path):
     for r in rows:
         assert r["calls"] == len(r["latencies_ms"]) and SPEC.min_calls <= r["calls"] <= SPEC.max_calls
         assert r["latency_p50_ms"] == pytest.approx(float(np.median(r["latencies_ms"])))
-        assert r["passes"] == (r["target_length"] if r["family"] == "ar" else r["steps"])
+        assert r["passes"] == (r["target_length"] if r["family"] == "ar" else r["iterations"])
         assert r["flops"] == pytest.approx(r["encode_flops"] + r["passes"] * r["pass_flops"])
         assert r["predicted_p50_ms"] > 0 and r["calibration"] == (r["size"] == "s")
         assert r["cpu_model"] == "Test CPU"
@@ -161,7 +161,7 @@ def test_crossover_plot_draws_every_padir_system_per_cell(tmp_path):
     assert axes[0].get_ylabel() == "speedup vs AR greedy (p50)" and axes[-1].get_xlabel() == "target length (tokens)"
     for ax in axes:
         lines = [line for line in ax.get_lines() if line.get_label().startswith("T=")]
-        assert len(lines) == len(SPEC.hyps) * len(SPEC.steps)
+        assert len(lines) == len(SPEC.length_hyps) * len(SPEC.iterations)
         assert all(list(line.get_xdata()) == sorted(SPEC.lengths) for line in lines)
 
 
@@ -186,9 +186,9 @@ def test_rows_of_an_older_cost_method_are_recosted_on_resume_without_timing(tmp_
 
 
 def test_one_cell_of_real_tiny_decoders(tmp_path):
-    """The harness's decoders on random tiny models: AR runs exactly `length` steps, PaDIR exactly T
+    """The harness's decoders on random tiny models: AR runs exactly `length` decoder passes, PaDIR exactly T
     passes, and PaDIR systems that differ only in T share their per-pass cost, which grows with k."""
-    spec = sm.MapSpec(sizes=("tiny",), lengths=(8,), batches=(1,), steps=(1, 2), hyps=(1, 2), calibrate=("tiny",),
+    spec = sm.MapSpec(sizes=("tiny",), lengths=(8,), batches=(1,), iterations=(1, 2), length_hyps=(1, 2), calibrate=("tiny",),
                       cell_seconds=0.01, min_calls=2, max_calls=2)
     from models.config import preset
 

@@ -12,7 +12,7 @@ import pytest
 
 from models import checkpoint, curves
 from models.schedule import decay_steps, latest_decay_start, learning_rate_schedule, stop_state
-from models.train import TrainConfig, train
+from models.train import TrainConfig
 from narbench_core.errors import UserError
 
 
@@ -92,7 +92,7 @@ import sys, time
 import numpy as np
 from models.config import preset
 from models.batching import TokenPairs
-from models.train import TrainConfig, train
+from models.train import TrainConfig
 
 KILL_AT = int(sys.argv[2]) if __name__ == "__main__" else None
 
