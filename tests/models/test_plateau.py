@@ -92,7 +92,7 @@ import sys, time
 import numpy as np
 from models.config import preset
 from models.batching import TokenPairs
-from models.train import TrainConfig
+from models.train import TrainConfig, train
 
 KILL_AT = int(sys.argv[2]) if __name__ == "__main__" else None
 
