@@ -1,4 +1,5 @@
-"""bench.costs: XLA flops/bytes against hand counts, per-batch combination, roofline, peaks cache, projections."""
+"""bench.costs: XLA flops/bytes against hand counts, per-batch combination, roofline, the machine probes and
+peaks cache, projections; the names other packages use still import from bench.costs."""
 from __future__ import annotations
 
 import json
@@ -9,6 +10,7 @@ import numpy as np
 import pytest
 
 from bench import costs
+from bench.costs import machine, xla
 from narbench_core.errors import UserError
 from fakes import JittedDecoder
 
@@ -259,10 +261,10 @@ def test_machine_peaks_are_measured_once_and_cached(tmp_path, monkeypatch):
     def _fail(**_):
         raise AssertionError("should have used the cache")
 
-    monkeypatch.setattr(costs, "measure_peaks", _fail)
+    monkeypatch.setattr(machine, "measure_peaks", _fail)
     assert costs.machine_peaks() == peaks
     (tmp_path / "machine" / "peaks.json").write_text("{corrupt")
-    monkeypatch.setattr(costs, "measure_peaks", lambda **kw: peaks)
+    monkeypatch.setattr(machine, "measure_peaks", lambda **kw: peaks)
     assert costs.machine_peaks() == peaks  # corrupt cache -> re-measured and rewritten
     assert json.loads((tmp_path / "machine" / "peaks.json").read_text())[peaks.key]["bandwidth"] == peaks.bandwidth
 
@@ -276,7 +278,7 @@ def test_bucket_key_sees_inside_dataclasses():
         num_sources: int
         target_bucket: int | None = None
 
-    key = costs._bucket_key
+    key = xla._bucket_key
     a = Prepared(np.zeros((1, 16), np.int32), 1)
     assert key(a) == key(Prepared(np.ones((1, 16), np.int32), 1))          # values do not matter
     assert key(a) != key(Prepared(np.zeros((1, 32), np.int32), 1))         # shapes do
@@ -288,10 +290,10 @@ def test_bucket_key_sees_inside_dataclasses():
 def test_rates_size_each_loop_then_interleave_rounds_and_take_medians():
     calls: list[tuple[str, int]] = []
 
-    def probe(name: str) -> costs._Probe:
-        return costs._Probe(lambda n, c: calls.append((name, n)) or c, 0.0, (), 10.0)
+    def probe(name: str) -> machine._Probe:
+        return machine._Probe(lambda n, c: calls.append((name, n)) or c, 0.0, (), 10.0)
 
-    rates = costs._rates({"a": probe("a"), "b": probe("b")}, sample_s=1e-3, rounds=3)
+    rates = machine._rates({"a": probe("a"), "b": probe("b")}, sample_s=1e-3, rounds=3)
     timed = calls[-6:]                                     # the rounds, after each probe was sized
     assert [name for name, _ in timed] == ["a", "b"] * 3
     assert len({n for name, n in timed if name == "a"}) == 1 and all(n >= 1 for _, n in timed)
@@ -307,9 +309,9 @@ def test_rates_size_each_loop_from_one_timing_of_that_loop(monkeypatch):
         timed.append(n)
         return 1e-4 * n ** 0.25
 
-    monkeypatch.setattr(costs, "_seconds", seconds)
-    probe = costs._Probe(lambda n, c: c, 0.0, (), 1.0)
-    rates = costs._rates({"a": probe}, sample_s=0.05, rounds=1)
+    monkeypatch.setattr(machine, "_seconds", seconds)
+    probe = machine._Probe(lambda n, c: c, 0.0, (), 1.0)
+    rates = machine._rates({"a": probe}, sample_s=0.05, rounds=1)
     sizing_last, rounds_n = timed[-2], timed[-1]
     assert rounds_n == round(sizing_last * 0.05 / seconds(None, sizing_last))
     assert rates["a"] == pytest.approx(rounds_n / seconds(None, rounds_n))
