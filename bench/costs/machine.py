@@ -1,4 +1,4 @@
-"""This machine's measured throughput: peaks and in-loop rates, one model.
+"""This machine's measured throughput: one model, measured by one protocol.
 
 - :class:`MachinePeaks`: fp32 matmul flop/s and memory bandwidth, the roofline's divisors
   (``bench.costs.xla.roofline_ms``), measured once per machine key (CPU model, jax version, threads) and
@@ -7,12 +7,13 @@
   dots and layout moves, the latency map's cost-model inputs (:func:`measure_rates`,
   :func:`measure_dot_rates`, :func:`measure_move_rates`).
 
-The peaks are the best of a few runs of a large jitted fp32 matmul and of a large jitted reduction /
-copy; every rate is a :class:`_Probe`, a jitted loop whose carry makes each iteration do its work (XLA
-cannot hoist it out of the loop), measured by :func:`_rates`.
+Every figure is a :class:`_Probe`, a jitted loop whose carry makes each iteration do its work (XLA cannot
+hoist it out of the loop), measured by :func:`_rates`: ``narbench_core.probe`` sizes each loop to about
+``sample_s``, runs ``rounds`` interleaved rounds and takes each probe's median round.
 """
 from __future__ import annotations
 
+import functools
 import json
 import math
 import time
@@ -26,6 +27,7 @@ import numpy as np
 
 from narbench_core.errors import UserError
 from narbench_core.io import write_json
+from narbench_core.probe import ROUNDS, SAMPLE_S, seconds_per_iteration
 
 
 def machine_key() -> str:
@@ -41,89 +43,84 @@ def _now() -> str:
 
 # ------------------------------------------------------------------------------------ the protocol
 
-@dataclass(frozen=True)
+@dataclass
 class _Probe:
     """One rate to measure: ``run(n, init, *args)`` runs ``n`` iterations of a loop body doing ``work``
-    (flops or bytes) each."""
+    (flops or bytes) each. With ``donate`` (built by :func:`_donating`) the loop updates its carry in
+    place and each call's result is the next call's ``init``: a large carry is neither allocated nor
+    copied per call."""
     run: Any
     init: Any
     args: tuple
     work: float
+    donate: bool = False
 
 
-def _loop(body) -> Any:
+def _loop(body, donate: bool = False) -> Any:
     """``run(n, carry, *args)``: ``n`` iterations of ``body(carry, *args)`` in one jitted ``fori_loop``
-    (``n`` and ``args`` are arguments, so one compile serves every length and XLA cannot fold them)."""
-    return jax.jit(lambda n, c, *a: jax.lax.fori_loop(0, n, lambda _, v: body(v, *a), c))
+    (``n`` and ``args`` are arguments, so one compile serves every length and XLA cannot fold them). With
+    ``donate`` the result reuses the carry's buffer."""
+    return jax.jit(lambda n, c, *a: jax.lax.fori_loop(0, n, lambda _, v: body(v, *a), c),
+                   donate_argnums=(1,) if donate else ())
+
+
+def _donating(body, init: Any, args: tuple, work: float) -> _Probe:
+    """A probe whose loop carries an array it updates in place (``init`` is consumed)."""
+    return _Probe(_loop(body, donate=True), init, args, work, donate=True)
 
 
 def _seconds(probe: _Probe, n: int) -> float:
     start = time.perf_counter()
-    jax.block_until_ready(probe.run(n, probe.init, *probe.args))
-    return time.perf_counter() - start
+    out = jax.block_until_ready(probe.run(n, probe.init, *probe.args))
+    seconds = time.perf_counter() - start
+    if probe.donate:
+        probe.init = out
+    return seconds
 
 
 def _rates(probes: dict[Any, _Probe], sample_s: float, rounds: int) -> dict[Any, float]:
-    """Work per second of each probe, as the timer measures latency: each probe's loop is sized to take
-    about ``sample_s``, then ``rounds`` rounds run every probe once in turn, and each rate is its median
-    round. Rates from single short loops (best of 3, a few ms each) wandered 1.1-2.3x between runs on a
-    2-core VM; these repeat within 20% for 91-100% of entries (README, latency map)."""
-    sized: dict[Any, int] = {}
-    for name, probe in probes.items():
-        _seconds(probe, 1)                                       # compile and first touch
-        n, seconds = 1, _seconds(probe, 1)
-        for _ in range(4):                                       # grow until a loop is long enough to time
-            if seconds >= sample_s / 4:
-                break
-            n = max(2 * n, int(n * sample_s / max(seconds, 1e-6) / 2))
-            seconds = _seconds(probe, n)
-        sized[name] = max(1, round(n * sample_s / seconds))     # from the last (n, seconds) timed together
-    samples: dict[Any, list[float]] = {name: [] for name in probes}
-    for _ in range(rounds):
-        for name, probe in probes.items():
-            samples[name].append(_seconds(probe, sized[name]) / sized[name])
-    return {name: probes[name].work / float(np.median(s)) for name, s in samples.items()}
+    """Work per second of each probe: its work over its median seconds per iteration
+    (``narbench_core.probe.seconds_per_iteration``: loops sized to ~``sample_s``, ``rounds`` interleaved
+    rounds). Why this protocol: docs/experiments.md, "Machine probes"."""
+    runs = {name: functools.partial(_seconds, probe) for name, probe in probes.items()}
+    return {name: probes[name].work / s for name, s in seconds_per_iteration(runs, sample_s, rounds).items()}
 
 
-SAMPLE_S, ROUNDS = 0.05, 5                                      # the rate protocol (``_rates``)
+def _read_all(c: Any, x: Any) -> Any:
+    """One iteration of the read probe: reads every element of ``x`` (``|x - carry|`` cannot be hoisted)."""
+    return c * 0.5 + jnp.sum(jnp.abs(x - c)) * 1e-9
 
 
 # ---------------------------------------------------------------------------------- machine peaks
 
 @dataclass(frozen=True)
 class MachinePeaks:
+    """The machine's fp32 matmul and memory-bandwidth peaks (:func:`measure_peaks`)."""
     key: str                        # CPU model | jax version | threads
     peak_flops: float               # fp32 matmul, flop/s
-    bandwidth: float                # bytes/s (best of a reduction and a copy)
+    bandwidth: float                # bytes/s (the faster of a reduction and an in-place copy)
     measured_at: str                # UTC ISO date-time of the measurement
     matmul_n: int
     stream_bytes: int
 
 
-def _best_seconds(fn, *args, repeats: int) -> float:
-    jax.block_until_ready(fn(*args))  # compile + first touch
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        best = min(best, time.perf_counter() - start)
-    return best
-
-
-def measure_peaks(matmul_n: int = 2048, stream_mib: int = 256, repeats: int = 5, seed: int = 0) -> MachinePeaks:
-    """Measure fp32 matmul throughput and memory bandwidth on the default device (a few seconds)."""
+def measure_peaks(matmul_n: int = 2048, stream_mib: int = 256, sample_s: float = SAMPLE_S, rounds: int = ROUNDS,
+                  seed: int = 0) -> MachinePeaks:
+    """fp32 matmul throughput and memory bandwidth on the default device, by the rates' protocol
+    (:func:`_rates`; a few seconds): an ``[n, n] @ [n, n]`` matmul of the carry, and over a ``stream_mib``
+    array a reduction (reads it: 4 bytes an element) and an in-place copy (reads and writes it: 8)."""
     key = jax.random.PRNGKey(seed)
     a = jax.random.normal(key, (matmul_n, matmul_n), jnp.float32)
-    b = jax.random.normal(jax.random.fold_in(key, 1), (matmul_n, matmul_n), jnp.float32)
-    t_mm = _best_seconds(jax.jit(jnp.matmul), a, b, repeats=repeats)
+    b = jax.random.normal(jax.random.fold_in(key, 1), (matmul_n, matmul_n), jnp.float32) / np.sqrt(matmul_n)
     n_elems = stream_mib * 2**20 // 4
-    x = jnp.arange(n_elems, dtype=jnp.float32)
-    t_sum = _best_seconds(jax.jit(jnp.sum), x, repeats=repeats)                     # reads 4n bytes
-    t_copy = _best_seconds(jax.jit(lambda v: v * 2.0), x, repeats=repeats)          # reads + writes 8n
-    bandwidth = max(4 * n_elems / t_sum, 8 * n_elems / t_copy)
-    return MachinePeaks(key=machine_key(), peak_flops=2 * matmul_n**3 / t_mm, bandwidth=bandwidth,
-                        measured_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                        matmul_n=matmul_n, stream_bytes=4 * n_elems)
+    probes = {
+        "matmul": _donating(lambda v, w: jnp.tanh(v @ w), a, (b,), 2.0 * matmul_n**3),
+        "sum": _Probe(_loop(_read_all), jnp.float32(1.0), (jnp.arange(n_elems, dtype=jnp.float32),), 4.0 * n_elems),
+        "copy": _donating(lambda v: v * -1.0, jnp.arange(n_elems, dtype=jnp.float32), (), 8.0 * n_elems),
+    }
+    rates = _rates(probes, sample_s, rounds)
+    return MachinePeaks(key=machine_key(), peak_flops=rates["matmul"], bandwidth=max(rates["sum"], rates["copy"]),
+                        measured_at=_now(), matmul_n=matmul_n, stream_bytes=4 * n_elems)
 
 
 def _peaks_path():
@@ -212,8 +209,7 @@ def measure_rates(shapes: Sequence[tuple[int, int]], rows: Sequence[int] = GEMM_
         for m in rows:
             x = jax.random.normal(jax.random.fold_in(key, 2), (m, d), jnp.float32)
             probes[("gemm", f"{d},{ff}", str(m))] = _Probe(gemm, x, (w1, w2), 4.0 * m * d * ff)
-    # Each iteration reads the whole array (|data - carry| cannot be hoisted out of the loop).
-    stream = _loop(lambda c, x: c * 0.5 + jnp.sum(jnp.abs(x - c)) * 1e-9)
+    stream = _loop(_read_all)
     for nbytes in stream_bytes:
         data = jax.random.uniform(jax.random.fold_in(key, 3), (nbytes // 4,), jnp.float32)
         probes[("stream", str(nbytes))] = _Probe(stream, jnp.float32(1.0), (data,), float(nbytes))
