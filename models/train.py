@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import optax
 
 from narbench_core.digest import json_digest
-from narbench_core import defaults
+from narbench_core import defaults, probe
 from narbench_core.defaults import TRAIN_BUCKETS
 from narbench_core.errors import UserError
 from models import checkpoint, losses, refine, sharding
@@ -595,19 +595,25 @@ def flops_per_step(task: str, model_config: ModelConfig, train_config: TrainConf
 
 
 def seconds_per_step(task: str, model_config: ModelConfig, train_config: TrainConfig, *,
-                     data: TokenPairs | None = None, mesh=None, repeats: int = 3) -> float:
-    """Mean seconds per training step, measured: per batch shape (compiled first, one untimed run),
-    the median of ``repeats`` timed steps, weighted by how many batches of that shape an epoch has."""
+                     data: TokenPairs | None = None, mesh=None, sample_s: float = probe.SAMPLE_S,
+                     rounds: int = 3) -> float:
+    """Mean seconds per training step, measured by the machine probes' protocol
+    (``narbench_core.probe``): per batch shape (compiled first), steps run back to back in runs sized
+    to about ``sample_s`` (one step when a step takes longer), ``rounds`` rounds interleaving the
+    shapes, the median round per shape; weighted by how many batches of that shape an epoch has."""
     state, rng, shapes = _compiled_shapes(task, model_config, train_config, data, mesh)
-    total = 0.0
-    for compiled, batch, count in shapes:
-        state, metrics = compiled(state, batch, rng)
-        float(metrics["loss"])
-        times = []
-        for _ in range(repeats):
+    held = {"state": state}
+
+    def steps(compiled, batch):
+        def run(n: int) -> float:
             t0 = time.perf_counter()
-            state, metrics = compiled(state, batch, rng)
-            float(metrics["loss"])                     # syncs: the step is done
-            times.append(time.perf_counter() - t0)
-        total += sorted(times)[len(times) // 2] * count
+            for _ in range(n):
+                held["state"], metrics = compiled(held["state"], batch, rng)
+            float(metrics["loss"])            # syncs: the last step (each takes the one before's state) is done
+            return time.perf_counter() - t0
+        return run
+
+    per_step = probe.seconds_per_iteration({i: steps(compiled, batch) for i, (compiled, batch, _) in enumerate(shapes)},
+                                           sample_s, rounds)
+    total = sum(per_step[i] * count for i, (*_, count) in enumerate(shapes))
     return total / sum(n for *_, n in shapes)

@@ -6,5 +6,6 @@ It imports nothing from the harness and nothing outside the standard library:
 - ``io``       the one atomic writer (text, JSON, JSON lines, bytes, or any library's own writer);
 - ``tokens``   the reserved token ids every vocabulary, model and decoder shares;
 - ``defaults`` the shared defaults (decoding, distillation, shape buckets);
-- ``paths``    where data, vocabularies, checkpoints and caches live (outside the repo).
+- ``paths``    where data, vocabularies, checkpoints and caches live (outside the repo);
+- ``probe``    the one timing protocol for throughput probes (machine peaks and rates, training steps).
 """

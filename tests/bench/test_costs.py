@@ -1,4 +1,5 @@
-"""bench.costs: XLA flops/bytes against hand counts, per-batch combination, roofline, peaks cache, projections."""
+"""bench.costs: XLA flops/bytes against hand counts, per-batch combination, roofline, the machine probes and
+peaks cache, projections; the names other packages use still import from bench.costs."""
 from __future__ import annotations
 
 import json
@@ -9,6 +10,7 @@ import numpy as np
 import pytest
 
 from bench import costs
+from bench.costs import machine, xla
 from narbench_core.errors import UserError
 from fakes import JittedDecoder
 
@@ -250,7 +252,7 @@ def test_projection_is_labelled_and_uses_published_peaks(decoder):
 
 def test_machine_peaks_are_measured_once_and_cached(tmp_path, monkeypatch):
     monkeypatch.setenv("NARBENCH_DATA", str(tmp_path))
-    peaks = costs.machine_peaks(matmul_n=128, stream_mib=4, repeats=2)
+    peaks = costs.machine_peaks(matmul_n=128, stream_mib=4, sample_s=1e-3, rounds=2)
     assert peaks.peak_flops > 1e6 and peaks.bandwidth > 1e6
     assert peaks.key == costs.machine_key() and "jax-" in peaks.key and "threads-" in peaks.key
     stored = json.loads((tmp_path / "machine" / "peaks.json").read_text())
@@ -259,10 +261,10 @@ def test_machine_peaks_are_measured_once_and_cached(tmp_path, monkeypatch):
     def _fail(**_):
         raise AssertionError("should have used the cache")
 
-    monkeypatch.setattr(costs, "measure_peaks", _fail)
+    monkeypatch.setattr(machine, "measure_peaks", _fail)
     assert costs.machine_peaks() == peaks
     (tmp_path / "machine" / "peaks.json").write_text("{corrupt")
-    monkeypatch.setattr(costs, "measure_peaks", lambda **kw: peaks)
+    monkeypatch.setattr(machine, "measure_peaks", lambda **kw: peaks)
     assert costs.machine_peaks() == peaks  # corrupt cache -> re-measured and rewritten
     assert json.loads((tmp_path / "machine" / "peaks.json").read_text())[peaks.key]["bandwidth"] == peaks.bandwidth
 
@@ -276,7 +278,7 @@ def test_bucket_key_sees_inside_dataclasses():
         num_sources: int
         target_bucket: int | None = None
 
-    key = costs._bucket_key
+    key = xla._bucket_key
     a = Prepared(np.zeros((1, 16), np.int32), 1)
     assert key(a) == key(Prepared(np.ones((1, 16), np.int32), 1))          # values do not matter
     assert key(a) != key(Prepared(np.zeros((1, 32), np.int32), 1))         # shapes do
@@ -288,28 +290,49 @@ def test_bucket_key_sees_inside_dataclasses():
 def test_rates_size_each_loop_then_interleave_rounds_and_take_medians():
     calls: list[tuple[str, int]] = []
 
-    def probe(name: str) -> costs._Probe:
-        return costs._Probe(lambda n, c: calls.append((name, n)) or c, 0.0, (), 10.0)
+    def probe(name: str) -> machine._Probe:
+        return machine._Probe(lambda n, c: calls.append((name, n)) or c, 0.0, (), 10.0)
 
-    rates = costs._rates({"a": probe("a"), "b": probe("b")}, sample_s=1e-3, rounds=3)
+    rates = machine._rates({"a": probe("a"), "b": probe("b")}, sample_s=1e-3, rounds=3)
     timed = calls[-6:]                                     # the rounds, after each probe was sized
     assert [name for name, _ in timed] == ["a", "b"] * 3
     assert len({n for name, n in timed if name == "a"}) == 1 and all(n >= 1 for _, n in timed)
     assert set(rates) == {"a", "b"} and all(r > 0 for r in rates.values())
 
 
-def test_rates_size_each_loop_from_one_timing_of_that_loop(monkeypatch):
-    """The loop length of the rounds comes from the last (iterations, seconds) pair timed together, also
-    when sizing stops after its last growth step (a loop whose time grows slowly with its length)."""
-    timed: list[int] = []
+def test_rates_are_work_over_the_protocols_seconds_per_iteration(monkeypatch):
+    """``_rates`` times each probe by ``_seconds`` through ``narbench_core.probe`` (its sizing and rounds
+    are tested in tests/core/test_probe.py): here every run takes 2 ms an iteration."""
+    monkeypatch.setattr(machine, "_seconds", lambda probe, n: 2e-3 * n)
+    probes = {"flops": machine._Probe(None, None, (), 6e9), "bytes": machine._Probe(None, None, (), 4e6)}
+    assert machine._rates(probes, sample_s=0.05, rounds=3) == {"flops": pytest.approx(3e12),
+                                                              "bytes": pytest.approx(2e9)}
 
-    def seconds(probe, n):
-        timed.append(n)
-        return 1e-4 * n ** 0.25
 
-    monkeypatch.setattr(costs, "_seconds", seconds)
-    probe = costs._Probe(lambda n, c: c, 0.0, (), 1.0)
-    rates = costs._rates({"a": probe}, sample_s=0.05, rounds=1)
-    sizing_last, rounds_n = timed[-2], timed[-1]
-    assert rounds_n == round(sizing_last * 0.05 / seconds(None, sizing_last))
-    assert rates["a"] == pytest.approx(rounds_n / seconds(None, rounds_n))
+def test_a_donating_probe_carries_its_result_into_the_next_call():
+    probe = machine._donating(lambda v: v + 1.0, jnp.zeros(4), (), 16.0)
+    first = probe.init
+    machine._seconds(probe, 3)
+    machine._seconds(probe, 2)
+    assert probe.init is not first
+    np.testing.assert_array_equal(np.asarray(probe.init), np.full(4, 5.0))   # 3 iterations, then 2 more
+
+
+def test_peaks_are_the_matmul_and_the_faster_stream_probe_by_the_rates_protocol(monkeypatch):
+    seen = {}
+
+    def rates(probes, sample_s, rounds):
+        seen.update(probes=probes, sample_s=sample_s, rounds=rounds)
+        return {"matmul": 5e10, "sum": 2e10, "copy": 3e10}
+
+    monkeypatch.setattr(machine, "_rates", rates)
+    peaks = machine.measure_peaks(matmul_n=16, stream_mib=1, sample_s=0.2, rounds=7)
+    assert (peaks.peak_flops, peaks.bandwidth) == (5e10, 3e10)
+    assert (peaks.matmul_n, peaks.stream_bytes, seen["sample_s"], seen["rounds"]) == (16, 2**20, 0.2, 7)
+    probes = seen["probes"]
+    assert {k: p.work for k, p in probes.items()} == {"matmul": 2.0 * 16**3, "sum": 2.0**20, "copy": 2.0**21}
+    # Each iteration works on the carry: two iterations of the matmul are two chained products.
+    mm = probes["matmul"]
+    a, w = np.array(mm.init), np.array(mm.args[0])      # copies: the run consumes its carry
+    out = mm.run(2, mm.init, *mm.args)
+    np.testing.assert_allclose(np.asarray(out), np.tanh(np.tanh(a @ w) @ w), rtol=1e-4, atol=1e-5)

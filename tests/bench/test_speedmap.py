@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from bench import latency_map as sm
-from bench.costs import MachinePeaks, MachineRates
+from bench.costs.machine import MachinePeaks, MachineRates
 from narbench_core.errors import UserError
 from narbench_core.io import read_jsonl, write_jsonl
 from fakes import JittedDecoder, saved_figures

@@ -2,7 +2,7 @@
 
 Run: ``pytest tests/benchmarks/test_bench_train.py --benchmark-enable --benchmark-only -q -s``.
 - the machine's fp32 matmul peak: a jitted 2048 x 2048 matmul (best of the rounds, GFLOP/s);
-  MFU divides by the harness's own peak (``bench.costs.machine_peaks``), the one the roofline uses;
+  MFU divides by the harness's own peak (``bench.costs.machine.machine_peaks``), the one the roofline uses;
 - one `small` train step (8k vocab, a 4096-padded-token batch of shape [128, 32], target lengths
   drawn so ~18% of it is padding, like bible de-en's buckets) for AR and PaDIR (2 stages).
 ``extra_info`` holds target tokens/s and MFU = 6 x params x target tokens/s / peak. For PaDIR the
@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bench import costs
+from bench.costs.machine import machine_peaks
 from models import sharding
 from models.config import preset
 from models.t5 import count_params
@@ -80,7 +80,7 @@ def test_bench_train_step_small(benchmark, kind):
     seconds = benchmark.stats.stats.median          # a shared machine: min shows the uncontended speed
     best = benchmark.stats.stats.min
     tok_s = target_tokens / seconds
-    peak = PEAK.get("flops") or costs.machine_peaks().peak_flops
+    peak = PEAK.get("flops") or machine_peaks().peak_flops
     params = count_params(holder["state"].params)
     benchmark.extra_info.update(
         kind=kind, params=params, target_tokens_per_step=target_tokens,

@@ -60,10 +60,12 @@ def test_train_flops_sum_the_compiled_step_per_batch_shape(tmp_path, copy_data, 
     mix = batches.batches_per_shape()
     mean = sum(per_shape[f"{b}x{n}"] * count for (b, n), count in mix) / sum(c for _, c in mix)
     assert flops_per_step("toy", model(kind), cfg, data=copy_data) == pytest.approx(mean, rel=1e-12)
-    if kind == "ar":      # measured the same way for every kind: on a fake clock, every timed step takes 0.25 s
+    # Measured the same way for every kind (narbench_core.probe): on a fake clock every timed run takes 0.25 s,
+    # longer than sample_s, so each run is one step and each shape's median step 0.25 s.
+    if kind == "ar":
         ticks = iter(np.arange(0.0, 1000.0, 0.25))
         monkeypatch.setattr(models.train, "time", SimpleNamespace(perf_counter=lambda: float(next(ticks))))
-        assert seconds_per_step("toy", model(kind), cfg, data=copy_data, repeats=3) == pytest.approx(0.25)
+        assert seconds_per_step("toy", model(kind), cfg, data=copy_data, rounds=3) == pytest.approx(0.25)
     # One learning-curve point, at the last step, decoded with the kind's curve decoder.
     (point,) = curves.read_curve(out)
     assert point["step"] == 6 and 0.0 <= point["dev_bleu"] <= 100.0 and math.isfinite(point["dev_nll"])
