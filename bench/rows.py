@@ -99,6 +99,10 @@ FIGURES = (
     C("bleu_delta_ci"), C("bleu_delta_p_value"),
     C("agreement_with_ar_greedy", "= AR greedy", fixed(3), None, optional=True,
       doc="share of sentences whose hypothesis is identical to AR greedy's (1.0 for AR greedy itself)"),
+    C("exact_match", "exact match", fixed(3), True, optional=True,
+      doc="share of hypotheses equal to one of their source's valid targets (tasks that know them all)"),
+    C("mode_mixing", "mode mixing", fixed(3), False, optional=True,
+      doc="share of hypotheses with words of two or more different valid targets (bench.measure.quality)"),
     C("stutter_per_1k_words", "stutter /1k words", fixed(2), False),
     C("stutter_sentence_share", "stutter sentences", fixed(3), False, _share),
     C("length_ratio", "len ratio", fixed(2), doc="hypothesis words / words of the first reference, over the test set",
@@ -266,11 +270,13 @@ def compute_figures(hypotheses: Sequence[str], references: Sequence[Sequence[str
                     baseline_hypotheses: Sequence[str] | None = None, bootstrap_resamples: int = 1000,
                     seed: int = 0, score: bool = True, phase_ms: Sequence[Mapping[str, float]] | None = None,
                     host_syncs: Sequence[int] | None = None,
-                    solo_ms: Sequence[float | None] | None = None) -> dict[str, Any]:
+                    solo_ms: Sequence[float | None] | None = None,
+                    valid_targets: Sequence[Sequence[str]] | None = None) -> dict[str, Any]:
     """Every column of a row that follows from per-sentence data (``verify_run`` recomputes these);
     without ``score`` (timing only) the quality columns are None; without ``phase_ms`` (runs that
     predate phases) the phase columns are; without ``solo_ms`` (the solo check's latencies, None for
-    sentences outside its sample) the solo columns are."""
+    sentences outside its sample) the solo columns are; without ``valid_targets`` (every correct output
+    of each source, for tasks that know them) exact match and mode mixing are."""
     from bench.measure import quality, stats
 
     lat = stats.summarize(latencies_ms)
@@ -287,7 +293,7 @@ def compute_figures(hypotheses: Sequence[str], references: Sequence[Sequence[str
         "bleu": None, "bleu_signature": None, "chrf": None, "chrf_signature": None,
         "stutter_per_1k_words": None, "stutter_sentence_share": None, "length_ratio": None,
         "bleu_delta_vs_ar": None, "bleu_delta_ci": None, "bleu_delta_p_value": None,
-        "agreement_with_ar_greedy": None,
+        "agreement_with_ar_greedy": None, "exact_match": None, "mode_mixing": None,
         **phase_figures(phase_ms, host_syncs, lat.p50),
         **solo_figures(latencies_ms, solo_ms),
     }
@@ -300,6 +306,9 @@ def compute_figures(hypotheses: Sequence[str], references: Sequence[Sequence[str
     out.update(bleu=q.bleu, bleu_signature=q.bleu_signature, chrf=q.chrf, chrf_signature=q.chrf_signature,
                stutter_per_1k_words=q.stutter_per_1k_words, stutter_sentence_share=q.stutter_sentence_share,
                length_ratio=q.length_ratio)
+    if valid_targets is not None:
+        out.update(exact_match=quality.exact_match(hypotheses, valid_targets),
+                   mode_mixing=quality.mode_mixing(hypotheses, valid_targets))
     if baseline_hypotheses is not None:
         same = [a == b for a, b in zip(hypotheses, baseline_hypotheses)]
         out["agreement_with_ar_greedy"] = float(np.mean(same)) if same else None

@@ -50,6 +50,8 @@ class Deps:
     # The decoder factory a timing worker process calls, (family, ckpt dir, spec, **options) -> Decoder;
     # it must pickle by reference. None: systems are timed in this process (fakes holding state).
     worker_factory: Callable[..., Any] | None = None
+    # (task, split) -> every correct output of each source (tasks that know them), or None
+    valid_targets: Callable[[str, str], list[list[str]] | None] = lambda task, split: None
 
 
 def real_configs(spec: SuiteSpec, cell: TrainCell) -> tuple[Any, Any]:
@@ -94,8 +96,12 @@ def real_deps() -> Deps:
         per_step = {"flops": _train.flops_per_step, "seconds": _train.seconds_per_step}[match]
         return per_step(task, model_config, train_config)
 
+    def valid_targets(task, split):
+        from suites.tasks import valid_targets as _valid
+        return _valid(task, split)
+
     return Deps(train, distill, families.load_decoder, load_text, target_lang, real_configs, train_record, train_curve,
-                step_cost, worker_factory=families.load_decoder)
+                step_cost, worker_factory=families.load_decoder, valid_targets=valid_targets)
 
 
 MATCHED = {"flops": "train_flops", "seconds": "train_seconds"}   # a budget's match -> the record it equals
@@ -112,6 +118,7 @@ class TestData:
     indices: list[int]              # positions in the full split (after the cap)
     sources: list[str]
     references: list[list[str]]     # every reference stream, each aligned with sources
+    valid: list[list[str]] | None = None   # every correct output of each source (tasks that know them)
 
 
 def load_test_data(spec: SuiteSpec, deps: Deps, task: str, split: str, multi_ref: bool) -> TestData:
@@ -134,7 +141,9 @@ def load_test_data(spec: SuiteSpec, deps: Deps, task: str, split: str, multi_ref
     if cap and cap < n:
         rng = np.random.default_rng(spec.seeds[0])
         idx = sorted(int(i) for i in rng.choice(n, size=cap, replace=False))
-    return TestData(task, split, idx, [sources[i] for i in idx], [[s[i] for i in idx] for s in streams])
+    valid = deps.valid_targets(task, split)
+    return TestData(task, split, idx, [sources[i] for i in idx], [[s[i] for i in idx] for s in streams],
+                    None if valid is None else [valid[i] for i in idx])
 
 
 @dataclass(frozen=True)
@@ -339,7 +348,7 @@ class Runner:
             **dict(system.info), "batch_size": spec.batch_size,
             **compute_figures(t.hypotheses, refs, t.latencies_ms, t.passes, target_lang, base_lat, base_hyp,
                       spec.bootstrap_resamples, spec.seeds[0], self.score, t.phase_ms or None,
-                      None if t.host_syncs is None else list(t.host_syncs), _solo(t)),
+                      None if t.host_syncs is None else list(t.host_syncs), _solo(t), data.valid),
             "bleurt": self._bleurt(refs[0], t.hypotheses) if self.score else None,
             "compile_s": timed.compile_s[system.name], "platform": m.platform, "phase": m.phase,
             "repeats": m.repeats, "turn": m.turn, "target_lang": target_lang, "n_references": len(refs),
@@ -447,6 +456,8 @@ def _samples(system: str, target: "Target", data: TestData, m: Any) -> list[dict
             sample["phase_ms"], sample["host_syncs"] = t.phase_ms[j], int(t.host_syncs[j])
         if len(refs) > 1:
             sample["references"] = [r[j] for r in refs]
+        if data.valid is not None:
+            sample["valid_targets"] = data.valid[j]
         if m.repeats > 1:
             sample["latency_raw_ms"] = [float(x) for x in t.raw_ms[:, j]]
         if t.solo_ms is not None and not np.isnan(t.solo_ms[j]):

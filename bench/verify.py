@@ -60,7 +60,8 @@ def verify_run(run_dir) -> list[str]:
             settings["bootstrap_resamples"], settings["seed"], score=row.bleu is not None,
             phase_ms=[s["phase_ms"] for s in g] if all("phase_ms" in s for s in g) else None,
             host_syncs=[s["host_syncs"] for s in g] if all("host_syncs" in s for s in g) else None,
-            solo_ms=[s.get("solo_latency_ms") for s in g])
+            solo_ms=[s.get("solo_latency_ms") for s in g],
+            valid_targets=[s["valid_targets"] for s in g] if all("valid_targets" in s for s in g) else None)
         for name, value in recomputed.items():
             if row[name] is None and name in predates:      # a figure added after the row was written
                 continue

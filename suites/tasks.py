@@ -205,6 +205,16 @@ def load_text(name: str, split: str) -> tuple[list[str], list[list[str]]]:
     return list(src), [list(r) for r in refs]
 
 
+def valid_targets(name: str, split: str) -> list[list[str]] | None:
+    """Every correct output of each source of a split (``out[i]``: sentence i's), for tasks that know
+    them all (the synthetic dial: one target per mode); None for tasks whose references are examples."""
+    base = _spec(source_task(name))
+    if base.family != "synthetic":
+        return None
+    _, refs = load_text(base.name, split)
+    return [list(targets) for targets in zip(*refs)]
+
+
 def _cacheable(name: str, split: str) -> bool:
     """Small texts are kept in memory; WMT texts (millions of pairs) are read each time."""
     spec = _spec(name)

@@ -6,6 +6,11 @@
   ``c_x(w,w)`` counts adjacent identical word pairs; words are whitespace tokens, and for Chinese
   targets single non-space characters (Chinese is written without spaces). With several reference
   streams, r is the first one (the task's own target).
+- Valid targets (tasks that know every correct output of a source, e.g. the synthetic dial): exact
+  match is the share of hypotheses equal (up to whitespace) to one of their source's valid targets;
+  mode mixing is the share of hypotheses with words that belong to two or more different valid targets
+  only (a word of target A found in no other target, and one of target B): parallel decoding's failure
+  on multimodal outputs, measured directly. Sentences with one valid target cannot mix modes.
 - Paired bootstrap (Koehn 2004): sentences are resampled with replacement (same indices for both
   systems); BLEU is recomputed from summed per-sentence sufficient statistics. CI = percentile
   interval of the resampled deltas; p-value = two-sided test against the centred resampled deltas,
@@ -28,6 +33,8 @@ METRICS: dict[str, bool] = {
     "bleu": True,
     "chrf": True,
     "bleurt": True,
+    "exact_match": True,
+    "mode_mixing": False,
     "bleu_delta_vs_ar": True,
     "stutter_per_1k_words": False,
     "stutter_sentence_share": False,
@@ -191,6 +198,37 @@ class QualityScores:
     stutter_per_1k_words: float
     stutter_sentence_share: float
     length_ratio: float
+
+
+def _normal(text: str) -> str:
+    return " ".join(text.split())
+
+
+def exact_match(hypotheses: Sequence[str], valid_targets: Sequence[Sequence[str]]) -> float:
+    """Share of hypotheses equal to one of their source's valid targets (``valid_targets[i]``)."""
+    if len(hypotheses) != len(valid_targets):
+        raise UserError(f"{len(hypotheses)} hypotheses but valid targets for {len(valid_targets)} sources")
+    if not hypotheses:
+        return 0.0
+    hits = sum(_normal(h) in {_normal(v) for v in valid} for h, valid in zip(hypotheses, valid_targets))
+    return hits / len(hypotheses)
+
+
+def mixes_modes(hypothesis: str, valid: Sequence[str]) -> bool:
+    """Does the hypothesis hold words of two or more valid targets that no other valid target has?"""
+    vocab = [set(words(v)) for v in valid]
+    own = [w - set().union(*(o for j, o in enumerate(vocab) if j != i)) for i, w in enumerate(vocab)]
+    found = set(words(hypothesis))
+    return sum(bool(found & mine) for mine in own) >= 2
+
+
+def mode_mixing(hypotheses: Sequence[str], valid_targets: Sequence[Sequence[str]]) -> float:
+    """Share of hypotheses that mix modes (``mixes_modes``)."""
+    if len(hypotheses) != len(valid_targets):
+        raise UserError(f"{len(hypotheses)} hypotheses but valid targets for {len(valid_targets)} sources")
+    if not hypotheses:
+        return 0.0
+    return sum(mixes_modes(h, valid) for h, valid in zip(hypotheses, valid_targets)) / len(hypotheses)
 
 
 def length_ratio(hypotheses: Sequence[str], references: Sequence[str], characters: bool = False) -> float:

@@ -176,3 +176,20 @@ def test_metric_registry():
     assert not quality.higher_is_better("stutter_per_1k_words")
     with pytest.raises(UserError, match="known metrics"):
         quality.higher_is_better("blue")
+
+
+def test_exact_match_and_mode_mixing_against_every_valid_target():
+    # Two modes per source, as the synthetic dial makes them: other words, other order.
+    valid = [["ka lo mi", "zu pe ra"], ["ti", "bo"], ["ne sa"]]
+    hyps = ["ka  lo mi", "ti", "ne"]                  # one of the targets (spacing aside); one; neither
+    assert quality.exact_match(hyps, valid) == pytest.approx(2 / 3)
+    assert quality.exact_match(["zu pe ra", "bo", "ne sa"], valid) == 1.0
+    # Words of both modes in one output mix them; words of one mode in the wrong order do not.
+    assert quality.mixes_modes("ka pe mi", valid[0]) and not quality.mixes_modes("mi lo ka", valid[0])
+    assert not quality.mixes_modes("ka xx", valid[0]) and not quality.mixes_modes("ne sa ne", valid[2])
+    # Words that two targets share belong to neither mode alone.
+    assert not quality.mixes_modes("a b", ["a b", "a c"]) and quality.mixes_modes("b c", ["a b", "a c"])
+    assert quality.mode_mixing(["ka pe mi", "ti bo", "ne sa"], valid) == pytest.approx(2 / 3)
+    with pytest.raises(UserError, match="valid targets for 3 sources"):
+        quality.exact_match(["a"], valid)
+    assert quality.higher_is_better("exact_match") and not quality.higher_is_better("mode_mixing")

@@ -92,12 +92,12 @@ def test_length_bonus_is_a_decoding_axis(tmp_path):
 def test_exclude_drops_combinations_and_their_unused_models(tmp_path):
     path = tmp_path / "exclude.toml"
     path.write_text(SPEC.replace("length_hyps = [3]", "length_hyps = [1, 3]\n"
-                                 "exclude = [{distill = false, length_hyps = 1}, {steps = 1, length_hyps = 3}]"))
+                                 "exclude = [{distill = false, length_hyps = 1}, {iterations = 1, length_hyps = 3}]"))
     plan = expand(load_spec(path))
     assert [s.name for s in plan.systems if s.family == "padir"] == [
         "padir-s4-u0.15-k3", "padir-s1-u0.15-distill-k1", "padir-s4-u0.15-distill-k1", "padir-s4-u0.15-distill-k3"]
     path.write_text(SPEC.replace("length_hyps = [3]", "length_hyps = [1, 3]\n"
-                                 "exclude = [{distill = false, length_hyps = 1}, {steps = [1, 2], length_hyps = 3}]"))
+                                 "exclude = [{distill = false, length_hyps = 1}, {iterations = [1, 2], length_hyps = 3}]"))
     assert [s.name for s in expand(load_spec(path)).systems if s.family == "padir"] == [
         "padir-s4-u0.15-k3", "padir-s1-u0.15-distill-k1", "padir-s4-u0.15-distill-k1", "padir-s4-u0.15-distill-k3"]
     path.write_text(SPEC.replace("length_hyps = [3]", "length_hyps = [1, 3]\nexclude = [{distill = false}]"))

@@ -37,6 +37,8 @@ def test_smoke_suite_end_to_end(tmp_path, capsys):
         assert row.checkpoint.startswith("checkpoints/")   # named under the data root: no machine path
         if row.paradigm == "nar":
             assert 1 <= row["passes_mean"] <= row["iterations"]
+        # synthetic_d0 knows every valid target of a source (one): exact match is scored, no mode can mix
+        assert 0.0 <= row.exact_match <= 1.0 and row.mode_mixing == 0.0
         # each system timed in its own worker process, then alone (the solo check)
         assert row.isolated and row.worker_peak_rss_mb > 0 and row.engine_threads >= 1
         assert row.solo_p50_ms > 0 and row.interference > 0
