@@ -12,11 +12,12 @@ from pathlib import Path
 from typing import Sequence
 
 from bench import store as st
-from bench.report.plots import (BLEU_VS_ITERATIONS, CURVE_PLOT, LATENCY_CDF, PARETO, PLOTS, plot_bleu_vs_iterations, plot_latency_cdf, plot_learning_curves,
+from bench.report.plots import (BLEU_VS_ITERATIONS, CURVE_PLOT, DIAL_PLOT, LATENCY_CDF, PARETO, PLOTS,
+                                plot_bleu_vs_iterations, plot_dial, plot_latency_cdf, plot_learning_curves,
                                 plot_pareto)
 from bench.report.tables import (LATENCY_TABLE, LEADERBOARD, fastest_ar, isolation_note, markdown_table,
-                                 render_budgets, render_grid, render_isolation, render_phases, system_order,
-                                 test_sets)
+                                 render_budgets, render_grid, render_isolation, render_modes, render_phases,
+                                 system_order, test_sets, valid_target_counts)
 from bench.rows import P99_MIN_N, Row, column
 from narbench_core.errors import UserError
 from narbench_core.io import write_text
@@ -130,6 +131,7 @@ def render_leaderboard(rows: list[Row], info: dict, env: dict, run_dir: Path, sa
     verdict = stutter_verdict(rows)
     if verdict:
         lines.extend([verdict, ""])
+    lines.extend(render_modes(rows, samples))
     lines.extend(isolation_note(rows))
     lines.extend(fastest_ar(rows, samples))
     lines.extend(["ΔBLEU: paired bootstrap against AR greedy; * p < 0.05, ** p < 0.01. Bold: the best value of a "
@@ -157,7 +159,7 @@ def render_leaderboard(rows: list[Row], info: dict, env: dict, run_dir: Path, sa
     lines.extend(["## Files", "", "- [table.md](table.md) (paper layout), [rows.jsonl](rows.jsonl), "
                   "[samples.jsonl](samples.jsonl), [spec.toml](spec.toml), [env.json](env.json)"
                   + (f", [{st.CURVES}]({st.CURVES})" if (run_dir / st.CURVES).is_file() else ""),
-                  *(f"- ![{p}]({p})" for p in (*PLOTS, CURVE_PLOT) if (run_dir / p).is_file()), ""])
+                  *(f"- ![{p}]({p})" for p in (*PLOTS, CURVE_PLOT, DIAL_PLOT) if (run_dir / p).is_file()), ""])
     theory = _theory_links(run_dir)
     if theory:
         lines.extend(["## Theory suites", "", *theory, ""])
@@ -185,6 +187,10 @@ def write_report(run_dir: str | Path) -> list[Path]:
     curves = run.curves()
     if curves:
         plot_learning_curves(curves, run.path / CURVE_PLOT)
+    modes = valid_target_counts(samples)
+    if len(set(modes.values())) > 1:
+        plot_dial(rows, modes, run.path / DIAL_PLOT)
     write_text(run.path / "table.md", render_table(rows, info, env))
     write_text(run.path / "leaderboard.md", render_leaderboard(rows, info, env, run.path, samples))
-    return [run.path / "table.md", run.path / "leaderboard.md", *(run.path / p for p in (*PLOTS, CURVE_PLOT) if (run.path / p).is_file())]
+    return [run.path / "table.md", run.path / "leaderboard.md",
+            *(run.path / p for p in (*PLOTS, CURVE_PLOT, DIAL_PLOT) if (run.path / p).is_file())]

@@ -7,8 +7,8 @@ import math
 from pathlib import Path
 
 from bench import families
-from bench.report.tables import system_order, test_sets
-from bench.rows import Row
+from bench.report.tables import MODES_METRICS, system_order, test_sets
+from bench.rows import Row, column
 
 PARETO, LATENCY_CDF, BLEU_VS_ITERATIONS = "pareto.png", "latency_cdf.png", "bleu_vs_iterations.png"
 PLOTS = (PARETO, LATENCY_CDF, BLEU_VS_ITERATIONS)
@@ -211,4 +211,53 @@ def plot_bleu_vs_iterations(rows: list[Row], path: Path) -> None:
     fig.suptitle("Quality vs refinement iterations")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+DIAL_PLOT = "dial.png"      # drawn when test sets differ in their number of valid targets (the dependency dial)
+
+
+def plot_dial(rows: list[Row], modes: dict[str, int], path: Path) -> None:
+    """The dial: each metric of ``tables.MODES_METRICS`` (one row of panels each) against the test
+    sets' number of valid targets, models trained on the task's data (left) and on a teacher's outputs
+    (right); systems of the other side (no model of their own there, e.g. AR) appear in both as dotted
+    references. One line per system."""
+    import matplotlib.pyplot as plt
+
+    scored = [r for r in rows if r.test_set in modes and r.bleu is not None]
+    xs = sorted(set(modes.values()))
+    fig, axes = plt.subplots(len(MODES_METRICS), 2, figsize=(11, 3.2 * len(MODES_METRICS)), squeeze=False,
+                             sharey="row")
+    lines: dict[str, list[Row]] = {}
+    for r in scored:
+        lines.setdefault(r.system, []).append(r)
+    distilled_families = {r.family for r in scored if r.distill}
+    label = {s: families.get(rs[0].family).point_label(rs[0]) for s, rs in lines.items()}
+    shades = sorted({label[s] for s, rs in lines.items() if rs[0].family in distilled_families},
+                    key=lambda text: (len(text), text))          # T=1, T=2, T=4, T=10: one colour each, both sides
+    cmap = plt.get_cmap("viridis")
+    for j, distill in enumerate((False, True)):
+        own = [s for s, rs in lines.items() if bool(rs[0].distill) == distill and rs[0].family in distilled_families]
+        for i, name in enumerate(MODES_METRICS):
+            ax = axes[i][j]
+            for k, (system, rs) in enumerate(sorted(lines.items())):
+                if system not in own and rs[0].family in distilled_families:
+                    continue
+                rs = sorted(rs, key=lambda r: modes[r.test_set])
+                pts = [(modes[r.test_set], r[name]) for r in rs if r[name] is not None]
+                if not pts:
+                    continue
+                style = ({"color": cmap(shades.index(label[system]) / max(len(shades) - 1, 1) * 0.85), "ls": "-"}
+                         if system in own else {"color": families.get(rs[0].family).style(rs[0])["color"], "ls": ":"})
+                ax.plot(*zip(*pts), marker="o", lw=1.5, label=label[system] if system in own else system, **style)
+            ax.set_xticks(xs)
+            ax.set_xlabel("valid targets per source (modes)")
+            ax.set_ylabel(column(name).header)
+            ax.grid(alpha=0.3)
+            if i == 0:
+                ax.set_title("trained on the teacher's outputs (distilled)" if distill else "trained on the data")
+                ax.legend(fontsize=7, loc="best")
+    fig.suptitle("The dependency dial: quality as targets get more modes")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -218,3 +218,38 @@ def fastest_ar(rows: Sequence[Row], samples: Sequence[dict]) -> list[str]:
                          f"{rival.latency_p50_ms:.1f}", cell])
         lines.extend([*table(FASTEST_AR, body, "lrrl"), ""])
     return lines
+
+
+MODES_METRICS = ("exact_match", "bleu", "mode_mixing", "stutter_per_1k_words")   # the dial's figures
+
+
+def valid_target_counts(samples: Sequence[dict]) -> dict[str, int]:
+    """Test set -> its number of modes: the most valid targets a source of it has (test sets whose
+    samples carry ``valid_targets``, i.e. tasks that know every correct output)."""
+    out: dict[str, int] = {}
+    for s in samples:
+        if "valid_targets" in s:
+            out[s["test_set"]] = max(out.get(s["test_set"], 0), len(s["valid_targets"]))
+    return out
+
+
+def render_modes(rows: Sequence[Row], samples: Sequence[dict]) -> list[str]:
+    """"By number of valid targets": per metric, each system (one line across tasks) by its test sets'
+    number of modes; [] unless two or more test sets differ in it (the dependency dial)."""
+    modes = valid_target_counts(samples)
+    by_modes = sorted(set(modes.values()))
+    if len(by_modes) < 2:
+        return []
+    order = system_order(rows)
+    cell = {(r.system, modes[r.test_set]): r for r in rows if r.test_set in modes}
+    systems = [s for s in order if any((s, m) in cell for m in by_modes)]
+    lines = ["## By number of valid targets", "",
+             "Each test set's sources have this many equally valid targets (the task's modes); every system is "
+             "scored against all of them. " + "; ".join(
+                 f"{column(n).header}: {column(n).doc}" for n in ("exact_match", "mode_mixing")) + ".", ""]
+    for name in MODES_METRICS:
+        col = column(name)
+        body = [[s, *(col.cell(cell[s, m]) if (s, m) in cell else "–" for m in by_modes)] for s in systems]
+        lines.extend([f"**{col.header}**", "", *table(["system", *(f"{m} mode{'s' * (m > 1)}" for m in by_modes)],
+                                                     body, "l"), ""])
+    return lines

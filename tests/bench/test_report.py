@@ -10,6 +10,7 @@ from bench.runner import Runner
 from bench.families import load_suite as load_spec
 from fakes import saved_figures
 from grid_fakes import fake_deps, fake_row
+from narbench_core import defaults as d
 
 
 FIGURES: dict = {}        # file name -> the matplotlib figure saved there (filled by run_dir)
@@ -166,3 +167,44 @@ def test_leaderboard_flags_rows_whose_speed_the_other_systems_changed():
     turned = tables.isolation_note([fake_row("ar-greedy", interference=1.0, isolated=True, turn=10)])[0]
     assert "each decoding 10 batches back to back when its turn came" in turned
     assert tables.isolation_note([fake_row("x")]) == []          # no solo check: nothing to say
+
+
+PADIR_DEFAULTS = dict(unmask_rate=d.UNMASK_RATE, length_hyps=d.LENGTH_HYPS, remask=d.REMASK, start=d.START,
+                      positional_attention=d.POSITIONAL_ATTENTION, stages=d.STAGES, init=d.INIT, recipe=d.RECIPE,
+                      glancing=d.GLANCING, length_predictor=d.LENGTH_PREDICTOR, length_bonus=d.LENGTH_BONUS)
+
+
+def _dial_rows():
+    """AR greedy and PaDIR at T = 1 and 4, raw and distilled, on three test sets of 1, 2 and 3 modes."""
+    rows, samples = [], []
+    for modes, ts in ((1, "d0:test"), (2, "d50:test"), (3, "d100:test")):
+        for system, family, paradigm, distill, t in (("ar-greedy", "ar", "ar", False, None),
+                                                     ("padir-s1", "padir", "nar", False, 1),
+                                                     ("padir-s4", "padir", "nar", False, 4),
+                                                     ("padir-s4-distill", "padir", "nar", True, 4)):
+            loss = 0.0 if family == "ar" else (modes - 1) * (0.3 if distill else 0.6) / (t or 1)
+            padir = {} if family == "ar" else PADIR_DEFAULTS
+            rows.append(fake_row(system, ts, family=family, paradigm=paradigm, distill=distill, iterations=t, **padir,
+                                 bleu=90 - 30 * loss, exact_match=0.95 - loss, mode_mixing=loss / 2,
+                                 stutter_per_1k_words=10 * loss, baseline_system="ar-greedy", variant=None))
+        samples += [{"system": "ar-greedy", "test_set": ts, "index": i, "valid_targets": ["x"] * modes}
+                    for i in range(3)]
+    return rows, samples
+
+
+def test_the_dial_section_and_plot_read_each_system_by_its_number_of_modes(tmp_path):
+    rows, samples = _dial_rows()
+    assert tables.valid_target_counts(samples) == {"d0:test": 1, "d50:test": 2, "d100:test": 3}
+    text = "\n".join(tables.render_modes(rows, samples))
+    assert "## By number of valid targets" in text and "| system | 1 mode | 2 modes | 3 modes |" in text
+    assert "| padir-s1 | 0.950 | 0.350 | -0.250 |" in text              # exact match, by modes
+    assert tables.render_modes(rows, samples[:3]) == []                    # one number of modes: no dial
+    with saved_figures() as figures:
+        plots.plot_dial(rows, tables.valid_target_counts(samples), tmp_path / plots.DIAL_PLOT)
+    fig = figures[plots.DIAL_PLOT]
+    panels = [ax for ax in fig.axes if ax.get_visible()]
+    assert len(panels) == 2 * len(tables.MODES_METRICS)
+    raw, distilled = panels[0], panels[1]                                  # exact match: raw | distilled
+    labels = lambda ax: {line.get_label() for line in ax.get_lines()}     # noqa: E731
+    assert labels(raw) == {"T=1", "T=4", "ar-greedy"} and labels(distilled) == {"T=4", "ar-greedy"}
+    assert all(list(line.get_xdata()) == [1, 2, 3] for line in raw.get_lines())
