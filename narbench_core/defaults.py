@@ -45,6 +45,8 @@ CURVE_RISE = 0.5               # "still improving": dev BLEU rose by more than t
 CURVE_TAIL = 0.2               # ... over this last share of the training steps
 
 # -- timing -----------------------------------------------------------------------------------------
+LEARNED_BLEU = 5.0             # a baseline (AR greedy) below this test BLEU has not learned the task: the
+                               # leaderboard says so and shows no speedups against it
 INTERFERENCE_OK = (0.9, 1.1)   # in-suite p50 / solo p50 outside this range: the leaderboard flags the row
 
 # -- shapes ------------------------------------------------------------------------------------------

@@ -19,6 +19,7 @@ from bench.report.tables import (LATENCY_TABLE, LEADERBOARD, fastest_ar, isolati
                                  render_budgets, render_grid, render_isolation, render_modes, render_phases,
                                  system_order, test_sets, valid_target_counts)
 from bench.rows import P99_MIN_N, Row, column
+from narbench_core import defaults
 from narbench_core.errors import UserError
 from narbench_core.io import write_text
 
@@ -112,6 +113,20 @@ def _phase_words(phase: str) -> str:
     return "device-only (the jitted part and the wait)" if phase == "device" else "end-to-end (tokenize to detokenize)"
 
 
+SPEEDUP_COLUMNS = ("speedup_p50_vs_ar", "bleu_delta_vs_ar")      # comparisons with the baseline
+
+
+def not_learned(rows: Sequence[Row]) -> str | None:
+    """The line a leaderboard prints when a test set's baseline (AR greedy) scores below
+    ``defaults.LEARNED_BLEU``: its models have not learned the task, so no comparison is shown."""
+    base = next((r for r in rows if r.system == r.baseline_system and r.bleu is not None), None)
+    if base is None or base.bleu >= defaults.LEARNED_BLEU:
+        return None
+    return (f"**Not learned:** {base.system} scores {base.bleu:.2f} BLEU here, below {defaults.LEARNED_BLEU:g}: the "
+            "models have not learned this task at this budget, so speedups and deltas against it are not shown "
+            "(train longer, e.g. `until = \"plateau\"`).")
+
+
 def render_leaderboard(rows: list[Row], info: dict, env: dict, run_dir: Path, samples: Sequence[dict] = ()) -> str:
     r0 = rows[0]
     lines = [f"# Leaderboard: {info['suite']} (run {info['run_id']})", "",
@@ -125,7 +140,10 @@ def render_leaderboard(rows: list[Row], info: dict, env: dict, run_dir: Path, sa
     names = [n for n in LEADERBOARD if has_bleurt or n != "bleurt"]
     for ts in test_sets(rows):
         ts_rows = sorted((r for r in rows if r.test_set == ts), key=lambda r: -(r.bleu if r.bleu is not None else -1e9))
-        lines.extend([f"## {ts}", "", *markdown_table(ts_rows, names, rank=True), ""])
+        unlearned = not_learned(ts_rows)
+        shown = [n for n in names if not (unlearned and n in SPEEDUP_COLUMNS)]
+        lines.extend([f"## {ts}", "", *([unlearned, ""] if unlearned else []),
+                      *markdown_table(ts_rows, shown, rank=True), ""])
     if not has_bleurt:
         lines.extend([f"BLEURT: {NO_BLEURT} (pass `--bleurt-checkpoint DIR` or set NARBENCH_BLEURT).", ""])
     verdict = stutter_verdict(rows)

@@ -208,3 +208,18 @@ def test_the_dial_section_and_plot_read_each_system_by_its_number_of_modes(tmp_p
     labels = lambda ax: {line.get_label() for line in ax.get_lines()}     # noqa: E731
     assert labels(raw) == {"T=1", "T=4", "ar-greedy"} and labels(distilled) == {"T=4", "ar-greedy"}
     assert all(list(line.get_xdata()) == [1, 2, 3] for line in raw.get_lines())
+
+
+def test_a_baseline_that_has_not_learned_gets_one_line_and_no_speedups(tmp_path):
+    def rows(ar_bleu):
+        common = dict(baseline_system="ar-greedy", phase="end_to_end", batch_size=1, platform="cpu", n_sentences=500,
+                      speedup_p50_vs_ar=4.0, suite="quick")
+        return [fake_row("ar-greedy", "t", family="ar", bleu=ar_bleu, **{**common, "speedup_p50_vs_ar": 1.0}),
+                fake_row("padir-s1", "t", family="padir", bleu=0.1, **common)]
+
+    info, env = {"suite": "quick", "run_id": "r"}, {}
+    unlearned = pages.render_leaderboard(rows(0.9), info, env, tmp_path)
+    assert "**Not learned:** ar-greedy scores 0.90 BLEU here, below 5" in unlearned
+    assert "speedup p50" not in unlearned.split("## Reproduce")[0]
+    learned = pages.render_leaderboard(rows(20.0), info, env, tmp_path)
+    assert "Not learned" not in learned and "speedup p50" in learned
