@@ -15,7 +15,7 @@ not in it; ``eval_seconds`` is the point's own). A resumed training keeps the po
 resumes from. ``dev_nll``: the training loss's token NLL (mean per target token, no label smoothing,
 no dropout; PaDIR: its last stage, on seeded training noise). ``dev_bleu``: SacreBLEU (tokenizer
 ``13a``, ``zh`` for Chinese targets) of the decoder in ``CURVE_DECODERS`` against the task's own
-references, decoder options at their defaults except PaDIR's length hypotheses
+references (and every other valid target, for tasks that know them all: the synthetic dial), decoder options at their defaults except PaDIR's length hypotheses
 (``defaults.CURVE_LENGTH_HYPS``).
 """
 from __future__ import annotations
@@ -46,6 +46,7 @@ class DevSet:
     references: tuple[str, ...]      # one reference per source (the task's own)
     vocab: Any                       # the SentencePiece vocabulary the model was trained with
     tokenize: str = "13a"            # SacreBLEU tokenizer: "zh" for Chinese targets
+    others: tuple[tuple[str, ...], ...] = ()   # further reference streams BLEU also scores against
 
     def __post_init__(self):
         if not self.sources or len(self.sources) != len(self.references):
@@ -67,8 +68,11 @@ def dev_set(task: str, n: int = defaults.CURVE_SENTENCES, seed: int = DEV_SEED, 
     idx = np.arange(len(sources))
     if n < len(sources):
         idx = np.sort(np.random.default_rng(seed).choice(len(sources), size=n, replace=False))
+    # A task that knows every valid target of a source (the synthetic dial) is scored against all of them.
+    others = references[1:] if tasks.valid_targets(base, "dev") is not None else []
     return DevSet(tuple(sources[i] for i in idx), tuple(references[0][i] for i in idx),
-                  tasks.get_vocabulary(base), langs.bleu_tokenizer(tasks.task_info(base).target_lang))
+                  tasks.get_vocabulary(base), langs.bleu_tokenizer(tasks.task_info(base).target_lang),
+                  tuple(tuple(r[i] for i in idx) for r in others))
 
 
 class DevEvaluator:
@@ -147,8 +151,8 @@ class DevEvaluator:
     def bleu(self, hypotheses: Sequence[str]) -> float:
         import sacrebleu
 
-        return float(sacrebleu.corpus_bleu(list(hypotheses), [list(self.dev.references)],
-                                           tokenize=self.dev.tokenize).score)
+        streams = [list(self.dev.references), *(list(r) for r in self.dev.others)]
+        return float(sacrebleu.corpus_bleu(list(hypotheses), streams, tokenize=self.dev.tokenize).score)
 
     def __call__(self, params, step: int | None = None) -> dict[str, float]:
         """The curve point's scores of ``params`` (reached at ``step``; the scores do not depend on it)."""

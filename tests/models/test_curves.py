@@ -122,3 +122,15 @@ def test_curve_points_at_the_interval_survive_a_resume(tmp_path, copy_data, dev,
 def test_in_memory_training_with_curves_needs_a_dev_set(tmp_path, copy_data, ar_config):
     with pytest.raises(UserError, match="dev set"):
         train("toy", ar_config, config(2, eval_every=1), tmp_path / "x", progress=False, data=copy_data)
+
+
+def test_a_task_that_knows_every_valid_target_scores_dev_bleu_against_all_of_them():
+    dial = curves.dev_set("synthetic_d100", n=20)
+    assert len(dial.others) == 2 and all(len(r) == 20 for r in dial.others)
+    assert curves.dev_set("synthetic_d0", n=20).others == ()
+    # An output that is another valid target than the task's own scores 100 against all of them.
+    other_mode = list(dial.others[0])
+    score = lambda dev, hyps: curves.DevEvaluator.bleu(SimpleNamespace(dev=dev), hyps)   # noqa: E731
+    assert score(dial, other_mode) == pytest.approx(100.0)
+    single = curves.DevSet(dial.sources, dial.references, dial.vocab)
+    assert score(single, other_mode) < 50.0
