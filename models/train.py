@@ -361,9 +361,10 @@ def train(task: str, model_config: ModelConfig, train_config: TrainConfig, out_d
     out_dir = Path(out_dir) if out_dir is not None else checkpoint_dir_for(task, model_config, train_config, init_from)
     out_dir.mkdir(parents=True, exist_ok=True)
     meta = checkpoint.read_meta(out_dir)
+    if meta and (meta.get("model_config") != model_config.to_dict() or meta.get("train_config") != cfg.to_dict()):
+        state = "finished" if meta.get("complete") else "unfinished"
+        raise UserError(f"{out_dir} holds a different {state} training; choose another --out (or delete it)")
     if meta and meta.get("complete"):
-        if meta.get("model_config") != model_config.to_dict() or meta.get("train_config") != cfg.to_dict():
-            raise UserError(f"{out_dir} holds a different finished training; choose another --out")
         return out_dir
 
     mesh = sharding.make_mesh() if mesh is None else mesh

@@ -160,3 +160,16 @@ def test_a_sigkill_mid_way_resumes_and_stops_at_the_same_step(tmp_path, uninterr
     assert _outcome(out) == _outcome(uninterrupted)
     assert json.loads((out / "narbench.json").read_text())["final_loss"] == pytest.approx(
         checkpoint.read_meta(uninterrupted)["final_loss"], rel=1e-6)
+
+
+def test_a_folder_holding_another_training_is_refused_in_one_line(tmp_path, uninterrupted):
+    space: dict = {"__name__": "training"}
+    exec(TRAINING, space)
+    other = space["config"].replace(patience=3)
+    with pytest.raises(UserError, match="holds a different finished training; choose another --out"):
+        space["train"]("toy", space["model"], other, uninterrupted, progress=False, data=space["data"],
+                       dev=space["scorer"])
+    checkpoint.write_meta(tmp_path, {**checkpoint.read_meta(uninterrupted), "complete": False})
+    with pytest.raises(UserError, match="holds a different unfinished training"):
+        space["train"]("toy", space["model"], other, tmp_path, progress=False, data=space["data"],
+                       dev=space["scorer"])
