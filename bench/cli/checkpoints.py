@@ -37,7 +37,8 @@ def register(sub) -> None:
     p.add_argument("--unmask-rate", type=float, help="PaDIR: share of target tokens kept correct (0.15)")
     p.add_argument("--stages", type=int, help="PaDIR: training stages (2)")
     p.add_argument("--recipe", choices=defaults.RECIPES,
-                   help=f"PaDIR: reference (fixed EOS, [LENGTH] query, stage-2 remasking) or plain (default {defaults.RECIPE})")
+                   help="PaDIR: reference (fixed EOS, [LENGTH] query, stage-2 remasking) or plain "
+                        f"(default {defaults.RECIPE})")
     p.add_argument("--glancing", action="store_true", default=None,
                    help=f"PaDIR: glancing training (GLAT; ratio {defaults.GLANCE_START:g} -> {defaults.GLANCE_END:g})")
     p.add_argument("--length-predictor", choices=defaults.LENGTH_PREDICTORS,

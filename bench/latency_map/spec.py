@@ -84,7 +84,8 @@ class MapSpec:
 
     def systems(self) -> list["MapSystem"]:
         return [MapSystem(AR_NAME, "greedy", 0, 1)] + [
-            MapSystem(f"padir-T{t}-k{k}", f"refine:{t}", int(t), int(k)) for k in self.length_hyps for t in self.iterations]
+            MapSystem(f"padir-T{t}-k{k}", f"refine:{t}", int(t), int(k))
+            for k in self.length_hyps for t in self.iterations]
 
 
 @dataclass(frozen=True)

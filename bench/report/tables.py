@@ -112,7 +112,8 @@ def render_budgets(rows: Sequence[Row]) -> list[str]:
                   "a warm-started one starts from (its total budget is both). Distill s: the teacher's decoding of "
                   "the distilled training data. Stopped by: plateau (dev BLEU stopped rising), cap (no plateau "
                   "within its steps) or steps (a set number). Len exact / ±2: dev sentences whose top predicted "
-                  "length is exact or within 2 tokens (models with a length predictor). Curves: learning_curves.png.", ""])
+                  "length is exact or within 2 tokens (models with a length predictor). Curves: "
+                  "learning_curves.png.", ""])
     return lines
 
 
