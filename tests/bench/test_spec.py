@@ -46,7 +46,7 @@ def write(tmp_path, text: str, name: str = "x.toml"):
 
 def test_builtin_suites_load_and_round_trip():
     names = builtin_specs()
-    assert {"smoke", "quick", "default", "anchors", "ablation", "paper"} <= set(names)
+    assert {"smoke", "quick", "dial", "default", "anchors", "ablation", "paper"} <= set(names)
     for name in names:
         spec = load_spec(name)
         again = parse_spec(tomllib.loads(spec.to_toml()), "round-trip")
