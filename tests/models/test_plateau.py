@@ -137,12 +137,14 @@ def uninterrupted(tmp_path_factory):
     return out
 
 
+@pytest.mark.slow
 def test_training_stops_at_the_predicted_step(uninterrupted):
     # Fires at step 14 (two flat evaluations after the best, 30 BLEU at step 10), then decays for
     # 0.5 x 14 = 7 steps: stops at 21, evaluated there too.
     assert _outcome(uninterrupted) == (21, True, "plateau", 30.0, 14, [2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 21])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kill_at", [10, 18])       # before the rule fires; in the decay phase
 def test_a_sigkill_mid_way_resumes_and_stops_at_the_same_step(tmp_path, uninterrupted, kill_at):
     out = tmp_path / "killed"
@@ -162,6 +164,7 @@ def test_a_sigkill_mid_way_resumes_and_stops_at_the_same_step(tmp_path, uninterr
         checkpoint.read_meta(uninterrupted)["final_loss"], rel=1e-6)
 
 
+@pytest.mark.slow
 def test_a_folder_holding_another_training_is_refused_in_one_line(tmp_path, uninterrupted):
     space: dict = {"__name__": "training"}
     exec(TRAINING, space)
