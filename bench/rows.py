@@ -172,7 +172,7 @@ TRAINING = (                                         # the system's trained mode
       doc="the best dev BLEU of the model's learning curve (its curve decoder, the task's own references)"),
     C("still_improving", "still improving", yes_no,
       doc=f"no when the plateau rule stopped it; else: dev BLEU rose by more than {defaults.CURVE_RISE:g} over "
-          f"the last {defaults.CURVE_TAIL:.0%} of the training steps (bench.curves.still_improving)",
+          f"the last {defaults.CURVE_TAIL:.0%} of the training steps (bench.measure.learning.still_improving)",
       optional=True),
 )
 ENV = (C("device_kind"), C("cpu_model"), C("threads"), C("jax_version"), C("flax_version"), C("git_commit"),

@@ -22,7 +22,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from bench import curves, families
+from bench import families
+from bench.measure import learning
 from bench.families import System, TrainCell
 from bench.plan import Plan, expand, needed_cells
 from bench.rows import SCHEMA_VERSION, Row, columns, compute_figures
@@ -261,14 +262,14 @@ class Runner:
         record = self.deps.train_record(path) or {}
         points = self.deps.train_curve(path)
         if save and points and self.store is not None:
-            self.store.save_curve(cell.label, curves.records(cell.label, cell.family, points))
+            self.store.save_curve(cell.label, learning.records(cell.label, cell.family, points))
         return {"model": cell.label, "train_steps": record.get("steps_done"),
                 "train_tokens": record.get("target_tokens"), "train_seconds": record.get("train_seconds"),
                 "train_flops": record.get("train_flops"),
                 "warm_start_seconds": (record.get("init") or {}).get("source_train_seconds"),
                 "distill_seconds": None if distilled is None else distilled.get("seconds"),
                 "stopped_by": record.get("stopped_by"), "best_dev_bleu": record.get("best_dev_bleu"),
-                "still_improving": curves.still_improving(points, record.get("stopped_by")),
+                "still_improving": learning.still_improving(points, record.get("stopped_by")),
                 "dev_length_exact": points[-1].get("dev_length_exact") if points else None,
                 "dev_length_within2": points[-1].get("dev_length_within2") if points else None}
 

@@ -93,7 +93,7 @@ class RunStore:
         write_json(file, record)
 
     def curves(self) -> list[dict]:
-        """``curves.jsonl``: learning-curve points of the run's trained models (``bench.curves``)."""
+        """``curves.jsonl``: learning-curve points of the run's trained models (``bench.measure.learning``)."""
         return read_jsonl(self.path / CURVES)
 
     def save_curve(self, model: str, records: list[dict]) -> None:

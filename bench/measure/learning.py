@@ -1,4 +1,4 @@
-"""Learning curves in a run folder: ``curves.jsonl`` and the "still improving" rule.
+"""How a training went, as a run folder keeps it: ``curves.jsonl`` and the "still improving" rule.
 
 Every trained model's checkpoint folder holds its curve (``models.curves``: dev NLL and dev BLEU at
 regular training steps); the grid copies it into the run folder's ``curves.jsonl``, one record per

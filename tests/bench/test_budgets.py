@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from bench import curves, report, store as st
+from bench import report, store as st
+from bench.measure import learning
 from bench.report import plots
 from bench.costs import MachinePeaks
 from bench.families import load_suite
@@ -67,11 +68,11 @@ def test_rows_carry_the_budget_of_their_model_and_the_run_gets_curves(tmp_path):
     # The fake AR curve rises by 2 BLEU per fifth, the PaDIR ones are flat.
     assert ar.still_improving is True and padir.still_improving is False and distilled.still_improving is False
     points = store.curves()
-    assert len(points) == 3 * 5 and all(set(p) == set(curves.FIELDS) for p in points)
+    assert len(points) == 3 * 5 and all(set(p) == set(learning.FIELDS) for p in points)
     assert [p["step"] for p in points if p["model"] == AR_MODEL] == [1, 2, 3, 4, 5]
     assert {p["family"] for p in points if p["model"] == PADIR_MODEL} == {"padir"}
     # Re-running a finished grid (or resuming one) replaces a model's points, never duplicates them.
-    store.save_curve(AR_MODEL, curves.records(AR_MODEL, "ar", [{"step": 9, "seconds": 1.0, "dev_nll": 2.0,
+    store.save_curve(AR_MODEL, learning.records(AR_MODEL, "ar", [{"step": 9, "seconds": 1.0, "dev_nll": 2.0,
                                                                 "dev_bleu": 5.0}]))
     assert [p["step"] for p in store.curves() if p["model"] == AR_MODEL] == [9]
     assert len(store.curves()) == 2 * 5 + 1
@@ -149,7 +150,7 @@ def test_families_default_to_five_curve_points():
     ([], None),
 ])
 def test_still_improving_rule(points, expected):
-    assert curves.still_improving([{"step": s, "dev_bleu": b} for s, b in points]) is expected
+    assert learning.still_improving([{"step": s, "dev_bleu": b} for s, b in points]) is expected
 
 
 def test_report_draws_learning_curves_and_a_budget_table(tmp_path):
@@ -176,9 +177,9 @@ def test_plot_learning_curves_from_points(tmp_path):
     import matplotlib
 
     matplotlib.use("Agg")
-    points = (curves.records("a", "ar", [{"step": s, "seconds": s * 0.5, "dev_nll": 5 - s / 10, "dev_bleu": s}
+    points = (learning.records("a", "ar", [{"step": s, "seconds": s * 0.5, "dev_nll": 5 - s / 10, "dev_bleu": s}
                                          for s in (10, 20, 30)])
-              + curves.records("b", "padir", [{"step": 5, "seconds": 1.0, "dev_nll": 6.0, "dev_bleu": 0.5}]))
+              + learning.records("b", "padir", [{"step": 5, "seconds": 1.0, "dev_nll": 6.0, "dev_bleu": 0.5}]))
     with saved_figures() as figures:
         plots.plot_learning_curves(points, tmp_path / "lc.png")
     assert (tmp_path / "lc.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
