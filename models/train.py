@@ -371,8 +371,7 @@ def train(task: str, model_config: ModelConfig, train_config: TrainConfig, out_d
     batches = BucketedBatches(data, cfg.batch_tokens, cfg.max_length, cfg.buckets, cfg.seed,
                               num_shards=mesh.devices.size)
     model = build_model(model_config)
-    step_fn, tx = make_train_step(model_config, cfg, model)
-    state, start, warm = _initial_state(model_config, cfg, tx, mesh, init_from, out_dir)
+    state, start, warm = _initial_state(model_config, cfg, make_optimizer(cfg), mesh, init_from, out_dir)
     record = _new_record(task, model_config, cfg, identity, state, mesh, batches, start, warm, meta or {})
     rng = sharding.replicate(jax.random.PRNGKey(cfg.seed), mesh)
     evaluate, curve = _curve_setup(task, model_config, cfg, out_dir, start, dev, in_memory=identity["vocab_path"] is None)
