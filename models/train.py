@@ -376,6 +376,7 @@ def train(task: str, model_config: ModelConfig, train_config: TrainConfig, out_d
     rng = sharding.replicate(jax.random.PRNGKey(cfg.seed), mesh)
     evaluate, curve = _curve_setup(task, model_config, cfg, out_dir, start, dev, in_memory=identity["vocab_path"] is None)
     stop = schedules.stop_state(cfg, curve)                  # where the training ends, from the curve so far
+    _record_stop(record, stop)
     steps = _CompiledSteps(lambda decay_start: make_train_step(model_config, cfg, model, decay_start)[0],
                            stop.decay_start, record)
     clock = _SessionClock(record["wall_seconds"])
@@ -396,8 +397,7 @@ def train(task: str, model_config: ModelConfig, train_config: TrainConfig, out_d
                 stop = schedules.stop_state(cfg, curve)
                 steps.decay_from(stop.decay_start)
                 bar.total = stop.stop
-            record.update(stopped_by=stop.stopped_by, best_dev_bleu=stop.best_dev_bleu, best_step=stop.best_step,
-                          decay_start=stop.decay_start)
+                _record_stop(record, stop)
             if done % cfg.checkpoint_every == 0 or done == stop.stop:
                 _save_checkpoint(out_dir, state, done, done == stop.stop, metrics, record, clock)
             tps = record["target_tokens"] / max(record["train_seconds"], 1e-9)
@@ -408,6 +408,12 @@ def train(task: str, model_config: ModelConfig, train_config: TrainConfig, out_d
         if record["steps_done"] < stop.stop:           # interrupted or diverged: keep timings honest
             _write_record(out_dir, record, clock)
     return out_dir
+
+
+def _record_stop(record: dict, stop: "schedules.StopState") -> None:
+    """The stopping decision so far, as ``narbench.json`` keeps it (changes only at a dev point)."""
+    record.update(stopped_by=stop.stopped_by, best_dev_bleu=stop.best_dev_bleu, best_step=stop.best_step,
+                  decay_start=stop.decay_start)
 
 
 def _training_data(task: str, data: TokenPairs | None, out_dir: Path | None) -> tuple[TokenPairs, dict]:
