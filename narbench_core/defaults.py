@@ -31,6 +31,8 @@ DISTILL_DECODER = f"beam:{BEAM_SIZE}"  # the teacher's search: "greedy" or "beam
 DISTILL_MAX_EXAMPLES = None    # training sources the teacher decodes (None: all but the held-aside slice)
 DISTILL_HELDOUT = 500          # training pairs held aside (never distilled) to score the teacher's BLEU
 DISTILL_BATCH_SIZE = 32        # sentences per teacher batch, sources sorted by length (docs/experiments.md)
+DISTILL_ENGINES = ("jax", "ct2")  # the teacher runs in narbench's JAX decoder or in CTranslate2 (the ct2 extra)
+DISTILL_ENGINE = "jax"
 
 # -- when training stops (models/schedule.py) ------------------------------------------------------
 TRAIN_UNTIL = ("steps", "plateau")    # train `steps` steps, or until dev BLEU stops rising (`steps` a cap)

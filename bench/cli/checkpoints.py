@@ -68,6 +68,9 @@ def register(sub) -> None:
                    f"{defaults.DISTILL_DECODER})")
     p.add_argument("--distill-max-examples", type=int,
                    help="size of the seeded sample of training sources the teacher decodes (default: all)")
+    p.add_argument("--distill-engine", choices=defaults.DISTILL_ENGINES,
+                   help="where the teacher decodes: narbench's JAX decoder or CTranslate2 (the ct2 extra) "
+                        f"(default: the suite's, else {defaults.DISTILL_ENGINE})")
     p.add_argument("--out", type=Path, help="checkpoint folder (default: hash-keyed under the data root)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.set_defaults(func=_train_command)
@@ -174,9 +177,11 @@ def _train_command(args: argparse.Namespace) -> int:
     enable_compilation_cache()
     distill = None
     if args.distill:
-        distill = distill_settings(args.suite, decoder=args.distill_decoder, max_examples=args.distill_max_examples)
-    elif args.suite or args.distill_decoder or args.distill_max_examples:
-        raise UserError("--suite, --distill-decoder and --distill-max-examples only apply with --distill")
+        distill = distill_settings(args.suite, decoder=args.distill_decoder, max_examples=args.distill_max_examples,
+                                   engine=args.distill_engine)
+    elif args.suite or args.distill_decoder or args.distill_max_examples or args.distill_engine:
+        raise UserError("--suite, --distill-decoder, --distill-max-examples and --distill-engine only apply with "
+                        "--distill")
     out = train_model(args.task, args.model, args.preset, distill=distill, teacher=args.teacher,
                       out=args.out, progress=not args.quiet, init=args.init, init_from=args.init_from,
                       axes={"unmask_rate": args.unmask_rate, "stages": args.stages, "recipe": args.recipe,
