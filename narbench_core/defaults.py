@@ -47,6 +47,7 @@ CURVE_RISE = 0.5               # "still improving": dev BLEU rose by more than t
 CURVE_TAIL = 0.2               # ... over this last share of the training steps
 
 # -- timing -----------------------------------------------------------------------------------------
+SAYS_BLEU_MARGIN = 1.0          # a leaderboard's summary names the fastest system within this much BLEU of the best
 LEARNED_BLEU = 5.0             # a baseline (AR greedy) below this test BLEU has not learned the task: the
                                # leaderboard says so and shows no speedups against it
 INTERFERENCE_OK = (0.9, 1.1)   # in-suite p50 / solo p50 outside this range: the leaderboard flags the row
