@@ -64,7 +64,12 @@ def _filter_native_stderr() -> None:
         read, write = os.pipe()
     except (OSError, ValueError, AttributeError):       # no usable stderr: nothing to keep quiet
         return
-    pid = os.fork()
+    try:
+        pid = os.fork()
+    except OSError:                                     # no process to spare: stay as we are
+        for fd in (real, read, write):
+            os.close(fd)
+        return
     if pid == 0:                                        # the filter: reads the pipe until every writer is gone
         try:
             signal.signal(signal.SIGINT, signal.SIG_IGN)    # Ctrl-C is the command's; the filter drains

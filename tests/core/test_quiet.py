@@ -58,12 +58,17 @@ from narbench_core import quiet
 quiet.quiet_process()
 os.write(2, (sys.argv[1] + "\n" + sys.argv[2] + "\n").encode())   # native code writes to fd 2 directly
 print("narbench: python's own stderr", file=sys.stderr)
+import logging, warnings
+logging.getLogger("jax._src.xla_bridge").warning("An NVIDIA GPU may be present on this machine, but a "
+                                                 "CUDA-enabled jaxlib is not installed. Falling back to cpu.")
+logging.getLogger("absl").info("orbax: saving a checkpoint")
+warnings.warn("a library's warning")
 os.write(2, (sys.argv[3] + "\n").encode())
 os.abort()                                                        # as LOG(FATAL) ends a process
 """
 
 
-def test_a_quiet_process_hides_library_lines_and_keeps_a_fatal_line_written_just_before_abort():
+def test_a_quiet_process_hides_library_lines_logs_and_warnings_and_keeps_a_fatal_line_written_before_abort():
     env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
     done = subprocess.run([sys.executable, "-c", QUIET_PROCESS, LIBRARY_LINES[0], LIBRARY_LINES[2], OWN_LINES[1]],
                           capture_output=True, text=True, cwd=ROOT, env={**env, "PYTHONPATH": str(ROOT)}, timeout=60)
