@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from hypothesis import assume, example, given, settings, strategies as hst
+import hypothesis
+from hypothesis import strategies as hst
 
 from bench import store as st
 from bench.cli import main
@@ -275,14 +276,15 @@ FIELD = (hst.text(alphabet=hst.one_of(hst.sampled_from(BREAKS), hst.sampled_from
          .filter(lambda s: s.strip() and not s.startswith("\ufeff")))
 
 
-@settings(max_examples=40, deadline=None)
-@given(pairs=hst.lists(hst.tuples(FIELD, FIELD), min_size=1, max_size=5), ending=hst.sampled_from(["\n", "\r\n"]))
-@example(pairs=[("ein\rzwei", "one\u2028two"), ("drei\x0cvier", "three\x85four")], ending="\n")
+@hypothesis.settings(max_examples=40, deadline=None)
+@hypothesis.given(pairs=hst.lists(hst.tuples(FIELD, FIELD), min_size=1, max_size=5),
+                  ending=hst.sampled_from(["\n", "\r\n"]))
+@hypothesis.example(pairs=[("ein\rzwei", "one\u2028two"), ("drei\x0cvier", "three\x85four")], ending="\n")
 def test_own_data_reads_back_whatever_the_text(tmp_path_factory, pairs, ending):
     """TSV and aligned files of any text (no tab or newline in a field) give their pairs back, stripped,
     one per line, and the vocabulary's input holds them line for line: a lone CR, U+2028, form feed ...
     are text."""
-    assume(not files.looks_like_header(pairs[0], "de", "en"))
+    hypothesis.assume(not files.looks_like_header(pairs[0], "de", "en"))
     folder = tmp_path_factory.mktemp("own")
     for name, text in (("x.tsv", "".join(f"{s}\t{t}{ending}" for s, t in pairs)),
                        ("x.de", "".join(s + ending for s, _ in pairs)),
