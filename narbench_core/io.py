@@ -1,4 +1,4 @@
-"""The one atomic writer: a reader sees the old file or the whole new one, never a part.
+r"""The one atomic writer: a reader sees the old file or the whole new one, never a part.
 
 Every write goes to a hidden temp file in the target's folder, is flushed and fsynced, gets the
 permissions a plain ``open(path, "w")`` would give (``0o666`` less the umask: ``mkstemp`` alone gives
@@ -115,7 +115,7 @@ def write_jsonl(path: str | os.PathLike, records: Iterable[dict]) -> None:
 
 
 def split_lines(text: str | bytes) -> list:
-    """The lines of ``text`` (``str`` or ``bytes``) by the one line rule (module docstring): split at
+    r"""The lines of ``text`` (``str`` or ``bytes``) by the one line rule (module docstring): split at
     ``"\n"`` only, one ``"\r"`` before it dropped; a final ``"\n"`` ends the last line (it starts no
     empty one) and text after the last ``"\n"`` is a line of its own, kept as it is."""
     newline, cr = ("\n", "\r") if isinstance(text, str) else (b"\n", b"\r")
