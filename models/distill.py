@@ -43,7 +43,7 @@ import numpy as np
 from narbench_core.digest import json_digest
 from narbench_core import defaults, langs
 from narbench_core.errors import UserError
-from narbench_core.io import write_json, write_lines
+from narbench_core.io import read_lines, write_json, write_lines
 from models import checkpoint
 
 TSV_NAME = "train.tsv"
@@ -181,7 +181,7 @@ def _run(teacher_dir, task: str, out: Path, settings: dict, batch_size: int, chu
     hyps: dict[int, str] = {}
     parts = sorted(out.glob("part-*.tsv"))
     for part in parts:
-        for line in part.read_text(encoding="utf-8").splitlines():
+        for line in read_lines(part):
             index, _, hyp = line.split("\t", 2)
             hyps[int(index)] = hyp
     if sorted(hyps) != picked.tolist():

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from bench.measure import timing
+from bench.measure.decoder import truncated_sources
 from narbench_core.errors import UserError
 from narbench_core.quiet import is_library_log
 
@@ -148,6 +149,10 @@ class Worker:
         """``bench.costs.cost_of`` of this worker's decoder (None for a decoder outside XLA)."""
         return self.call("cost", list(sources), passes, batch_size)
 
+    def truncated(self, sources: Sequence[str]) -> int | None:
+        """``bench.measure.decoder.truncated_sources`` of this worker's decoder."""
+        return self.call("truncated", list(sources))
+
     def peak_rss_mb(self) -> float:
         return self.call("peak_rss_mb")
 
@@ -202,6 +207,9 @@ class Local(timing.InProcess):
 
         return cost_of(self.decoder, list(sources), passes, batch_size)
 
+    def truncated(self, sources: Sequence[str]) -> int | None:
+        return truncated_sources(self.decoder, sources)
+
     def peak_rss_mb(self) -> float:
         return _peak_rss_mb()
 
@@ -238,7 +246,8 @@ def _serve(conn: Connection) -> None:
 
     ops = {"warmup": lambda bs: timing.warm_up_decoder(decoder, bs),
            "timed": lambda sources, phase: timing.time_call(decoder, sources, phase),
-           "cost": cost, "peak_rss_mb": _peak_rss_mb}
+           "cost": cost, "truncated": lambda sources: truncated_sources(decoder, sources),
+           "peak_rss_mb": _peak_rss_mb}
     with scope:
         while True:
             try:
