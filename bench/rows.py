@@ -9,6 +9,7 @@ recomputes them from ``samples.jsonl``.
 """
 from __future__ import annotations
 
+import itertools
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import numpy as np
@@ -16,7 +17,7 @@ import numpy as np
 from bench import families
 from bench.columns import Column, count, fixed, ms, plain, si, stars, yes_no
 from bench.measure.stats import min_samples
-from narbench_core import defaults, langs, phases
+from narbench_core import defaults, langs, markdown, phases
 from narbench_core.errors import UserError
 
 SCHEMA_VERSION = 2   # 2: `family` is the plug-in family (ar, padir ...); `paradigm` is ar | nar
@@ -79,49 +80,69 @@ def _share(row: "Row") -> str:
 
 C = Column
 IDENTITY = (
-    C("schema_version"), C("suite", align="left"), C("task", align="left"),
-    C("test_set", "Test set", align="left"), C("system", "System", align="left"),
+    C("schema_version", doc="the row schema (bench.rows.SCHEMA_VERSION); a row of another schema is refused"),
+    C("suite", align="left", doc="the suite's name (its spec: spec.toml in the run folder)"),
+    C("task", align="left", doc="the task the system's models were trained on"),
+    C("test_set", "Test set", align="left", doc="TASK:SPLIT, with +refs when extra references are scored too"),
+    C("system", "System", align="left", doc="the system's id, unique in a run (family, decoder and axes)"),
     C("family", "Family", render=_family, align="left", doc="the plug-in family that made the system"),
     C("paradigm", "Paradigm", align="left", doc="ar or nar: the side of the comparison"),
     C("decoder", align="left", doc="decoder spec: greedy | beam:K | refine:T"),
     C("hypotheses", "# Hyp.", doc="beam size (AR) or length hypotheses (PaDIR)"),
     C("distill", "Distilled", doc="trained on the AR teacher's outputs"),
-    C("seed"),
+    C("seed", doc="the training seed of the system's models"),
     C("variant", doc="systems that differ only in refinement iterations share it (one line in T plots)"),
-    C("batch_size", "Batch"),
+    C("batch_size", "Batch", doc="sentences per decoder call while timing"),
 )
 FIGURES = (
-    C("n_sentences", "n"),
-    C("bleu", "BLEU", fixed(2), True), C("bleu_signature"),
-    C("chrf", "chrF", fixed(1), True), C("chrf_signature"),
+    C("n_sentences", "n", doc="test sentences timed and scored"),
+    C("bleu", "BLEU", fixed(2), True, doc="SacreBLEU corpus BLEU against every reference of the test set"),
+    C("bleu_signature", doc="SacreBLEU's signature of the BLEU score (references, tokenizer, version)"),
+    C("chrf", "chrF", fixed(1), True, doc="SacreBLEU corpus chrF"),
+    C("chrf_signature", doc="SacreBLEU's signature of the chrF score"),
     C("bleurt", "BLEURT", fixed(4), True, doc="null without a BLEURT checkpoint"),
-    C("bleu_delta_vs_ar", "ΔBLEU vs AR greedy", fixed(2), True, _delta),
-    C("bleu_delta_ci"), C("bleu_delta_p_value"),
+    C("bleu_delta_vs_ar", "ΔBLEU vs AR greedy", fixed(2), True, _delta,
+      doc="BLEU minus AR greedy's on the same test set"),
+    C("bleu_delta_ci", doc="[low, high]: 95% interval of that difference (paired bootstrap, bench.measure.quality)"),
+    C("bleu_delta_p_value", doc="p-value of that difference (paired bootstrap, bench.measure.quality)"),
     C("agreement_with_ar_greedy", "= AR greedy", fixed(3), None, optional=True,
       doc="share of sentences whose hypothesis is identical to AR greedy's (1.0 for AR greedy itself)"),
     C("exact_match", "exact match", fixed(3), True, optional=True,
       doc="share of hypotheses equal to one of their source's valid targets (tasks that know them all)"),
     C("mode_mixing", "mode mixing", fixed(3), False, optional=True,
       doc="share of hypotheses with words of two or more different valid targets (bench.measure.quality)"),
-    C("stutter_per_1k_words", "stutter /1k words", fixed(2), False),
-    C("stutter_sentence_share", "stutter sentences", fixed(3), False, _share),
+    C("stutter_per_1k_words", "stutter /1k words", fixed(2), False,
+      doc="adjacent repeated words beyond those in the first reference, per 1,000 hypothesis words (characters "
+          "for Chinese and Japanese)"),
+    C("stutter_sentence_share", "stutter sentences", fixed(3), False, _share,
+      doc="share of sentences with any such repeat"),
     C("length_ratio", "len ratio", fixed(2), doc="hypothesis words / words of the first reference, over the test set",
       optional=True),
-    C("latency_p50_ms", "p50 ms", ms, False),
-    C("latency_p90_ms", "p90 ms", ms, False),
-    C("latency_p99_ms", "p99 ms", ms, False, _p99),
-    C("latency_mean_ms", "mean ms", ms, False), C("latency_min_ms", "min ms", ms, False),
-    C("latency_max_ms", "max ms", ms, False),
-    C("latency_p50_ci_ms"), C("latency_p90_ci_ms"), C("latency_p99_ci_ms"),
+    C("latency_p50_ms", "p50 ms", ms, False,
+      doc="median per-sentence latency (every sentence of a batch gets the batch's time), in the timing phase"),
+    C("latency_p90_ms", "p90 ms", ms, False, doc="90th percentile latency"),
+    C("latency_p99_ms", "p99 ms", ms, False, _p99,
+      doc=f"99th percentile latency (tables say 'n too small' below {P99_MIN_N} sentences)"),
+    C("latency_mean_ms", "mean ms", ms, False, doc="mean latency"),
+    C("latency_min_ms", "min ms", ms, False, doc="fastest sentence"),
+    C("latency_max_ms", "max ms", ms, False, doc="slowest sentence"),
+    C("latency_p50_ci_ms", doc="[low, high]: 95% order-statistics interval of the p50 (null with too few sentences)"),
+    C("latency_p90_ci_ms", doc="the same for the p90"),
+    C("latency_p99_ci_ms", doc="the same for the p99"),
     C("solo_p50_ms", "solo p50 ms", ms, False, optional=True,
       doc="p50 of the solo check: the system timed again alone (back to back) on a seeded sample of the batches"),
     C("interference", "in suite / solo", fixed(2), None, optional=True,
       doc="p50 over the solo check's sentences as timed in the interleaved schedule, over solo_p50_ms "
           f"(1.0: the other systems did not slow it; the leaderboard flags values outside "
           f"{defaults.INTERFERENCE_OK[0]:g}-{defaults.INTERFERENCE_OK[1]:g})"),
-    C("speedup_p50_vs_ar", "speedup p50 vs AR greedy [95% CI]", fixed(2), True, _speedup),
-    C("speedup_p50_ci"), C("speedup_share_faster", "share faster", fixed(2), True),
-    C("passes_mean", "passes mean", fixed(1), None), C("passes_p99", "passes p99", fixed(0)),
+    C("speedup_p50_vs_ar", "speedup p50 vs AR greedy [95% CI]", fixed(2), True, _speedup,
+      doc="median over sentences of AR greedy's latency / this system's, paired per sentence in one run"),
+    C("speedup_p50_ci", doc="[low, high]: 95% order-statistics interval of that median"),
+    C("speedup_share_faster", "share faster", fixed(2), True,
+      doc="share of sentences this system decoded faster than AR greedy"),
+    C("passes_mean", "passes mean", fixed(1), None,
+      doc="decoder passes per sentence, mean (AR: one per generated token; PaDIR: refinement passes)"),
+    C("passes_p99", "passes p99", fixed(0), doc="decoder passes per sentence, 99th percentile"),
     C("phase_p50_ms", "phases p50 ms", render=_phases, optional=True,
       doc="phase -> p50 ms over sentences: " + "; ".join(f"{p}: {d}" for p, d in phases.DOCS.items())),
     C("phase_p50_sum_ratio", "phases / p50", fixed(3), optional=True,
@@ -132,14 +153,20 @@ FIGURES = (
           "timed as its own phase, and the results; PaDIR: the predicted lengths and the results)"),
 )
 RUN = (
-    C("compile_s", "compile s", fixed(1)), C("platform"), C("phase"), C("repeats"), C("target_lang"),
-    C("n_references", "refs"),
+    C("compile_s", "compile s", fixed(1), doc="seconds of the warm-up (every shape bucket once: compiling)"),
+    C("platform", doc="the JAX platform timed on (cpu, gpu, tpu)"),
+    C("phase", doc="what the clock covers: end_to_end (tokenize to detokenize) or device"),
+    C("repeats", doc="times each sentence was timed (its latency: the median)"),
+    C("target_lang", doc="target language (picks the BLEU tokenizer and how stutter and lengths count)"),
+    C("n_references", "refs", doc="reference streams scored against"),
     C("truncated_sources", "cut sources", count, optional=True,
       doc="test sources longer than the system's maximum source length (its largest shape bucket, EOS "
           "included), cut to it before decoding (None: rows written before narbench counted them, or a "
           "decoder that does not say)"),
-    C("baseline_system"), C("baseline_timed_together"),
-    C("checkpoint", doc="the checkpoint folder under the data root"), C("decoder_options"),
+    C("baseline_system", doc="the system speedups and BLEU differences are against (AR greedy)"),
+    C("baseline_timed_together", doc="the baseline was timed in the same schedule (the speedups are paired)"),
+    C("checkpoint", doc="the checkpoint folder under the data root"),
+    C("decoder_options", doc="the options the system's decoder was built with (shape buckets, threads ...)"),
     C("isolated", doc="timed in a worker process of its own (bench.measure.workers)", optional=True),
     C("turn", doc="batches the system decoded back to back, after one untimed call, each time its turn came "
                   "in the interleaved schedule (absent: 1, no untimed call)", optional=True),
@@ -148,10 +175,16 @@ RUN = (
     C("worker_peak_rss_mb", "worker MB", fixed(0), doc="peak resident memory of the system's worker process",
       optional=True),
 )
-COSTS = (
-    C("flops_per_sentence"), C("bytes_per_sentence"), C("roofline_p50_ms", "roofline p50 ms", ms),
-    C("roofline_share_p50"), C("peak_flops"), C("bandwidth_bytes_s"),
-    C("tpu_v4_projection_p50_ms", "TPU v4 projection p50 ms", ms),
+COSTS = (                                            # XLA systems only (None for CTranslate2)
+    C("flops_per_sentence", doc="XLA's cost analysis: encoder + passes x one decoder pass, mean per sentence"),
+    C("bytes_per_sentence", doc="bytes accessed by the same programs, mean per sentence"),
+    C("roofline_p50_ms", "roofline p50 ms", ms,
+      doc="median of the roofline bound max(flops / peak_flops, bytes / bandwidth): no run can be faster"),
+    C("roofline_share_p50", doc="median over sentences of the roofline bound / the measured latency"),
+    C("peak_flops", doc="the machine's measured fp32 matmul peak, flop/s (bench.costs.machine)"),
+    C("bandwidth_bytes_s", doc="the machine's measured memory bandwidth, bytes/s"),
+    C("tpu_v4_projection_p50_ms", "TPU v4 projection p50 ms", ms,
+      doc="the roofline bound at a TPU v4's published peaks: a projection, not a measurement"),
 )
 TRAINING = (                                         # the system's trained model (None: its family trains none)
     C("model", align="left", doc="the trained model (training cell) the system decodes with", optional=True),
@@ -180,8 +213,12 @@ TRAINING = (                                         # the system's trained mode
           f"the last {defaults.CURVE_TAIL:.0%} of the training steps (bench.measure.learning.still_improving)",
       optional=True),
 )
-ENV = (C("device_kind"), C("cpu_model"), C("threads"), C("jax_version"), C("flax_version"), C("git_commit"),
-       C("git_dirty"), C("date_utc"))
+ENV = (C("device_kind", doc="the JAX device kind"), C("cpu_model", doc="the CPU's name (env.json has its details)"),
+       C("threads", doc="CPU threads the process could use"), C("jax_version", doc="jax's version"),
+       C("flax_version", doc="flax's version (env.json has every library's)"),
+       C("git_commit", doc="the narbench commit that made the row"),
+       C("git_dirty", doc="the working tree had uncommitted changes"),
+       C("date_utc", doc="UTC time the run recorded its environment"))
 CORE = IDENTITY + FIGURES + RUN + TRAINING + COSTS + ENV
 
 # Composite cells the tables show in place of a value column.
@@ -199,6 +236,30 @@ def columns() -> tuple[Column, ...]:
     extra = {c.name: c for f in families.all_families() for c in f.columns}
     core = {c.name for c in CORE}
     return IDENTITY + tuple(c for n, c in extra.items() if n not in core) + FIGURES + RUN + TRAINING + COSTS + ENV
+
+
+GROUPS = (("Identity", IDENTITY), ("Figures", FIGURES), ("Run", RUN), ("Training", TRAINING),
+          ("Costs (XLA systems)", COSTS), ("Environment", ENV))
+COLUMNS_BEGIN = "<!-- columns: generated by `narbench results --columns` (bench.rows.columns_markdown) -->"
+COLUMNS_END = "<!-- end of columns -->"
+
+
+def columns_markdown() -> str:
+    """The reference of every column of ``rows.jsonl``: ``columns()`` in order, under the heading of the
+    group that declares it (a family's own columns under the family), each with its table header,
+    whether higher is better, and its doc. docs/results_format.md holds it between ``COLUMNS_BEGIN`` and
+    ``COLUMNS_END`` (a test fails when the two differ)."""
+    group = {c.name: title for title, cols in GROUPS for c in cols}
+    for f in families.all_families():
+        for c in f.columns:
+            group.setdefault(c.name, f"{f.label} systems only (None in other families' rows)")
+    better = {True: "higher", False: "lower", None: ""}
+    cell = lambda text: text.replace("|", "\\|")  # noqa: E731   (a pipe would end the markdown cell)
+    lines = [COLUMNS_BEGIN]
+    for title, cols in itertools.groupby(columns(), key=lambda c: group[c.name]):
+        body = ([f"`{c.name}`", cell(c.label), better[c.higher_is_better], cell(c.doc)] for c in cols)
+        lines += ["", f"### {title}", "", *markdown.table(["column", "header", "better", "meaning"], body, "llll")]
+    return "\n".join([*lines, "", COLUMNS_END]) + "\n"
 
 
 def column(name: str) -> Column:

@@ -48,8 +48,11 @@ def register(sub) -> None:
     p.set_defaults(func=cmd_report)
 
     p = sub.add_parser("results", help="print a run's rows as csv, json or markdown",
-                       description="Print rows.jsonl of a run for pandas and other tools.")
-    p.add_argument("run", help="run folder (results/<suite>/<run_id>) or suite folder (latest)")
+                       description="Print rows.jsonl of a run for pandas and other tools; with --columns, what "
+                       "each column of rows.jsonl means.")
+    p.add_argument("run", nargs="?", help="run folder (results/<suite>/<run_id>) or suite folder (latest)")
+    p.add_argument("--columns", action="store_true",
+                   help="print the reference of every rows.jsonl column (markdown; docs/results_format.md) instead")
     p.add_argument("--format", choices=("csv", "json", "md"), default="md", help="output format (default: md)")
     p.add_argument("--test-set", help="only rows of this test set")
     p.set_defaults(func=cmd_results)
@@ -258,8 +261,13 @@ def cmd_report(args) -> int:
 
 
 def cmd_results(args) -> int:
-    from bench import report, store
+    from bench import report, rows as brows, store
 
+    if args.columns:
+        sys.stdout.write(brows.columns_markdown())
+        return 0
+    if args.run is None:
+        raise UserError("narbench results needs a run folder (results/<suite>/<run_id>), or --columns")
     run = store.RunStore(store.resolve_run_dir(args.run))
     rows = run.rows()
     if args.test_set:

@@ -112,11 +112,13 @@ class PaDIRFamily(Family):
     columns = (
         Column("iterations", "T", doc="refinement iterations T: at most T decoder passes (a row stops early "
                                      "once an iteration changes none of its tokens)"),
-        Column("unmask_rate", "unmask rate", fixed(2)),
+        Column("unmask_rate", "unmask rate", fixed(2), doc="training noise: share of target tokens kept correct"),
         Column("length_hyps", "k", doc="length hypotheses"),
         Column("length_bonus", "len +", optional=True, doc="tokens added to every predicted length"),
-        Column("remask"), Column("start", doc="initial hypothesis: random | mask"),
-        Column("positional_attention"), Column("stages"),
+        Column("remask", doc="what is re-masked between iterations: none | stutter | mask-predict"),
+        Column("start", doc="initial hypothesis: random | mask"),
+        Column("positional_attention", doc="the decoder has the positional-attention sublayer"),
+        Column("stages", doc="training stages (stage 2 refines stage 1's argmax)"),
         Column("init", "init", align="left", doc="parameters: random, or warm-started from the AR model"),
         Column("recipe", align="left",
                doc="reference (fixed EOS, [LENGTH] query, stage-2 remasking) or plain (none of them)"),
