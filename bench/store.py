@@ -1,6 +1,6 @@
 """The results store: one folder per run, written so that a kill at any moment leaves whole files.
 
-Layout (DESIGN.md, "Results format")::
+Layout (docs/results_format.md, the public contract)::
 
     <out>/<suite>/latest                 one line: the run_id of the last finished run
     <out>/<suite>/<run_id>/spec.toml     the fully resolved suite spec

@@ -2,7 +2,7 @@
 
 - Tokenizer: by target language (``narbench_core.langs.bleu_tokenizer``: ``zh``, ``ja-mecab``, else ``13a``).
 - References are a list of streams (``refs[k][i]`` = k-th reference of sentence i), as in sacrebleu.
-- Stutter (DESIGN.md): for hypothesis h and reference r, ``sum_w max(0, c_h(w,w) - c_r(w,w))`` where
+- Stutter (docs/methodology.md): for hypothesis h and reference r, ``sum_w max(0, c_h(w,w) - c_r(w,w))`` where
   ``c_x(w,w)`` counts adjacent identical word pairs; words are whitespace tokens, and for Chinese
   targets single non-space characters (Chinese is written without spaces). With several reference
   streams, r is the first one (the task's own target).
