@@ -1,0 +1,210 @@
+"""The documentation says what the code and the committed runs say: the README's headline figures are the
+linked run's rows, every relative link resolves, and docs/results_format.md lists the columns bench/rows.py
+declares."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from bench import families
+from bench.cli import main
+from bench.columns import Column, count, ms, yes_no
+from bench.families.base import Family
+from bench.report.names import display_names
+from bench.rows import COLUMNS_BEGIN, COLUMNS_END, columns, columns_markdown
+from bench.store import RunStore
+
+REPO = Path(__file__).resolve().parents[2]
+README = REPO / "README.md"
+
+# ------------------------------------------------------------------------------------------ helpers
+
+FENCE = re.compile(r"^```.*?^```", re.S | re.M)
+INLINE_CODE = re.compile(r"`[^`\n]*`")
+LINK = re.compile(r"!?\[[^\]\n]*\]\(([^)\s]+)\)")
+
+
+def prose(text: str) -> str:
+    """Markdown without its code blocks and code spans (their brackets are not links)."""
+    return INLINE_CODE.sub("", FENCE.sub("", text))
+
+
+def slug(heading: str) -> str:
+    """GitHub's anchor for a heading: lower case, punctuation dropped, spaces as hyphens."""
+    text = INLINE_CODE.sub(lambda m: m.group(0)[1:-1], heading.strip().lower())
+    return re.sub(r"[^\w\- ]", "", text).replace(" ", "-")
+
+
+def anchors(path: Path) -> set[str]:
+    return {slug(m[1]) for m in re.finditer(r"^#+\s+(.*)$", FENCE.sub("", path.read_text(encoding="utf-8")), re.M)}
+
+
+def broken_links(path: Path, root: Path) -> list[str]:
+    """Every relative link of a markdown file whose target (file, and heading anchor in a markdown file)
+    does not exist inside ``root``."""
+    out = []
+    for target in LINK.findall(prose(path.read_text(encoding="utf-8"))):
+        if re.match(r"^[a-z]+:", target):                   # http:, https:, mailto:
+            continue
+        file, _, anchor = target.partition("#")
+        dest = (path.parent / file).resolve() if file else path
+        if not dest.is_relative_to(root.resolve()) or not dest.exists():
+            out.append(f"{path.relative_to(root)}: {target} (no such file)")
+        elif anchor and dest.suffix == ".md" and anchor not in anchors(dest):
+            out.append(f"{path.relative_to(root)}: {target} (no such heading)")
+    return out
+
+
+def documentation() -> list[Path]:
+    return [README, REPO / "CHANGELOG.md", *sorted((REPO / "docs").glob("*.md")),
+            *sorted((REPO / "results").glob("*/*/NOTES.md"))]
+
+
+def section(text: str, title: str) -> str:
+    m = re.search(rf"^## {re.escape(title)}\n(.*?)(?=^## |\Z)", text, re.S | re.M)
+    assert m, f"README has no '## {title}' section"
+    return m[1]
+
+
+def table(text: str) -> tuple[list[str], list[dict[str, str]]]:
+    """The first markdown table of ``text``: its header and its rows as header -> cell."""
+    lines = [line for line in text.splitlines() if line.startswith("|")]
+    cells = [[c.strip() for c in line.strip().strip("|").split("|")] for line in lines]
+    header, body = cells[0], cells[2:]
+    return header, [dict(zip(header, row)) for row in body]
+
+
+# ------------------------------------------------------------------------------------------- README
+
+def _speedup(row) -> str:
+    lo, hi = row.speedup_p50_ci
+    return f"{row.speedup_p50_vs_ar:.2f}x [{lo:.2f}, {hi:.2f}]"
+
+
+HEADLINE = {     # a column of the README's headline table -> the row's figure as the README prints it
+    "BLEU": lambda r: f"{r.bleu:.2f}",
+    "p50 ms": lambda r: ms(r.latency_p50_ms),
+    "speedup vs AR greedy [95% CI]": _speedup,
+    "train steps": lambda r: count(r.train_steps),
+    "still improving": lambda r: yes_no(r.still_improving),
+}
+
+
+def test_readme_headline_figures_are_the_linked_runs_rows():
+    text = section(README.read_text(encoding="utf-8"), "Headline result")
+    link = re.search(r"\]\((results/[^)]+)/leaderboard\.md\)", text)
+    assert link, "the headline names no run (a link to results/<suite>/<run_id>/leaderboard.md)"
+    run_dir = REPO / link[1]
+    assert (run_dir.parent / "latest").read_text().strip() == run_dir.name, (
+        f"the headline quotes {run_dir.name}, not the newest committed run of its suite")
+    rows = RunStore(run_dir).rows()
+    test_set = re.search(r"test set `([^`]+)`", text)[1]
+    names = display_names(rows)
+    by_name = {names[r.system]: r for r in rows if r.test_set == test_set}
+    header, body = table(text)
+    assert header[0] == "System" and set(header[1:]) <= set(HEADLINE), f"unchecked columns: {header}"
+    assert 0 < len(body) <= 10
+    for line in body:
+        row = by_name.get(line["System"])
+        assert row is not None, f"no system shown as {line['System']!r} on {test_set} in {run_dir.name}"
+        for column in header[1:]:
+            assert line[column] == HEADLINE[column](row), f"{line['System']}, {column}"
+    first = rows[0]
+    for said in (f"commit {first.git_commit[:7]}", first.date_utc[:10], first.cpu_model,
+                 f"{by_name[body[0]['System']].n_sentences} sentences"):
+        assert said in text, f"the headline does not say {said!r}"
+
+
+def test_readme_pandas_snippet_runs_on_the_committed_run(monkeypatch, capsys):
+    code = re.search(r"```python\n(.*?)```", section(README.read_text(encoding="utf-8"),
+                                                     "Reading results with pandas"), re.S)[1]
+    monkeypatch.chdir(REPO)
+    exec(compile(code, "README.md", "exec"), {})
+    printed = capsys.readouterr().out
+    assert "ar-greedy" in printed and "speedup_p50_vs_ar" in printed
+
+
+def test_readme_keeps_the_two_set_up_commands_on_top():
+    lines = README.read_text(encoding="utf-8").splitlines()[:6]
+    assert lines[0] == "# narbench" and lines[2] == "```bash" and lines[5] == "```"
+    assert lines[3].endswith('pip install -e ".[ct2]" && narbench run')
+    assert lines[4].endswith('pip install -e ".[dev]" && python -m pytest -q')
+    assert "python -m pytest -q" in (REPO / ".ci" / "run").read_text()          # CI runs README's test command
+
+
+# -------------------------------------------------------------------------------------------- links
+
+def test_every_relative_link_of_the_documentation_resolves():
+    assert (REPO / "CHANGELOG.md").is_file()
+    broken = [b for path in documentation() for b in broken_links(path, REPO)]
+    assert not broken, "\n".join(broken)
+
+
+def test_the_link_check_finds_a_missing_file_and_a_missing_heading(tmp_path):
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "a.md").write_text("# A page\n\n## Some `code` heading\n")
+    page = tmp_path / "README.md"
+    page.write_text("[ok](docs/a.md) [ok](docs/a.md#some-code-heading) [web](https://x.org/y) "
+                    "`[not a link](nowhere.md)` [gone](docs/b.md) [bad](docs/a.md#nope) [out](../x.md)\n"
+                    "```\n[in code](nowhere.md)\n```\n")
+    assert broken_links(page, tmp_path) == ["README.md: docs/b.md (no such file)",
+                                            "README.md: docs/a.md#nope (no such heading)",
+                                            "README.md: ../x.md (no such file)"]
+
+
+def test_no_file_points_to_a_design_document_outside_the_repository():
+    needle = "DESIGN" + ".md"                         # (spelled apart, so this file does not find itself)
+    found = [str(p.relative_to(REPO)) for p in sorted(REPO.rglob("*"))
+             if p.suffix in (".py", ".md", ".toml") and p.is_file()
+             and not any(part.startswith(".") for part in p.relative_to(REPO).parts)
+             and needle in p.read_text(encoding="utf-8", errors="replace")]
+    assert not found, f"{needle} is not in the repository; point to docs/ instead: {found}"
+
+
+# ------------------------------------------------------------------------------------------ columns
+
+def test_results_format_lists_the_columns_bench_rows_declares():
+    text = (REPO / "docs" / "results_format.md").read_text(encoding="utf-8")
+    assert COLUMNS_BEGIN in text and COLUMNS_END in text
+    block = text[text.index(COLUMNS_BEGIN):text.index(COLUMNS_END) + len(COLUMNS_END)] + "\n"
+    assert block == columns_markdown(), ("docs/results_format.md's column list differs from bench.rows: replace "
+                                         "the block between its markers with `narbench results --columns`")
+
+
+class _Quill(Family):
+    name, label = "quill", "Quill"
+    columns = (Column("nib", "nib", doc="a | b"),)
+
+
+def test_the_column_reference_lists_every_column_once_and_a_family_under_its_label():
+    families.register(family := _Quill())
+    try:
+        text, names = columns_markdown(), [c.name for c in columns()]
+    finally:
+        families.unregister(family.name)
+    assert "nib" in names
+    assert re.findall(r"^\| `(\w+)` \|", text, re.M) == names
+    quill = text[text.index("### Quill systems only"):].splitlines()
+    assert quill[4] == "| `nib` | nib |  | a \\| b |"                  # a pipe in a doc stays in its cell
+    assert "`nib`" not in columns_markdown()                                 # gone with its family
+
+
+def test_cli_prints_the_column_reference(capsys):
+    assert main(["results", "--columns"]) == 0
+    assert capsys.readouterr().out == columns_markdown()
+    assert main(["results"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--columns" in err[0]
+
+
+def test_the_documentation_gives_the_presets_their_true_sizes():
+    from models.config import PRESETS
+
+    text = (REPO / "docs" / "models.md").read_text(encoding="utf-8")
+    for name, size in PRESETS.items():
+        row = next(line for line in text.splitlines() if line.startswith(f"| `{name}`"))
+        assert (f"| {size['d_model']} | {size['num_heads']} x {size['head_dim']} | {size['d_ff']} | "
+                f"{size['num_encoder_layers']} + {size['num_decoder_layers']} | {size['max_target_length']} |") in row
+    pages = [README, *(REPO / "docs").glob("*.md"), *(REPO / "suites" / "specs").glob("*.toml")]
+    wrong = [p.name for p in pages if re.search(r"FFN:? 1024", p.read_text(encoding="utf-8"))]
+    assert not wrong, f"`small` has d_ff {PRESETS['small']['d_ff']}, not 1024: {wrong}"
