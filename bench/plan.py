@@ -63,7 +63,10 @@ def expand(spec: SuiteSpec) -> Plan:
     if base.trains and spec.budget(base.name).match is not None:
         raise UserError(f"{spec.source}: train.{base.name}: match gives a model the {base.label} model's budget; "
                         f"the {base.label} budget itself needs plain steps (drop match)")
-    ordered = sorted(cells, key=lambda c: bool(c.sources))  # stable: teachers and warm-start sources first
+    # Stable: teachers and warm-start sources first, then the cells that need them, then the cells no
+    # other needs and that need none (another AR layout): every answer that depends on a chain comes first.
+    sources = {s for c in cells for s in c.sources}
+    ordered = sorted(cells, key=lambda c: 1 if c.sources else 0 if c in sources else 2)
     return Plan(tuple(ordered), tuple(systems), tuple(evals))
 
 

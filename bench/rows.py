@@ -133,7 +133,12 @@ FIGURES = (
 )
 RUN = (
     C("compile_s", "compile s", fixed(1)), C("platform"), C("phase"), C("repeats"), C("target_lang"),
-    C("n_references", "refs"), C("baseline_system"), C("baseline_timed_together"),
+    C("n_references", "refs"),
+    C("truncated_sources", "cut sources", count, optional=True,
+      doc="test sources longer than the system's maximum source length (its largest shape bucket, EOS "
+          "included), cut to it before decoding (None: rows written before narbench counted them, or a "
+          "decoder that does not say)"),
+    C("baseline_system"), C("baseline_timed_together"),
     C("checkpoint", doc="the checkpoint folder under the data root"), C("decoder_options"),
     C("isolated", doc="timed in a worker process of its own (bench.measure.workers)", optional=True),
     C("turn", doc="batches the system decoded back to back, after one untimed call, each time its turn came "

@@ -327,12 +327,13 @@ class Runner:
                 costs = self._costs(timed, data, m) if spec.timing.costs and self.deps.costs else {}
                 where = {t.name: {**t.info, "peak_rss_mb": t.peak_rss_mb(), "isolated": self._isolated}
                          for t in timed}
+                truncated = {t.name: t.truncated(data.sources) for t in timed}
                 seen += lock.others()
         finally:
             bar.close()
         self._record_workers(where)
         self._record_concurrent(seen)
-        return _Timed(m, compile_s, costs, where)
+        return _Timed(m, compile_s, costs, where, truncated)
 
     def _row(self, system: System, ckpt: Path, target: "Target", data: TestData, timed: "_Timed",
              stored: dict[str, tuple], target_lang: str) -> Row:
@@ -358,6 +359,7 @@ class Runner:
             "bleurt": self._bleurt(refs[0], t.hypotheses) if self.score else None,
             "compile_s": timed.compile_s[system.name], "platform": m.platform, "phase": m.phase,
             "repeats": m.repeats, "turn": m.turn, "target_lang": target_lang, "n_references": len(refs),
+            "truncated_sources": timed.truncated[system.name],
             "baseline_system": system.baseline, "baseline_timed_together": base is not None,
             "checkpoint": portable(ckpt), "decoder_options": dict(system.options),
             "isolated": where["isolated"], "engine_threads": where["threads"],
@@ -457,6 +459,7 @@ class _Timed:
     compile_s: dict[str, float]
     costs: dict[str, dict]                   # system -> cost-model columns
     where: dict[str, dict]                   # system -> its process: threads, env, peak RSS, isolated
+    truncated: dict[str, int | None]         # system -> test sources it cut to its maximum source length
 
 
 def _samples(system: str, target: "Target", data: TestData, m: Any) -> list[dict]:

@@ -233,10 +233,19 @@ class CT2Decoder:
         bucket = source_bucket(self.buckets, max(len(p) for p in pieces))
         return max(target_buckets(self.buckets, self.max_decode_length, bucket))
 
+    @property
+    def max_source_tokens(self) -> int:
+        """The longest source ``prepare`` keeps, EOS included (as narbench's decoders)."""
+        return self.buckets[-1]
+
+    def count_truncated(self, sources) -> int:
+        """How many of ``sources`` ``prepare`` cuts to ``max_source_tokens``."""
+        return sum(len(p) > self.max_source_tokens for p in source_pieces(self.vocab, list(sources)))
+
     def prepare(self, sources):
         if len(sources) == 0:
             raise UserError("no sources to translate; give at least one sentence")
-        return source_pieces(self.vocab, list(sources), self.buckets[-1])
+        return source_pieces(self.vocab, list(sources), self.max_source_tokens)
 
     def run(self, prepared):
         beam = self.parsed.k if self.parsed.algorithm == "beam" else 1

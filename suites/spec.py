@@ -118,8 +118,9 @@ class DistillSpec:
     """How the AR teacher decodes the training sources for distilled students."""
 
     decoder: str = defaults.DISTILL_DECODER                    # the teacher's search: greedy or beam:K
-    max_examples: int | None = defaults.DISTILL_MAX_EXAMPLES   # size of the seeded sample (None: all)
+    max_examples: int | None = defaults.DISTILL_MAX_EXAMPLES   # size of the seeded sample (None, "all" in a spec: all)
     length_penalty: float = defaults.LENGTH_PENALTY
+    engine: str = defaults.DISTILL_ENGINE                      # "jax" | "ct2": where the teacher decodes
 
     def kwargs(self) -> dict[str, Any]:
         """Keyword arguments of ``models.distill.distill_task`` (the caller adds the seed)."""
@@ -194,7 +195,8 @@ class SuiteSpec:
             "model": {"preset": self.model.preset, "overrides": self.model.override_dict()},
             "train": {family: clean(dataclasses.asdict(b)) for family, b in self.budgets},
             **{family: clean(dataclasses.asdict(section)) for family, section in self.systems},
-            "distill": clean(dataclasses.asdict(self.distill)),
+            "distill": {k: v for k, v in clean(dataclasses.asdict(self.distill)).items()
+                        if not (k == "engine" and v == defaults.DISTILL_ENGINE)},   # hashes of earlier specs
             "timing": clean(dataclasses.asdict(self.timing)),
         }
 
@@ -285,6 +287,18 @@ def integer(lo: int) -> Callable[[Any], int]:
             raise Invalid(f"expected an integer >= {lo}, got {_show(v)}")
         return v
     return check
+
+
+def all_or(check: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """``check``, or the string "all" read as None (no limit)."""
+    def check_or_all(v):
+        if v == "all":
+            return None
+        try:
+            return check(v)
+        except Invalid as err:
+            raise Invalid(f'{err} (or "all")') from None
+    return check_or_all
 
 
 def number(lo: float, hi: float = math.inf, lo_open: bool = False, hi_open: bool = False) -> Callable[[Any], float]:
@@ -503,8 +517,9 @@ def parse_spec(data: dict[str, Any], source: str = "<spec>",
         ds.fail("beam_size", 'give decoder only (decoder = "beam:K" replaces beam_size = K)')
     teacher = string(TEACHER_DECODER_RE, what='"greedy" or "beam:K" (K >= 1)')
     distill = DistillSpec(decoder=ds.get("decoder", teacher, d.decoder if legacy is None else f"beam:{legacy}"),
-                          max_examples=ds.get("max_examples", integer(1), d.max_examples),
-                          length_penalty=ds.get("length_penalty", number(0.0), d.length_penalty))
+                          max_examples=ds.get("max_examples", all_or(integer(1)), d.max_examples),
+                          length_penalty=ds.get("length_penalty", number(0.0), d.length_penalty),
+                          engine=ds.get("engine", string(choices=defaults.DISTILL_ENGINES), d.engine))
     ds.done()
 
     t = top.sub("timing")

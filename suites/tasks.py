@@ -21,6 +21,7 @@ import seqio
 
 from narbench_core import langs
 from narbench_core.errors import UserError
+from narbench_core.io import iter_lines
 from suites import bible, files, synthetic, vocab, wmt
 
 SPLITS = ("train", "dev", "test")
@@ -154,13 +155,12 @@ def _synthetic_text(cfg: synthetic.SyntheticConfig, split: str) -> tuple[list[st
 
 def _read_tsv(path: Path) -> tuple[list[str], list[str]]:
     sources, targets = [], []
-    with open(path, encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            cols = line.rstrip("\n").split("\t")
-            if len(cols) != 2:
-                raise UserError(f"{path}:{n}: expected `source<TAB>target`; re-run the distillation")
-            sources.append(cols[0])
-            targets.append(cols[1])
+    for n, line in enumerate(iter_lines(path), 1):
+        cols = line.split("\t")
+        if len(cols) != 2:
+            raise UserError(f"{path}:{n}: expected `source<TAB>target`; re-run the distillation")
+        sources.append(cols[0])
+        targets.append(cols[1])
     return sources, targets
 
 
@@ -260,8 +260,7 @@ def split_sizes(name: str) -> dict[str, int | None]:
     """Examples per split; None where the data is not prepared / not found (never downloads)."""
     spec = _spec(name)
     if spec.distilled_train is not None:
-        with open(spec.distilled_train, encoding="utf-8") as f:
-            return {**split_sizes(spec.base), "train": sum(1 for _ in f)}
+        return {**split_sizes(spec.base), "train": sum(1 for _ in iter_lines(spec.distilled_train))}
     if spec.family == "synthetic":
         return {s: spec.synthetic.split_size(s) for s in SPLITS}
     if spec.family == "files":
@@ -272,11 +271,7 @@ def split_sizes(name: str) -> dict[str, int | None]:
     out = {}
     for s in SPLITS:
         path = bible.split_path(spec.pair, s)
-        if path.exists():
-            with open(path, encoding="utf-8") as f:
-                out[s] = sum(1 for _ in f)
-        else:
-            out[s] = None
+        out[s] = sum(1 for _ in iter_lines(path)) if path.exists() else None
     return out
 
 

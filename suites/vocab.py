@@ -23,7 +23,7 @@ import seqio
 from narbench_core.digest import file_digest, json_digest
 from narbench_core import paths
 from narbench_core.errors import UserError
-from narbench_core.io import write_bytes
+from narbench_core.io import iter_lines, write_bytes
 from narbench_core.tokens import EOS_ID, MASK_ID, MASK_PIECE, PAD_ID, UNK_ID
 
 
@@ -55,12 +55,11 @@ def vocab_key(files: Sequence[Path], settings: VocabSettings, fields: Sequence[i
 def _sentences(files: Sequence[Path], fields: Sequence[int] | None) -> Iterator[str]:
     """Every line of every file; with ``fields``, those tab-separated columns, one sentence each."""
     for path in files:
-        with open(path, encoding="utf-8") as f:
-            for line in f:
-                cols = line.rstrip("\n").split("\t")
-                for text in (cols if fields is None else [cols[i] for i in fields]):
-                    if text:
-                        yield text
+        for line in iter_lines(path):
+            cols = line.split("\t")
+            for text in (cols if fields is None else [cols[i] for i in fields]):
+                if text:
+                    yield text
 
 
 class _Ticker:

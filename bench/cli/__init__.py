@@ -6,11 +6,7 @@ sub-commands; each sub-command sets ``func`` (called with the parsed args, retur
 from __future__ import annotations
 
 import argparse
-import os
 import sys
-
-# TensorFlow (behind seqio) logs CUDA probing at import; keep the CLI's output for the user.
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 from narbench_core.errors import UserError
 
@@ -31,6 +27,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="Benchmark autoregressive vs non-autoregressive (iterative refinement) decoders: "
         "quality, latency (p50/p99) and cost, measured the same way for every decoder.",
     )
+    parser.add_argument("-v", "--verbose", action="store_true",
+                        help="also show the libraries' own log lines and warnings (TensorFlow, absl, JAX, "
+                        "SentencePiece), which are hidden by default")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     for name in COMMAND_MODULES:
@@ -39,8 +38,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run one command. Without ``argv`` this is the ``narbench`` program: its process is made quiet
+    (``narbench_core.quiet``) unless ``-v``, before any command imports TensorFlow or JAX. With
+    ``argv`` (a caller's own process, e.g. tests) the process is left as it is."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    if argv is None and not args.verbose:
+        from narbench_core.quiet import quiet_process
+
+        quiet_process()
     try:
         code = args.func(args)
     except UserError as err:

@@ -5,11 +5,12 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Iterable, Optional, TextIO
+from typing import Callable, Iterable, Optional, TextIO
 
 from bench import families
 from narbench_core import defaults
 from narbench_core.errors import UserError
+from narbench_core.io import read_lines, split_lines
 
 TRAIN_HELP = f"""Train an AR T5 or a PaDIR model on a task's training split. Checkpoints default to
 <data root>/checkpoints/<task>-<kind>-<hash of task, configs, vocabulary and data>; an unfinished
@@ -68,6 +69,9 @@ def register(sub) -> None:
                    f"{defaults.DISTILL_DECODER})")
     p.add_argument("--distill-max-examples", type=int,
                    help="size of the seeded sample of training sources the teacher decodes (default: all)")
+    p.add_argument("--distill-engine", choices=defaults.DISTILL_ENGINES,
+                   help="where the teacher decodes: narbench's JAX decoder or CTranslate2 (the ct2 extra) "
+                        f"(default: the suite's, else {defaults.DISTILL_ENGINE})")
     p.add_argument("--out", type=Path, help="checkpoint folder (default: hash-keyed under the data root)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.set_defaults(func=_train_command)
@@ -152,8 +156,10 @@ def train_model(task: str, family: str, preset_name: str = "small", *, distill=N
 
 
 def translate_lines(checkpoint: Path, decoder_spec: str, lines: Iterable[str], batch_size: int = 32,
-                    **options) -> Iterable[str]:
-    """Hypotheses for ``lines`` (one per line, same order), decoded in batches."""
+                    note: Optional[Callable[[str], None]] = None, **options) -> Iterable[str]:
+    """Hypotheses for ``lines`` (one source each, a trailing newline dropped; same order), decoded in
+    batches. ``note`` gets a one-line message when sources are longer than the model's maximum and cut."""
+    from bench.measure.decoder import truncated_sources, truncation_note
     from models.decoders import load_decoder
 
     if batch_size < 1:
@@ -161,6 +167,9 @@ def translate_lines(checkpoint: Path, decoder_spec: str, lines: Iterable[str], b
     decoder = load_decoder(checkpoint, decoder_spec, **{k: v for k, v in options.items() if v is not None})
     decoder.warmup_inputs(batch_size)        # fixes the batch size: the last batch pads up to it
     sources = [line.rstrip("\n") for line in lines]
+    cut = truncated_sources(decoder, sources) if note is not None else None
+    if cut:
+        note(truncation_note(cut, len(sources), getattr(decoder, "max_source_tokens", None)))
     for start in range(0, len(sources), batch_size):
         batch = sources[start:start + batch_size]
         prepared = decoder.prepare(batch)
@@ -174,9 +183,11 @@ def _train_command(args: argparse.Namespace) -> int:
     enable_compilation_cache()
     distill = None
     if args.distill:
-        distill = distill_settings(args.suite, decoder=args.distill_decoder, max_examples=args.distill_max_examples)
-    elif args.suite or args.distill_decoder or args.distill_max_examples:
-        raise UserError("--suite, --distill-decoder and --distill-max-examples only apply with --distill")
+        distill = distill_settings(args.suite, decoder=args.distill_decoder, max_examples=args.distill_max_examples,
+                                   engine=args.distill_engine)
+    elif args.suite or args.distill_decoder or args.distill_max_examples or args.distill_engine:
+        raise UserError("--suite, --distill-decoder, --distill-max-examples and --distill-engine only apply with "
+                        "--distill")
     out = train_model(args.task, args.model, args.preset, distill=distill, teacher=args.teacher,
                       out=args.out, progress=not args.quiet, init=args.init, init_from=args.init_from,
                       axes={"unmask_rate": args.unmask_rate, "stages": args.stages, "recipe": args.recipe,
@@ -206,15 +217,11 @@ def _translate_command(args: argparse.Namespace, stdin: TextIO = None, stdout: T
     stdin, stdout = stdin or sys.stdin, stdout or sys.stdout
     if args.source_file is not None and not args.source_file.is_file():
         raise UserError(f"source file {args.source_file} not found; pass an existing file or use stdin")
-    source = open(args.source_file, encoding="utf-8") if args.source_file else stdin
-    try:
-        lines = list(source)
-    finally:
-        if args.source_file:
-            source.close()
+    lines = read_lines(args.source_file) if args.source_file else split_lines(stdin.read())   # lines end at "\n" only
     if not lines:
         return 0
     for hyp in translate_lines(args.checkpoint, args.decoder, lines, args.batch_size,
+                               note=lambda line: print(line, file=sys.stderr),
                                length_hyps=args.length_hyps, remask=args.remask,
                                length_bonus=args.length_bonus):
         stdout.write(hyp.replace("\n", " ") + "\n")

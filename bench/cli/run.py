@@ -6,10 +6,11 @@ import functools
 import shlex
 import sys
 import time
+import unicodedata
 from pathlib import Path
 
 from narbench_core.errors import UserError
-from narbench_core.io import write_jsonl
+from narbench_core.io import read_lines, write_jsonl
 
 SUITE_HELP = "built-in suite name (smoke, quick, default, anchors, ablation, paper) or a path to a .toml spec"
 
@@ -199,7 +200,7 @@ def _finish(run_dir: Path, done=None) -> int:
 
 def _read_lines(path: str) -> list[str]:
     try:
-        return Path(path).read_text(encoding="utf-8").splitlines()
+        return read_lines(path)
     except FileNotFoundError:
         raise UserError(f"{path} does not exist; pass a text file with one sentence per line") from None
     except UnicodeDecodeError:
@@ -242,6 +243,9 @@ def cmd_eval(args) -> int:
     if not sources:
         raise UserError(f"{args.source_file} is empty; give at least one sentence")
     name = args.name or Path(args.source_file).stem
+    if any(unicodedata.category(c) in ("Cc", "Cs") for c in name):   # a tab or line break breaks the tables
+        raise UserError(f"test set name {name!r} holds a control character (a tab or line break) or bytes that "
+                        "are not UTF-8; pass --name with a plain name")
     rows = run.rows()
     if not rows:
         raise UserError(f"{run.path} has no finished systems; run `narbench run` first")
@@ -260,7 +264,13 @@ def cmd_eval(args) -> int:
     target = runner.Target(name, len(refs), frozenset(s.name for s, _ in systems))
     env = benv.capture(seeds=_seeds(spec), platform=platform)
     suite = runner.Runner(spec, runner.real_deps(), run, env, platform, load_scorer(args.bleurt_checkpoint))
-    suite.evaluate(systems, data, [target])
+    done = suite.evaluate(systems, data, [target])
+    cut = max((r.truncated_sources or 0 for r in done), default=0)
+    if cut:
+        from bench.measure.decoder import truncation_note
+
+        print(truncation_note(cut, len(sources), None, f" of test set {name!r} (per system: rows.jsonl's "
+                              "truncated_sources)"), file=sys.stderr)
     return _finish(run.path)
 
 

@@ -95,5 +95,15 @@ class ARFamily(Family):
     def point_label(self, row) -> str:
         return row.system.removeprefix("ar-")
 
+    def name_parts(self, row) -> list[tuple[str, str, bool]]:
+        return [("decoder", search_words(row.decoder or ""), True),
+                ("layers", f", {row.layers} layers" if row.layers else "", False),
+                ("distill", ", distilled" if row.distill else "", False)]
+
+
+def search_words(decoder: str) -> str:
+    """``greedy`` -> "greedy", ``beam:5`` -> "beam 5" (the search of an AR decoder spec, in words)."""
+    return decoder.replace(":", " ")
+
 
 families.register(ARFamily())

@@ -125,6 +125,13 @@ class Family:
         """A short label for the row's point in plots."""
         return row.system
 
+    def name_parts(self, row) -> list[tuple[str, str, bool]]:
+        """The row's display name in parts, in order: ``(axis, text, always)``. Reports name a system by
+        the family's label, the parts marked ``always`` and those whose text differs between the family's
+        rows of the run (``bench.report.names``). A text starting with "," reads as a trailing clause
+        ("T=4 k=3, distilled"); an empty text says nothing."""
+        return [("system", row.system, True)]
+
     def style(self, row) -> dict[str, Any]:
         """Matplotlib colour and marker of the row's points, and its legend entry."""
         return {"color": "#1f4e79", "marker": "s", "label": self.label}

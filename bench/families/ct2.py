@@ -98,6 +98,15 @@ class CT2Family(Family):
     def point_label(self, row) -> str:
         return row.system.removeprefix("ct2-")
 
+    def name_parts(self, row) -> list[tuple[str, str, bool]]:
+        m = DECODER_RE.match(row.decoder or "")
+        if m is None:
+            return super().name_parts(row)
+        threads = row.engine_threads
+        return [("decoder", "greedy" if m[2] == "greedy" else f"beam {m[3]}", True),
+                ("quantization", ", int8" if m[1] else ", float32", False),
+                ("threads", "" if threads is None else f", {threads} thread{'s' * (threads != 1)}", False)]
+
     def style(self, row) -> dict[str, Any]:
         return {"color": "#2e8b57", "marker": "D", "label": self.label}
 

@@ -209,6 +209,25 @@ class PaDIRFamily(Family):
                        row.length_bonus or d.LENGTH_BONUS)
         return f"T={row.iterations}{rate}{rest.replace('-', ' ')}"
 
+    def name_parts(self, row) -> list[tuple[str, str, bool]]:
+        def part(axis: str, text) -> tuple[str, str, bool]:    # rows from before an axis existed hold None
+            value = row[axis]
+            return axis, "" if value is None else text(value), axis == "iterations"
+
+        return [part("iterations", lambda v: f"T={v}"),
+                part("length_hyps", lambda v: f"k={v}"),
+                part("unmask_rate", lambda v: f"u={v:g}"),
+                part("length_bonus", lambda v: f"len{v:+d}"),
+                part("distill", lambda v: ", distilled" if v else ", raw"),
+                part("glancing", lambda v: ", glancing" if v else ", no glancing"),
+                part("remask", lambda v: f", remask {v}"),
+                part("start", lambda v: f", {v} start"),
+                part("init", lambda v: ", from AR" if v == "ar" else f", {v} init"),
+                part("recipe", lambda v: f", {v} recipe"),
+                part("length_predictor", lambda v: ", length offsets" if v == "offset" else ", absolute lengths"),
+                part("positional_attention", lambda v: "" if v else ", no positional attention"),
+                part("stages", lambda v: f", {v} stage{'s' * (v != 1)}")]
+
     def style(self, row) -> dict[str, Any]:
         if row.distill:
             return {"color": "#c0392b", "marker": "o", "label": "PaDIR, distilled"}

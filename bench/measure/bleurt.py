@@ -22,6 +22,7 @@ from typing import Sequence
 import numpy as np
 
 from narbench_core.errors import UserError
+from narbench_core.io import read_lines
 
 ENV_VAR = "NARBENCH_BLEURT"
 CONFIG_FILE = "bleurt_config.json"
@@ -54,7 +55,7 @@ class WordPieceTokenizer:
     then greedy longest-match-first WordPiece with ``##`` continuations."""
 
     def __init__(self, vocab_file: Path, do_lower_case: bool, max_chars_per_word: int = 100):
-        lines = Path(vocab_file).read_text(encoding="utf-8").splitlines()
+        lines = read_lines(vocab_file)
         self.vocab = {tok.strip(): i for i, tok in enumerate(lines) if tok.strip()}
         for special in ("[CLS]", "[SEP]", "[UNK]"):
             if special not in self.vocab:

@@ -43,8 +43,24 @@ class Decoder(Protocol):
         so work that does not depend on the tokens is shared), for XLA cost analysis. A decoder that runs outside XLA
         (CTranslate2) sets a class attribute ``xla_costs = False`` and is not costed."""
 
+    # Optional: a decoder that cuts long sources also has ``max_source_tokens`` (the longest source it
+    # keeps, EOS included) and ``count_truncated(sources) -> int`` (how many of them ``prepare`` cuts).
 
-__all__ = ["DecodeOutput", "Decoder", "translate"]
+
+__all__ = ["DecodeOutput", "Decoder", "truncated_sources", "truncation_note", "translate"]
+
+
+def truncated_sources(decoder: Any, sources: Sequence[str]) -> int | None:
+    """How many of ``sources`` the decoder cuts to its maximum source length (None: it does not say)."""
+    count = getattr(decoder, "count_truncated", None)
+    return None if count is None else int(count(list(sources)))
+
+
+def truncation_note(cut: int, total: int, limit: int | None, where: str = "") -> str:
+    """The one-line note ``translate`` and ``eval`` print when sources were cut."""
+    limit_text = f" of {limit} tokens (EOS included)" if limit else ""
+    return (f"narbench: {cut} of {total} sources{where} are longer than the model's maximum source length"
+            f"{limit_text} and were cut to it: their translations cover only the kept part")
 
 
 def translate(decoder: Decoder, sources: Sequence[str]) -> DecodeOutput:

@@ -9,8 +9,11 @@ asks for (``Family.worker_env``: thread counts, the OpenMP wait policy), set bef
 The driver keeps the schedule (``bench.measure.timing.measure_systems``): it hands each batch to the worker
 whose turn it is and waits on its pipe; the worker times its own call with the one protocol
 (``bench.measure.timing.time_call``) and sends back the outputs and timings. Idle workers block on their pipe
-and compute nothing. A worker that dies gives a one-line ``UserError`` naming its system and the last
-line it wrote to stderr; nothing of that timed group is saved, so re-running the command resumes.
+and compute nothing. A worker's stdout and stderr go to a log file of its own, never to the command's output;
+it inherits the driver's environment (``TF_CPP_MIN_LOG_LEVEL`` too when the command is quiet:
+``narbench_core.quiet``). A worker that
+dies gives a one-line ``UserError`` naming its system and the last line it wrote to stderr that is not a
+library's log line; nothing of that timed group is saved, so re-running the command resumes.
 
 Messages are ``(op, args)`` tuples answered by ``("ok", value)`` or ``("error", kind, text)``; the
 first message is the ``WorkerSpec``, answered by the worker's ``info``.
@@ -30,7 +33,9 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from bench.measure import timing
+from bench.measure.decoder import truncated_sources
 from narbench_core.errors import UserError
+from narbench_core.quiet import is_library_log
 
 
 @dataclass(frozen=True)
@@ -126,8 +131,8 @@ class Worker:
             code = self.process.wait(timeout=10)
         except subprocess.TimeoutExpired:
             code = None
-        lines = [ln for ln in self._log.read_text(errors="replace").splitlines() if ln.strip()] \
-            if self._log.exists() else []
+        lines = [ln for ln in self._log.read_text(errors="replace").splitlines()
+                 if ln.strip() and not is_library_log(ln)] if self._log.exists() else []
         last = f": {lines[-1].strip()[:300]}" if lines else ""
         raise UserError(f"system {self.name}: its worker process (pid {self.pid}) died with exit code {code}"
                         f"{last}; re-run the same command to resume")
@@ -143,6 +148,10 @@ class Worker:
     def cost(self, sources: Sequence[str], passes, batch_size: int):
         """``bench.costs.cost_of`` of this worker's decoder (None for a decoder outside XLA)."""
         return self.call("cost", list(sources), passes, batch_size)
+
+    def truncated(self, sources: Sequence[str]) -> int | None:
+        """``bench.measure.decoder.truncated_sources`` of this worker's decoder."""
+        return self.call("truncated", list(sources))
 
     def peak_rss_mb(self) -> float:
         return self.call("peak_rss_mb")
@@ -198,6 +207,9 @@ class Local(timing.InProcess):
 
         return cost_of(self.decoder, list(sources), passes, batch_size)
 
+    def truncated(self, sources: Sequence[str]) -> int | None:
+        return truncated_sources(self.decoder, sources)
+
     def peak_rss_mb(self) -> float:
         return _peak_rss_mb()
 
@@ -234,7 +246,8 @@ def _serve(conn: Connection) -> None:
 
     ops = {"warmup": lambda bs: timing.warm_up_decoder(decoder, bs),
            "timed": lambda sources, phase: timing.time_call(decoder, sources, phase),
-           "cost": cost, "peak_rss_mb": _peak_rss_mb}
+           "cost": cost, "truncated": lambda sources: truncated_sources(decoder, sources),
+           "peak_rss_mb": _peak_rss_mb}
     with scope:
         while True:
             try:

@@ -15,9 +15,10 @@ from bench import store as st
 from bench.report.plots import (BLEU_VS_ITERATIONS, CURVE_PLOT, DIAL_PLOT, LATENCY_CDF, PARETO, PLOTS,
                                 plot_bleu_vs_iterations, plot_dial, plot_latency_cdf, plot_learning_curves,
                                 plot_pareto)
+from bench.report.names import display_names, render_legend
 from bench.report.tables import (LATENCY_TABLE, LEADERBOARD, fastest_ar, isolation_note, markdown_table,
                                  render_budgets, render_grid, render_isolation, render_modes, render_phases,
-                                 system_order, test_sets, valid_target_counts)
+                                 run_says, system_order, test_sets, valid_target_counts)
 from bench.rows import P99_MIN_N, Row, column
 from narbench_core import defaults
 from narbench_core.errors import UserError
@@ -138,12 +139,14 @@ def render_leaderboard(rows: list[Row], info: dict, env: dict, run_dir: Path, sa
                       "their speedups pair latencies measured apart (not interleaved).", ""])
     has_bleurt = any(r.bleurt is not None for r in rows)
     names = [n for n in LEADERBOARD if has_bleurt or n != "bleurt"]
+    shown = display_names(rows)
     for ts in test_sets(rows):
         ts_rows = sorted((r for r in rows if r.test_set == ts), key=lambda r: -(r.bleu if r.bleu is not None else -1e9))
         unlearned = not_learned(ts_rows)
-        shown = [n for n in names if not (unlearned and n in SPEEDUP_COLUMNS)]
-        lines.extend([f"## {ts}", "", *([unlearned, ""] if unlearned else []),
-                      *markdown_table(ts_rows, shown, rank=True), ""])
+        columns = [n for n in names if not (unlearned and n in SPEEDUP_COLUMNS)]
+        lines.extend([f"## {ts}", "", *([unlearned, ""] if unlearned else run_says(rows, samples, ts, shown)),
+                      *markdown_table(ts_rows, columns, rank=True, shown=shown), ""])
+    lines.extend(render_legend(rows, system_order(rows)))
     if not has_bleurt:
         lines.extend([f"BLEURT: {NO_BLEURT} (pass `--bleurt-checkpoint DIR` or set NARBENCH_BLEURT).", ""])
     verdict = stutter_verdict(rows)
@@ -151,14 +154,13 @@ def render_leaderboard(rows: list[Row], info: dict, env: dict, run_dir: Path, sa
         lines.extend([verdict, ""])
     lines.extend(render_modes(rows, samples))
     lines.extend(isolation_note(rows))
-    lines.extend(fastest_ar(rows, samples))
+    lines.extend(fastest_ar(rows, samples, shown))
     lines.extend(["ΔBLEU: paired bootstrap against AR greedy; * p < 0.05, ** p < 0.01. Bold: the best value of a "
-                  "column. Len ratio: hypothesis words / reference words. Full tables with CIs, passes and stutter: "
-                  "[table.md](table.md).", "",
-                  "Train steps, seconds and FLOPs: the training budget of the system's model (seconds in train "
-                  "steps only; FLOPs from XLA's cost analysis of the compiled train step, summed over steps; "
-                  f"per model in table.md). Still improving: {column('still_improving').doc}; the curves are in "
-                  "learning_curves.png and curves.jsonl.", ""])
+                  "column. Speedup: the median of per-sentence latency ratios against AR greedy, timed interleaved "
+                  "[95% CI]. Train steps and seconds: the training budget of the system's model (seconds in train "
+                  f"steps only); still improving: {column('still_improving').doc}; the curves are in "
+                  "learning_curves.png and curves.jsonl. chrF, length ratio, stutter, passes, training FLOPs and "
+                  "where the time goes: [table.md](table.md).", ""])
     sigs = _signatures(rows, "bleu_signature") + _signatures(rows, "chrf_signature")
     lines.extend(["## Reproduce", "", "```", info.get("command") or "narbench run", "```", "",
                   "SacreBLEU signatures: " + "; ".join(f"`{s}`" for s in sigs), ""])

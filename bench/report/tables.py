@@ -7,7 +7,7 @@ test sets grid, training budgets, where the time goes, isolation and its note, t
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Mapping, Sequence
 
 from bench import families
 from bench.rows import Row, column
@@ -16,13 +16,11 @@ from narbench_core.markdown import table
 from narbench_core.phases import PHASES
 
 SUMMARY = ("system", "family", "hypotheses", "iterations_view")
-LATENCY_TABLE = ("system", "hypotheses", "iterations_view", "bleu", "bleu_delta_vs_ar", "p50_view", "latency_p99_ms",
+LATENCY_TABLE = ("system", "hypotheses", "iterations_view", "bleu", "bleu_delta_vs_ar", "chrf", "p50_view", "latency_p99_ms",
                  "speedup_p50_vs_ar", "passes_view", "stutter_per_1k_words", "stutter_sentence_share", "length_ratio",
                  "compile_s")
-LEADERBOARD = ("system", "family", "hypotheses", "iterations_view", "bleu", "train_steps", "train_seconds", "train_flops",
-               "still_improving", "bleu_delta_vs_ar", "chrf", "bleurt",
-               "latency_p50_ms", "latency_p99_ms", "speedup_p50_vs_ar", "interference", "stutter_per_1k_words",
-               "length_ratio")
+LEADERBOARD = ("system", "bleu", "bleu_delta_vs_ar", "bleurt", "latency_p50_ms", "latency_p99_ms", "speedup_p50_vs_ar",
+               "train_steps", "train_seconds", "still_improving")     # the rest is in table.md
 ISOLATION_TABLE = ("system", "isolated", "engine_threads", "latency_p50_ms", "solo_p50_ms", "interference",
                    "worker_peak_rss_mb")
 PHASE_TABLE = ("system", "hypotheses", "iterations_view", *(f"phase_{p}_view" for p in PHASES), "phase_p50_sum_ratio",
@@ -33,9 +31,15 @@ FASTEST_AR = ("System", "BLEU", "vs AR greedy", "fastest AR at >= its BLEU", "it
               "speedup p50 [95% CI]")
 
 
-def markdown_table(rows: Sequence[Row], names: Sequence[str], rank: bool = False, mark_best: bool = True) -> list[str]:
-    """A markdown table of ``rows`` with the named columns; the best value of each score is bold."""
+def markdown_table(rows: Sequence[Row], names: Sequence[str], rank: bool = False, mark_best: bool = True,
+                   shown: Mapping[str, str] | None = None) -> list[str]:
+    """A markdown table of ``rows`` with the named columns; the best value of each score is bold. With
+    ``shown`` (system id -> display name) the system column shows display names."""
     header, cells, align = _cells(rows, names, mark_best)
+    if shown and "system" in names:
+        at = list(names).index("system")
+        for row, line in zip(rows, cells):
+            line[at] = shown[row.system]
     if rank:
         return table(["#", *header], ([i, *row] for i, row in enumerate(cells, 1)), "r" + align)
     return table(header, cells, align)
@@ -180,24 +184,47 @@ def isolation_note(rows: Sequence[Row]) -> list[str]:
     return [*lines, ""]
 
 
-def fastest_ar(rows: Sequence[Row], samples: Sequence[dict]) -> list[str]:
-    """Per test set: the fastest AR-side system (lowest p50, any family: JAX AR, CTranslate2 ...), and
-    for each non-autoregressive row its paired per-sentence p50 speedup against the fastest AR-side
-    row whose BLEU is at least its own (the AR a user would deploy instead). Empty without NAR rows."""
-    from bench.measure import stats
-
+def _latencies(samples: Sequence[dict]) -> dict[tuple[str, str], dict[int, float]]:
+    """(system, test set) -> sentence index -> latency ms."""
     lat: dict[tuple[str, str], dict[int, float]] = {}
     for s in samples:
         lat.setdefault((s["system"], s["test_set"]), {})[s["index"]] = s["latency_ms"]
+    return lat
+
+
+def _paired(lat: dict, baseline: Row, system: Row) -> str:
+    """``system``'s p50 speedup over ``baseline`` paired per sentence, "0.12x [0.11, 0.13]" ("-" unpaired)."""
+    from bench.measure import stats
+
+    a, b = lat.get((baseline.system, baseline.test_set), {}), lat.get((system.system, system.test_set), {})
+    common = sorted(set(a) & set(b))
+    if not common:
+        return "-"
+    sp = stats.paired_speedup([a[i] for i in common], [b[i] for i in common])
+    return f"{sp.median:.2f}x" + ("" if sp.ci is None else f" [{sp.ci[0]:.2f}, {sp.ci[1]:.2f}]")
+
+
+def _sides(rows: Sequence[Row], ts: str) -> tuple[list[Row], list[Row]]:
+    """A test set's timed AR-side rows, fastest first, and its scored non-autoregressive rows, best first."""
+    here = [r for r in rows if r.test_set == ts and r.latency_p50_ms is not None]
+    ar = sorted((r for r in here if r.paradigm == "ar"), key=lambda r: r.latency_p50_ms)
+    nar = sorted((r for r in here if r.paradigm != "ar" and r.bleu is not None), key=lambda r: -r.bleu)
+    return ar, nar
+
+
+def fastest_ar(rows: Sequence[Row], samples: Sequence[dict], shown: Mapping[str, str]) -> list[str]:
+    """Per test set: the fastest AR-side system (lowest p50, any family: JAX AR, CTranslate2 ...), and
+    for each non-autoregressive row its paired per-sentence p50 speedup against the fastest AR-side
+    row whose BLEU is at least its own (the AR a user would deploy instead). Systems by their display
+    names (``shown``). Empty without NAR rows."""
+    lat = _latencies(samples)
     lines: list[str] = []
     for ts in test_sets(rows):
-        here = [r for r in rows if r.test_set == ts and r.latency_p50_ms is not None]
-        ar = sorted((r for r in here if r.paradigm == "ar"), key=lambda r: r.latency_p50_ms)
-        nar = sorted((r for r in here if r.paradigm != "ar" and r.bleu is not None), key=lambda r: -r.bleu)
+        ar, nar = _sides(rows, ts)
         if not ar or not nar:
             continue
         top = ar[0]
-        lines.extend([f"**Fastest AR** on {ts}: {top.system} (p50 {top.latency_p50_ms:.1f} ms"
+        lines.extend([f"**Fastest AR** on {ts}: {shown[top.system]} (p50 {top.latency_p50_ms:.1f} ms"
                       + (f", BLEU {top.bleu:.2f}" if top.bleu is not None else "") + "). Each non-autoregressive "
                       "system against the fastest AR-side system at equal or better BLEU (paired per sentence):", ""])
         body = []
@@ -205,20 +232,42 @@ def fastest_ar(rows: Sequence[Row], samples: Sequence[dict]) -> list[str]:
             rival = next((a for a in ar if a.bleu is not None and a.bleu >= r.bleu), None)
             greedy = "-" if r.speedup_p50_vs_ar is None else f"{r.speedup_p50_vs_ar:.2f}x"
             if rival is None:
-                body.append([r.system, f"{r.bleu:.2f}", greedy, "none: better than every AR", "-", "-", "-"])
+                body.append([shown[r.system], f"{r.bleu:.2f}", greedy, "none: better than every AR", "-", "-", "-"])
                 continue
-            a, b = lat.get((rival.system, ts), {}), lat.get((r.system, ts), {})
-            common = sorted(set(a) & set(b))
-            if common:
-                sp = stats.paired_speedup([a[i] for i in common], [b[i] for i in common])
-                ci = "" if sp.ci is None else f" [{sp.ci[0]:.2f}, {sp.ci[1]:.2f}]"
-                cell = f"{sp.median:.2f}x{ci}"
-            else:
-                cell = "-"
-            body.append([r.system, f"{r.bleu:.2f}", greedy, rival.system, f"{rival.bleu:.2f}",
-                         f"{rival.latency_p50_ms:.1f}", cell])
+            body.append([shown[r.system], f"{r.bleu:.2f}", greedy, shown[rival.system], f"{rival.bleu:.2f}",
+                         f"{rival.latency_p50_ms:.1f}", _paired(lat, rival, r)])
         lines.extend([*table(FASTEST_AR, body, "lrrl"), ""])
     return lines
+
+
+def run_says(rows: Sequence[Row], samples: Sequence[dict], ts: str, shown: Mapping[str, str]) -> list[str]:
+    """"What this run says" on one test set, from its rows alone: the best BLEU, the fastest system within
+    ``defaults.SAYS_BLEU_MARGIN`` of it, and the best non-autoregressive system's paired p50 speedup against
+    AR greedy and against the fastest AR-side system. [] when nothing was scored."""
+    scored = [r for r in rows if r.test_set == ts and r.bleu is not None]
+    if not scored:
+        return []
+    best = max(scored, key=lambda r: r.bleu)
+    margin = defaults.SAYS_BLEU_MARGIN
+    near = [r for r in scored if r.bleu >= best.bleu - margin and r.latency_p50_ms is not None]
+    words = [f"the best BLEU is {shown[best.system]}'s {best.bleu:.2f}"]
+    if near:
+        quick = min(near, key=lambda r: r.latency_p50_ms)
+        words.append(f"; the fastest system within {margin:g} BLEU of it is "
+                     + ("that one" if quick is best else f"{shown[quick.system]} ({quick.bleu:.2f})")
+                     + f", at p50 {quick.latency_p50_ms:.1f} ms")
+    words.append(".")
+    ar, nar = _sides(rows, ts)
+    base = next((r for r in scored if r.system == r.baseline_system), None)
+    if nar and ar and base is not None and base.latency_p50_ms is not None:
+        lat, top, top_nar = _latencies(samples), ar[0], nar[0]
+        delta = "" if top_nar.bleu_delta_vs_ar is None else f", {top_nar.bleu_delta_vs_ar:+.2f} against AR greedy"
+        words.append(f" The best non-autoregressive system, {shown[top_nar.system]} ({top_nar.bleu:.2f} BLEU{delta}), "
+                     f"has a p50 speedup of {_paired(lat, base, top_nar)} against {shown[base.system]} "
+                     f"({base.latency_p50_ms:.1f} ms) and {_paired(lat, top, top_nar)} against the fastest AR-side "
+                     f"system, {shown[top.system]} ({top.latency_p50_ms:.1f} ms, {column('bleu').cell(top)} BLEU), "
+                     "paired per sentence (below 1x: slower).")
+    return [f"**What this run says** on {ts}: " + "".join(words), ""]
 
 
 MODES_METRICS = ("exact_match", "bleu", "mode_mixing", "stutter_per_1k_words")   # the dial's figures

@@ -65,7 +65,11 @@ class FakeLowered:
 
 
 class FakeDecoder:
-    """Implements ``bench.measure.decoder.Decoder`` structurally, with no model behind it."""
+    """Implements ``bench.measure.decoder.Decoder`` structurally, with no model behind it. A token is a
+    word: a source of more than ``max_source_tokens - 1`` words is cut to them (as the real decoders cut
+    at their largest shape bucket), and ``count_truncated`` says how many were."""
+
+    max_source_tokens = 9
 
     def __init__(self, checkpoint_dir: Path, spec: str, name: str, factory: "FakeFactory", **options: Any):
         self.name, self.spec, self.options, self.factory = name, spec, options, factory
@@ -81,8 +85,11 @@ class FakeDecoder:
             raise KeyboardInterrupt
         return prepared["tokens"] + 1   # [batch, 16]
 
+    def count_truncated(self, sources: Sequence[str]) -> int:
+        return sum(len(s.split()) + 1 > self.max_source_tokens for s in sources)
+
     def _translate(self, source: str) -> tuple[str, int]:
-        words = source.upper().split()
+        words = source.upper().split()[: self.max_source_tokens - 1]
         if self.spec == "greedy":
             return " ".join(words[:-1] if len(words) > 5 else words), len(words) + 1
         if self.spec.startswith("beam"):

@@ -93,14 +93,24 @@ def test_table_has_paper_layout_and_latency_columns(run_dir):
 def test_leaderboard_sorted_with_signature_env_command_and_links(run_dir):
     text = (run_dir / "leaderboard.md").read_text()
     section = text.split("## bible_de_en:test\n")[1].split("##")[0]
-    bleus = [float(ln.split("|")[6].strip(" *")) for ln in section.splitlines() if ln.startswith("| ") and ln[2].isdigit()]
+    lines = [ln for ln in section.splitlines() if ln.startswith("| ") and ln[2].isdigit()]
+    bleus = [float(ln.split("|")[3].strip(" *")) for ln in lines]
     assert len(bleus) == 20 and bleus == sorted(bleus, reverse=True)   # 14 JAX, 6 CTranslate2 (3 x 1-2 threads)
+    # At most ~10 columns, systems by display names (the ids in the legend), a summary from the rows.
+    header = next(ln for ln in section.splitlines() if ln.startswith("| # |"))
+    assert header.count("|") - 1 <= 10 and "| len ratio |" not in header and "| Family |" not in header
+    names = {ln.split("|")[2].strip() for ln in lines}
+    assert {"AR greedy", "AR beam 5", "PaDIR T=4 k=3, distilled", "PaDIR T=1 k=1, raw"} <= names, names
+    assert len(names) == 20 and any(n.startswith("CTranslate2 greedy, int8") for n in names), names
+    assert "| PaDIR T=4 k=3, distilled | `padir-s4-u0.15-distill-k3-lb1-init-ar-glat-lenoff` |" in text
+    assert "**What this run says** on bible_de_en:test: the best BLEU is " in section
+    assert "The best non-autoregressive system, PaDIR " in section and "against the fastest AR-side system" in section
     assert "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:" in text
     assert "narbench run --suite default" in text
     assert "Test CPU" in text and "abc123" in text
     assert "BLEURT: no BLEURT checkpoint" in text
     assert "**Stutter** (the paper: 2x or more the AR's): the claim holds for" in text
-    assert "| len ratio |" in text
+    assert "| len ratio |" in (run_dir / "table.md").read_text()         # the full columns: table.md
     assert "![pareto.png](pareto.png)" in text
     assert "(../../theory/ising/20240101T000000Z-aaaa/ising.md)" in text
 
@@ -145,12 +155,44 @@ def test_fastest_ar_and_speedups_at_equal_or_better_bleu():
                     "padir-c": 4.0}
     samples = [{"system": name, "test_set": "t", "index": i, "latency_ms": ms}
                for name, ms in per_sentence.items() for i in range(3)]
-    text = "\n".join(tables.fastest_ar(rows, samples))
+    ids = {r.system: r.system for r in rows}
+    text = "\n".join(tables.fastest_ar(rows, samples, ids))
     assert "**Fastest AR** on t: ct2-greedy (p50 5.0 ms, BLEU 20.00)" in text
     assert "| padir-a | 21.00 | 1.25x | ar-beam5 | 22.00 | 40.0 | 5.00x |" in text      # beam is the AR that good
     assert "| padir-b | 10.00 | 2.50x | ct2-greedy | 20.00 | 5.0 | 1.25x |" in text
     assert "| padir-c | 30.00 | 2.50x | none: better than every AR |" in text
-    assert tables.fastest_ar([r for r in rows if r.paradigm == "ar"], samples) == []
+    assert tables.fastest_ar([r for r in rows if r.paradigm == "ar"], samples, ids) == []
+    # The summary: the best BLEU, the fastest within 1 BLEU of it, the best NAR's paired speedups.
+    base = [type(r)({**r, "baseline_system": "ar-greedy"}) for r in rows]
+    says = "\n".join(tables.run_says(base, samples, "t", ids))
+    assert "the best BLEU is padir-c's 30.00; the fastest system within 1 BLEU of it is that one, at p50 4.0 ms" in says
+    assert ("The best non-autoregressive system, padir-c (30.00 BLEU), has a p50 speedup of 2.50x against ar-greedy "
+            "(10.0 ms) and 1.25x against the fastest AR-side system, ct2-greedy (5.0 ms, 20.00 BLEU)") in says
+    assert tables.run_says(base, samples, "other", ids) == []
+
+
+def test_display_names_say_the_axes_that_vary_and_stay_unique():
+    from bench.report.names import display_names
+
+    padir = dict(family="padir", paradigm="nar", **PADIR_DEFAULTS)
+    rows = [fake_row("ar-greedy", family="ar", decoder="greedy"), fake_row("ar-beam5", family="ar", decoder="beam:5"),
+            fake_row("ar-6x1-greedy", family="ar", decoder="greedy", layers="6-1"),
+            fake_row("ct2-int8-greedy", family="ct2", decoder="int8:greedy", engine_threads=1),
+            fake_row("ct2-greedy", family="ct2", decoder="greedy", engine_threads=1),
+            fake_row("p4", iterations=4, distill=False, **padir),
+            fake_row("p4d", iterations=4, distill=True, **padir),
+            fake_row("p4d-k1", iterations=4, distill=True, **{**padir, "length_hyps": 1}),
+            fake_row("p1d-u3", iterations=1, distill=True, **{**padir, "unmask_rate": 0.3})]
+    shown = display_names(rows)
+    assert shown == {"ar-greedy": "AR greedy", "ar-beam5": "AR beam 5", "ar-6x1-greedy": "AR greedy, 6-1 layers",
+                     "ct2-int8-greedy": "CTranslate2 greedy, int8", "ct2-greedy": "CTranslate2 greedy, float32",
+                     "p4": f"PaDIR T=4 k={d.LENGTH_HYPS} u={d.UNMASK_RATE:g}, raw",
+                     "p4d": f"PaDIR T=4 k={d.LENGTH_HYPS} u={d.UNMASK_RATE:g}, distilled",
+                     "p4d-k1": f"PaDIR T=4 k=1 u={d.UNMASK_RATE:g}, distilled",
+                     "p1d-u3": f"PaDIR T=1 k={d.LENGTH_HYPS} u=0.3, distilled"}
+    # Two systems an axis the family does not describe tells apart keep their ids.
+    twins = display_names([fake_row("ar-a", family="ar", decoder="greedy"), fake_row("ar-b", family="ar", decoder="greedy")])
+    assert twins == {"ar-a": "AR greedy (ar-a)", "ar-b": "AR greedy (ar-b)"}
 
 
 def test_leaderboard_flags_rows_whose_speed_the_other_systems_changed():

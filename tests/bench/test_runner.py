@@ -40,8 +40,8 @@ def new_store(tmp_path, spec, **kw):
 def test_expand_unique_cells_and_teacher_first(spec):
     plan = expand(spec)
     kinds = [(c.family, c.teacher is not None) for c in plan.train_cells]
-    assert kinds == [("ar", False), ("padir", False), ("padir", True)]
-    distilled = plan.train_cells[2]
+    assert kinds == [("ar", False), ("padir", True), ("padir", False)]    # needing nothing, needed by none: last
+    distilled = plan.train_cells[1]
     assert distilled.teacher == plan.train_cells[0]
     assert plan.train_cells.index(distilled.teacher) < plan.train_cells.index(distilled)
     names = [s.name for s in plan.systems]
@@ -51,6 +51,12 @@ def test_expand_unique_cells_and_teacher_first(spec):
     assert len({c.key for c in plan.eval_cells}) == len(plan.eval_cells)
     # Systems differing only in decode-time axes share one trained model.
     assert plan.systems[2].cell is plan.systems[3].cell
+
+
+def test_cells_no_other_needs_train_after_the_chains():
+    plan = expand(load_spec("anchors"))
+    assert [(c.family, dict(c.axes).get("layers"), bool(c.sources)) for c in plan.train_cells] == [
+        ("ar", None, False), ("padir", None, True), ("padir", None, True), ("ar", "6-1", False)]
 
 
 def test_ablation_expansion_trains_each_model_once():

@@ -143,10 +143,27 @@ def test_bad_values_name_the_key(tmp_path, old, new, message):
 def test_distill_decoder(tmp_path):
     assert load_spec(write(tmp_path, GOOD)).distill.decoder == "beam:5"                 # the shared default
     spec = load_spec(write(tmp_path, GOOD + '\n[distill]\ndecoder = "greedy"\nmax_examples = 9\n'))
-    assert spec.distill.kwargs() == {"decoder": "greedy", "max_examples": 9, "length_penalty": 0.6}
+    assert spec.distill.kwargs() == {"decoder": "greedy", "max_examples": 9, "length_penalty": 0.6, "engine": "jax"}
     # `beam_size = K` (the spec.toml of runs before `decoder`) still reads as beam:K.
     assert load_spec(write(tmp_path, GOOD + "\n[distill]\nbeam_size = 3\n")).distill.decoder == "beam:3"
     assert load_spec("smoke").distill.decoder == "beam:2" and load_spec("default").distill.decoder == "greedy"
+
+
+def test_distill_all_examples_and_engine(tmp_path):
+    spec = load_spec(write(tmp_path, GOOD + '\n[distill]\nmax_examples = "all"\nengine = "ct2"\n'))
+    assert spec.distill.max_examples is None and spec.distill.engine == "ct2"
+    assert parse_spec(spec.to_dict()).distill == spec.distill                       # round trip
+    # The default engine is left out of the resolved spec: the hashes of specs without the key stay.
+    plain = load_spec(write(tmp_path, GOOD))
+    assert "engine" not in plain.to_dict()["distill"] and spec.to_dict()["distill"]["engine"] == "ct2"
+    assert spec.spec_hash() != load_spec(write(tmp_path, GOOD + '\n[distill]\nmax_examples = "all"\n')).spec_hash()
+    for bad, message in (('max_examples = "some"', 'distill.max_examples: expected an integer >= 1, got "some" (or "all")'),
+                         ('engine = "onnx"', "distill.engine: expected one of jax, ct2")):
+        with pytest.raises(UserError, match=message.replace("(", r"\(").replace(")", r"\)")):
+            load_spec(write(tmp_path, GOOD + f"\n[distill]\n{bad}\n"))
+    # The converged suite: the whole training split, decoded by CTranslate2 with beam 5.
+    converged = load_spec("converged").distill
+    assert (converged.max_examples, converged.decoder, converged.engine) == (None, "beam:5", "ct2")
 
 
 def test_missing_sections(tmp_path):

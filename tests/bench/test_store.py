@@ -83,6 +83,17 @@ def test_rows_written_before_a_column_rename_load_under_the_new_name(tmp_path):
     assert row.iterations == 4 and "steps" not in row
 
 
+def test_rows_written_before_truncated_sources_load_without_it(tmp_path):
+    """`truncated_sources` (sources cut to the maximum length) is newer than schema 2: older rows read as None."""
+    run, _ = open_(tmp_path)
+    old = {k: v for k, v in dict(fake_row("ar-greedy", bleu=1.0)).items() if k != "truncated_sources"}
+    (run.path / "rows.jsonl").write_text(json.dumps(old) + "\n")
+    (row,) = run.rows()
+    assert row.truncated_sources is None and row.bleu == 1.0
+    run.save_cells([fake_row("padir", truncated_sources=3)], [])
+    assert {r.system: r.truncated_sources for r in run.rows()} == {"ar-greedy": None, "padir": 3}
+
+
 def test_resolve_run_dir_and_loaders(tmp_path):
     run, _ = open_(tmp_path)
     run.save_cells([fake_row("a", bleu=1.5)], [{"system": "a", "test_set": "t", "index": 0}])

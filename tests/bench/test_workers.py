@@ -81,6 +81,22 @@ def failing_decoder():
     raise UserError("the worker could not load this")
 
 
+def noisy_dying_decoder():
+    """Says why it fails, then a library logs a line (as TensorFlow's CUDA stub does), then the process dies."""
+    os.write(2, b"the real reason\n"
+                b"I0000 00:00:1795657265.041797   10202 cudart_stub.cc:31] Could not find cuda drivers on your "
+                b"machine, GPU will not be used.\n")
+    os._exit(3)
+
+
+def test_a_dead_worker_is_named_by_its_last_line_that_is_not_a_library_log():
+    with pytest.raises(UserError) as err:
+        workers.WorkerPool([workers.WorkerSpec("x", noisy_dying_decoder)])
+    message = str(err.value)
+    assert message.startswith("system x: its worker process") and "exit code 3: the real reason;" in message
+    assert "cuda" not in message
+
+
 class DyingDecoder(FakeDecoder):
     def run(self, prepared):
         self.calls = getattr(self, "calls", 0) + 1

@@ -86,7 +86,7 @@ def test_corrupt_jsonl_is_a_user_error(tmp_path):
 def test_core_imports_only_the_standard_library():
     code = ("import sys, narbench_core, narbench_core.io, narbench_core.errors, narbench_core.tokens, "
             "narbench_core.defaults, narbench_core.paths, narbench_core.outputs, narbench_core.digest, "
-            "narbench_core.runs; "
+            "narbench_core.runs, narbench_core.quiet; "
             "print(sorted({m.split('.')[0] for m in sys.modules} & {'bench', 'models', 'suites', 'theory', "
             "'numpy', 'jax'}))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)

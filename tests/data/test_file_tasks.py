@@ -5,12 +5,14 @@ from __future__ import annotations
 import json
 
 import pytest
+import hypothesis
+from hypothesis import strategies as hst
 
 from bench import store as st
 from bench.cli import main
 from bench.families import load_suite, parse_suite
 from narbench_core.errors import UserError
-from suites import files, tasks
+from suites import files, tasks, vocab
 
 SOURCES = [f"quelle {i} wort{i % 7} satz" for i in range(40)]
 TARGETS = [f"source {i} word{i % 7} sentence" for i in range(40)]
@@ -200,6 +202,37 @@ def test_check_finds_encoding_errors(tmp_path, capsys):
     assert [(p.line, p.source, p.references) for p in pairs] == [(1, "a", ["b"]), (3, "ok", ["fine"])]
 
 
+def test_check_finds_nul_characters(tmp_path, capsys):
+    corpus(tmp_path, test=b"a\tb\nc\x00d\te\n")
+    code, out = check(tmp_path, capsys, "test.tsv")
+    assert code == 1 and "test.tsv:2: nul: a NUL character (\\x00) at character 2" in out
+    assert "2 lines, 1 clean pairs, 1 defects" in out
+
+
+def test_check_finds_a_header_line(tmp_path, capsys):
+    corpus(tmp_path, test=b"source\ttarget\nquelle\tsource\n")
+    code, out = check(tmp_path, capsys, "test.tsv")
+    assert code == 1 and "test.tsv:1: header: looks like column names (source | target)" in out
+    assert "2 lines, 1 clean pairs, 1 defects" in out
+    corpus(tmp_path, test=b"de\ten\nquelle\tsource\n")              # language codes, languages unknown
+    assert "test.tsv:1: header: looks like column names (de | en)" in check(tmp_path, capsys, "test.tsv")[1]
+    corpus(tmp_path, test=b"EN\tSrc\nquelle\tsource\n")             # the task's languages, any case
+    code, out = check(tmp_path, capsys, "test.tsv", args=("--source-lang", "de", "--target-lang", "en"))
+    assert code == 1 and "test.tsv:1: header: " in out
+    corpus(tmp_path, test=b"text\ttexte\nja\tyes\n")                # a sentence pair, even of one word
+    assert check(tmp_path, capsys, "test.tsv")[0] == 0
+    (tmp_path / "data" / "x.de").write_text("de\nquelle\n")
+    (tmp_path / "data" / "x.en").write_text("en\nsource\n")
+    code = main(["data", "check", f"{tmp_path}/data/x.de,{tmp_path}/data/x.en"])
+    assert code == 1 and "x.de:1: header: looks like column names (de | en)" in capsys.readouterr().out
+
+
+def test_check_finds_an_empty_split(tmp_path, capsys):
+    corpus(tmp_path, test=b"")
+    code, out = check(tmp_path, capsys, "test.tsv")
+    assert code == 1 and "test.tsv:1: empty: no lines: the split is empty" in out
+
+
 def test_check_finds_test_sources_repeated_from_train(tmp_path, capsys):
     corpus(tmp_path, test=[(SOURCES[3], "anything"), ("neu", "new")])
     code, out = check(tmp_path, capsys, "train.tsv", "test.tsv")
@@ -224,6 +257,47 @@ def test_run_refuses_bad_data_before_writing(tmp_path, capsys):
     assert any(line.startswith("narbench: error: task mine_de_en: bad data: ") and "test.tsv:2: duplicate" in line
                and "narbench data check --spec" in line for line in err), err
     assert not results.exists()
+
+
+def test_run_refuses_an_empty_split_before_writing(tmp_path, capsys):
+    corpus(tmp_path, test=b"")
+    results = tmp_path / "results"
+    code = main(["run", "--suite", str(write_spec(tmp_path)), "--out", str(results), "--no-progress"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "test.tsv:1: empty: no lines: the split is empty" in err[0], err
+    assert not results.exists()
+
+
+# -- the one line rule -----------------------------------------------------------------------------
+BREAKS = "\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"
+FIELD = (hst.text(alphabet=hst.one_of(hst.sampled_from(BREAKS), hst.sampled_from("ab "), hst.characters(codec="utf-8")),
+                 min_size=1, max_size=12)
+         .map(lambda s: s.replace("\t", " ").replace("\n", " ").replace("\x00", " "))
+         .filter(lambda s: s.strip() and not s.startswith("\ufeff")))
+
+
+@hypothesis.settings(max_examples=40, deadline=None)
+@hypothesis.given(pairs=hst.lists(hst.tuples(FIELD, FIELD), min_size=1, max_size=5),
+                  ending=hst.sampled_from(["\n", "\r\n"]))
+@hypothesis.example(pairs=[("ein\rzwei", "one\u2028two"), ("drei\x0cvier", "three\x85four")], ending="\n")
+def test_own_data_reads_back_whatever_the_text(tmp_path_factory, pairs, ending):
+    """TSV and aligned files of any text (no tab or newline in a field) give their pairs back, stripped,
+    one per line, and the vocabulary's input holds them line for line: a lone CR, U+2028, form feed ...
+    are text."""
+    hypothesis.assume(not files.looks_like_header(pairs[0], "de", "en"))
+    folder = tmp_path_factory.mktemp("own")
+    for name, text in (("x.tsv", "".join(f"{s}\t{t}{ending}" for s, t in pairs)),
+                       ("x.de", "".join(s + ending for s, _ in pairs)),
+                       ("x.en", "".join(t + ending for _, t in pairs))):
+        (folder / name).write_bytes(text.encode("utf-8"))
+    tsv = files.SplitFiles((str(folder / "x.tsv"),))
+    aligned = files.SplitFiles((str(folder / "x.de"), str(folder / "x.en")))
+    task = files.FileTask("own_lines", "de", "en", (("train", tsv), ("dev", aligned), ("test", tsv)))
+    want = ([s.strip() for s, _ in pairs], [[t.strip() for _, t in pairs]])
+    assert files.load_split(task, "train") == want and files.load_split(task, "dev") == want
+    assert files.count_lines(tsv) == files.count_lines(aligned) == len(pairs)
+    sentences = list(vocab._sentences([tasks._clean_train_tsv(task)], (0, 1)))
+    assert sentences == [x for s, t in zip(want[0], want[1][0]) for x in (s, t)]
 
 
 def test_export_writes_a_synthetic_corpus(tmp_path, capsys):

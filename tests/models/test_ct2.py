@@ -46,6 +46,21 @@ def test_export_matches_teacher_forced_log_probs(ar_config, ar_params, tiny_voca
         np.testing.assert_allclose(result.log_probs, ours, atol=1e-4)
 
 
+def test_count_truncated_counts_what_prepare_cuts_as_narbench_does(ar_config, ar_params, tiny_vocab, tmp_path):
+    spec = ct2.build_spec(ar_config, ar_params, ct2.vocabulary_pieces(tiny_vocab))
+    spec.validate()
+    spec.optimize(quantization=None)
+    (tmp_path / "m").mkdir()
+    spec.save(str(tmp_path / "m"))
+    decoder = ct2.CT2Decoder(tmp_path / "m", tiny_vocab, "greedy", buckets=(16,), threads=1)
+    long = " ".join(["river stone"] * 20)
+    sources = ["alpha beta", long]
+    assert decoder.max_source_tokens == 16 and decoder.count_truncated(sources) == 1
+    assert [len(p) for p in decoder.prepare(sources)] == [len(tiny_vocab.encode("alpha beta")) + 1, 16]
+    ours = decoders.make_decoder(ar_config, ar_params, tiny_vocab, "greedy", buckets=(16,), max_decode_length=16)
+    assert ours.count_truncated(sources) == decoder.count_truncated(sources)
+
+
 def test_relative_bias_is_transposed_and_queries_keep_their_scale(ar_config, ar_params, tiny_vocab):
     spec = ct2.build_spec(ar_config, ar_params, ct2.vocabulary_pieces(tiny_vocab))
     table = np.asarray(ar_params["encoder"]["relpos_bias"]["rel_embedding"])          # [heads, buckets]

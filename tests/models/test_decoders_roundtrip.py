@@ -83,6 +83,16 @@ def test_ar_beams_attend_to_their_source_once(ar_config, ar_params, tiny_vocab):
     np.testing.assert_allclose(np.asarray(grouped.score), np.asarray(old.scores[:, 0]), rtol=1e-5, atol=1e-5)
 
 
+def test_count_truncated_counts_the_sources_prepare_cuts(ar_greedy, tiny_vocab):
+    """A source of more than max_source_tokens - 1 tokens is cut to them plus EOS; count_truncated says how many."""
+    long = " ".join(["river stone"] * 20)
+    assert ar_greedy.max_source_tokens == 16 and len(tiny_vocab.encode(long)) > 15
+    sources = [SOURCES[0], long, SOURCES[1]]
+    assert ar_greedy.count_truncated(sources) == 1 and ar_greedy.count_truncated(SOURCES) == 0
+    row = ar_greedy.prepare(sources).inputs[1]
+    assert list(row) == list(tiny_vocab.encode(long))[:15] + [decoders.EOS_ID]
+
+
 def test_warmed_batch_size_pads_small_batches(ar_greedy):
     ar_greedy.warmup_inputs(4)
     prepared = ar_greedy.prepare(SOURCES)

@@ -72,6 +72,23 @@ def test_cache_key_covers_decoder_sample_and_seed(tmp_path):
             distill.distill_dir_for(tmp_path, TASK, bad)
 
 
+def test_cache_key_names_a_ct2_teacher_and_keeps_the_jax_names(tmp_path):
+    from narbench_core.digest import json_digest
+
+    meta = {"kind": "ar", "complete": True, "task": TASK, "steps_done": 3}
+    checkpoint.write_meta(tmp_path, meta)
+    jax = distill.distill_dir_for(tmp_path, TASK, "beam:5", None, seed=0, engine="jax")
+    # The key the caches were named by before the teacher had a choice of engine: unchanged for jax.
+    teacher = {k: meta.get(k) for k in ("task", "model_config", "train_config", "vocab_hash", "data", "steps_done")}
+    key = {"teacher": teacher, "task": TASK, "decoder": "beam:5", "length_penalty": 0.6, "max_examples": None,
+           "heldout": 500, "seed": 0}
+    assert jax.name == f"{TASK}-{json_digest(key, 12)}"
+    assert distill.distill_dir_for(tmp_path, TASK, "beam:5", None, seed=0) == jax
+    assert distill.distill_dir_for(tmp_path, TASK, "beam:5", None, seed=0, engine="ct2") != jax
+    with pytest.raises(UserError, match="unknown distillation engine 'onnx'; use one of jax, ct2"):
+        distill.distill_dir_for(tmp_path, TASK, "beam:5", engine="onnx")
+
+
 class TickingClock:
     """Stands in for ``distill``'s ``time`` module: ``perf_counter`` advances one second per call, so
     the record's seconds are exact and never read the wall clock."""
@@ -108,6 +125,7 @@ def test_distill_samples_records_caches_resumes_and_registers(teacher, monkeypat
     record = json.loads((done.folder / distill.RECORD_NAME).read_text())
     assert record == done.record and set(distill.RECORD_FIELDS) <= set(record)
     assert record["examples"] == n and record["teacher_decoder"] == "beam:2" and record["heldout"] == held_n
+    assert record["teacher_engine"] == "jax"
     assert 0.0 <= record["teacher_bleu"] <= 100.0 and record["bleu_tokenize"] == "13a"
     words = lambda texts: sum(len(t.split()) for t in texts)  # noqa: E731
     assert record["length_ratio"] == pytest.approx(words(dist_refs[0]) / words([refs[0][i] for i in picked]))
@@ -151,6 +169,23 @@ def test_distill_samples_records_caches_resumes_and_registers(teacher, monkeypat
     assert resumed.record["sentences_per_second"] == n / 1002.0 and resumed.record["seconds"] == 2007.0
     assert resumed.record["teacher_bleu"] == record["teacher_bleu"]
     assert not list(done.folder.glob("part-*")) and not (done.folder / distill.TIMING_NAME).exists()
+    monkeypatch.undo()
+
+    # The CTranslate2 engine as the teacher: its own cache, its decoder, the record names it.
+    pytest.importorskip("ctranslate2", reason="the ct2 extra is part of the dev extras")
+    from models import ct2
+
+    ct2_settings = dict(settings, decoder="greedy", engine="ct2")
+    shutil.rmtree(distill.distill_dir_for(teacher, TASK, **ct2_settings), ignore_errors=True)
+    engines = []
+    real_ct2 = ct2.load_decoder
+    monkeypatch.setattr(ct2, "load_decoder", lambda *a, **k: engines.append("ct2") or real_ct2(*a, **k))
+    by_ct2 = distill.distill(teacher, TASK, **dict(run, **ct2_settings))
+    assert engines == ["ct2"] and by_ct2.folder != done.folder
+    assert by_ct2.record["teacher_engine"] == "ct2" and by_ct2.record["examples"] == n
+    assert by_ct2.record["sentences_per_second"] > 0 and 0.0 <= by_ct2.record["teacher_bleu"] <= 100.0
+    ct2_lines = (by_ct2.folder / distill.TSV_NAME).read_text(encoding="utf-8").splitlines()
+    assert [line.split("\t")[0] for line in ct2_lines] == [sources[i] for i in picked]
     monkeypatch.undo()
 
     # PaDIR trains on the distilled task through the same pipeline.
