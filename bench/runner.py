@@ -3,7 +3,8 @@
 Training cells are unique; a distilled cell's teacher is trained first. Evaluation cells are
 (system, test set); the systems of one test set are
 warmed up and then timed interleaved in one ``bench.measure.timing.measure`` call, scored, and saved
-together. Rows are keyed by ``(system, test_set)``: a re-run skips the cells whose rows exist.
+together; while it times, the process is registered as busy (``narbench_core.lock.busy``) and the other
+busy narbench processes of the machine go to env.json's ``concurrent_narbench`` with a warning line. Rows are keyed by ``(system, test_set)``: a re-run skips the cells whose rows exist.
 
 All model-specific work goes through :class:`Deps` (trainer, distiller, decoder factory, task text,
 training records, learning curves and step costs), so tests inject fakes and ``bench`` never imports
@@ -28,6 +29,7 @@ from bench.families import System, TrainCell
 from bench.plan import Plan, expand, needed_cells
 from bench.rows import SCHEMA_VERSION, Row, columns, compute_figures
 from bench.store import RunStore
+from narbench_core import lock
 from narbench_core.errors import UserError
 from suites.spec import SuiteSpec
 
@@ -312,7 +314,8 @@ class Runner:
         bar = tqdm(total=len(data.sources) * spec.timing.repeats, unit="sent", leave=False, dynamic_ncols=True,
                    desc=f"start {len(systems)} systems", disable=not self.progress)
         try:
-            with self._timed_systems(systems) as timed:
+            with lock.busy(f"timing {spec.name}"), self._timed_systems(systems) as timed:
+                seen = lock.others()            # other narbench processes competing for the machine
                 bar.set_description(f"warm up {len(timed)} systems")
                 compile_s = timing.warm_up(timed, spec.batch_size, platform=self.platform)
                 bar.set_description(f"time {len(timed)} systems interleaved, {spec.timing.turn} batches a turn"
@@ -325,9 +328,11 @@ class Runner:
                 where = {t.name: {**t.info, "peak_rss_mb": t.peak_rss_mb(), "isolated": self._isolated}
                          for t in timed}
                 truncated = {t.name: t.truncated(data.sources) for t in timed}
+                seen += lock.others()
         finally:
             bar.close()
         self._record_workers(where)
+        self._record_concurrent(seen)
         return _Timed(m, compile_s, costs, where, truncated)
 
     def _row(self, system: System, ckpt: Path, target: "Target", data: TestData, timed: "_Timed",
@@ -392,6 +397,15 @@ class Runner:
         self.store.write_env({**env, "workers": {**env.get("workers", {}),
                                                   **{n: {k: v for k, v in w.items() if k != "pid"}
                                                      for n, w in where.items()}}})
+
+    def _record_concurrent(self, seen: list) -> None:
+        """env.json's ``concurrent_narbench``: the other narbench processes (timing, training) busy on this
+        machine while this run timed; a new one is also one warning line."""
+        from bench.measure import env as benv
+
+        self.env = benv.record_concurrent(self.env, benv.concurrent(seen), self.spec.name)
+        if self.store is not None:
+            self.store.write_env({**self.store.env(), benv.CONCURRENT: self.env[benv.CONCURRENT]})
 
     def _training(self, cell: TrainCell, path: Path) -> dict:
         if cell not in self.trained:       # evaluate() alone (`narbench eval`): no distillation record at hand

@@ -13,29 +13,39 @@ Layout (docs/results_format.md, the public contract)::
                                          the run distils several tasks (or seeds)
 
 ``run_id`` is the UTC date-time plus the first 8 hex digits of the spec hash. Re-running the same
-spec reuses the newest *unfinished* run folder of that hash (so it resumes); ``narbench run`` never
-modifies a finished run (only ``narbench eval`` adds new test sets to one). Every file is written
-whole by ``narbench_core.io`` (temp name in the same folder, fsync, rename); appends rewrite the file
-the same way.
+spec reuses the newest *unfinished* run folder of that hash (so it resumes); a run is finished once
+its report is written (``finish_run`` comes after it), and a run marked finished whose report is
+missing, or whose ``rows.jsonl`` / ``samples.jsonl`` ends in a line cut off mid-write, counts as
+unfinished: it resumes, the cut line is dropped, the cells it leaves incomplete are computed again and
+the report is written. Otherwise ``narbench run`` never modifies a finished run (only ``narbench eval``
+adds new test sets to one). Every file is written whole by ``narbench_core.io`` (temp name in the same
+folder, fsync, rename); appends rewrite the file the same way.
+
+One process at a time holds a run folder (``narbench_core.lock``): ``open_run`` locks the folder it
+returns (``RunStore.release`` unlocks it); ``narbench eval`` and ``report`` hold the folder they write
+with ``narbench_core.lock.hold``. A second process is refused with one line naming the holder.
 """
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from bench.rows import SCHEMA_VERSION, Row
+from narbench_core import lock
 from narbench_core.errors import UserError
-from narbench_core.io import read_jsonl, write_json, write_jsonl, write_text
-from narbench_core.runs import LATEST, make_run_id, utc_now
+from narbench_core.io import read_jsonl, write_bytes, write_json, write_jsonl, write_text
+from narbench_core.runs import LATEST, check_name, make_run_id, utc_now
 
 CURVES = "curves.jsonl"
 SAMPLE_FIELDS = ("system", "test_set", "index", "source", "reference", "hypothesis", "latency_ms", "passes")
 
 ROWS, SAMPLES, ENV, SPEC, RUN, DISTILL = (
     "rows.jsonl", "samples.jsonl", "env.json", "spec.toml", "run.json", "distill.json")
+REPORT = "leaderboard.md"      # the report page written last (bench.report.write_report)
 
 
 # --------------------------------------------------------------------------------------- run folder
@@ -61,11 +71,20 @@ class RunStore:
     def finished(self) -> bool:
         return self.info.get("status") == "finished"
 
+    def _records(self, name: str) -> list[dict]:
+        """A JSON-lines file of the run; one whose last line was cut off mid-write names the fix."""
+        path = self.path / name
+        if torn_tail(path) is not None:
+            command = self.info.get("command", "narbench run")
+            raise UserError(f"{path}: its last line was cut off mid-write; re-run `{command}` to drop it and "
+                            "compute that cell again")
+        return read_jsonl(path)
+
     def rows(self) -> list[Row]:
-        return [Row.load(r, str(self.path / ROWS)) for r in read_jsonl(self.path / ROWS)]
+        return [Row.load(r, str(self.path / ROWS)) for r in self._records(ROWS)]
 
     def samples(self) -> list[dict]:
-        return read_jsonl(self.path / SAMPLES)
+        return self._records(SAMPLES)
 
     def done_keys(self) -> set[tuple[str, str]]:
         return {r.key for r in self.rows()}
@@ -94,7 +113,7 @@ class RunStore:
 
     def curves(self) -> list[dict]:
         """``curves.jsonl``: learning-curve points of the run's trained models (``bench.measure.learning``)."""
-        return read_jsonl(self.path / CURVES)
+        return self._records(CURVES)
 
     def save_curve(self, model: str, records: list[dict]) -> None:
         """Set the curve points of ``model`` (replacing any it had)."""
@@ -116,6 +135,38 @@ class RunStore:
         file = self.path / SPEC
         return file.read_text(encoding="utf-8") if file.is_file() else ""
 
+    def incomplete(self, report: str | None = REPORT) -> str | None:
+        """Why a run marked finished is not (its ``report`` page is missing, or a JSON-lines file ends in
+        a cut-off line), or None."""
+        if report is not None and not (self.path / report).is_file():
+            return f"its {report} is missing"
+        torn = [name for name in (ROWS, SAMPLES, CURVES) if torn_tail(self.path / name) is not None]
+        return f"the last line of {torn[0]} was cut off" if torn else None
+
+    def repair(self) -> None:
+        """Drop a cut-off last line of each JSON-lines file, then the rows whose cell lacks samples (those
+        cells are computed again)."""
+        for name in (ROWS, SAMPLES, CURVES):
+            path = self.path / name
+            cut = torn_tail(path)
+            if cut is not None:
+                with open(path, "rb") as f:
+                    write_bytes(path, f.read(cut))
+        if not (self.path / SAMPLES).is_file():
+            return
+        have: dict[tuple[str, str], int] = {}
+        for s in self.samples():
+            key = (s["system"], s["test_set"])
+            have[key] = have.get(key, 0) + 1
+        rows = self.rows()
+        whole = [r for r in rows if r.get("n_sentences") is None or have.get(r.key, 0) == r.get("n_sentences")]
+        if len(whole) < len(rows):
+            write_jsonl(self.path / ROWS, [dict(r) for r in whole])
+
+    def release(self) -> None:
+        """End this process's hold of the run folder (``open_run`` took it)."""
+        lock.release(self.path)
+
     def spec_settings(self) -> dict[str, int]:
         """The recorded spec's settings that the figures depend on: bootstrap resamples and seed."""
         import tomllib
@@ -127,38 +178,94 @@ class RunStore:
         return {"bootstrap_resamples": int(spec["bootstrap_resamples"]), "seed": int(spec["seeds"][0])}
 
 
-def open_run(out_root: Path, suite: str, spec_hash: str, spec_toml: str, command: str,
-             force: bool = False, now: datetime | None = None) -> tuple[RunStore, bool]:
-    """The run folder for this spec: the newest unfinished one of the same hash, else a new one.
+def torn_tail(path: Path) -> int | None:
+    """Where the whole lines of a JSON-lines file end when its last line was cut off mid-write (no
+    newline and not valid JSON), else None (also for a missing file)."""
+    try:
+        f = open(path, "rb")
+    except (FileNotFoundError, IsADirectoryError):
+        return None
+    with f:
+        end = f.seek(0, os.SEEK_END)
+        if end == 0:
+            return None
+        f.seek(end - 1)
+        if f.read(1) == b"\n":
+            return None
+        pos, tail = end, b""
+        while pos > 0 and b"\n" not in tail:
+            step = min(1 << 16, pos)
+            pos -= step
+            f.seek(pos)
+            tail = f.read(step) + tail
+        cut = tail.rfind(b"\n") + 1           # 0 when the file is one line
+        try:
+            json.loads(tail[cut:].decode("utf-8"))
+            return None
+        except ValueError:                     # UnicodeDecodeError is one
+            return pos + cut
 
-    ``force`` always starts a new folder. Returns ``(store, resumed)``.
+
+def open_run(out_root: Path, suite: str, spec_hash: str, spec_toml: str | Callable[[Path], str], command: str,
+             force: bool = False, now: datetime | None = None, report: str | None = REPORT) -> tuple[RunStore, bool]:
+    """The run folder for this spec, locked for this process: the newest unfinished one of the same hash
+    (a finished one whose ``report`` page is missing or whose files end in a cut-off line counts as
+    unfinished and is repaired), else a new one.
+
+    ``spec_toml`` is the spec's text, or a function of the new run folder giving it. ``force`` always
+    starts a new folder. Returns ``(store, resumed)``; ``store.release()`` ends the hold. A folder held by
+    another live process raises ``narbench_core.lock.Locked``.
     """
+    check_name(suite, "suite name")
     suite_dir = Path(out_root) / suite
     if not force:
         for candidate in sorted(suite_dir.glob(f"*-{spec_hash[:8]}"), reverse=True):
             store = RunStore(candidate)
-            info = store.info
-            if info.get("spec_hash") == spec_hash and info.get("status") != "finished":
-                for stale in candidate.glob(".*.tmp"):  # temp files of a write that was killed
-                    stale.unlink()
-                store.update_info(command=command, resumed_at=utc_now().isoformat())
-                return store, True
+            if not _resumable(store, spec_hash, report):
+                continue
+            lock.acquire(candidate, command)
+            try:
+                if not _resumable(store, spec_hash, report):   # finished meanwhile by the process that held it
+                    store.release()
+                    continue
+                for stale in candidate.glob(".*.tmp"):   # temp files of a write that was killed (no other
+                    stale.unlink()                      # process writes here: this one holds the folder)
+                store.repair()
+                store.update_info(command=command, resumed_at=utc_now().isoformat(), status="running")
+            except BaseException:
+                store.release()
+                raise
+            return store, True
     run_id = make_run_id(spec_hash, now)
     path = suite_dir / run_id
     n = 1
-    while path.exists():  # two starts within one second
-        n += 1
-        path = suite_dir / f"{run_id}.{n}"
-    path.mkdir(parents=True)
+    while True:
+        try:
+            path.mkdir(parents=True)
+            break
+        except FileExistsError:                  # two starts within one second
+            n += 1
+            path = suite_dir / f"{run_id}.{n}"
+    lock.acquire(path, command)                  # before run.json exists: no other process resumes it
     store = RunStore(path)
-    write_text(path / SPEC, spec_toml)
-    store.update_info(schema_version=SCHEMA_VERSION, suite=suite, run_id=path.name, spec_hash=spec_hash,
-                      status="running", command=command, started=utc_now().isoformat())
+    try:
+        write_text(path / SPEC, spec_toml if isinstance(spec_toml, str) else spec_toml(path))
+        store.update_info(schema_version=SCHEMA_VERSION, suite=suite, run_id=path.name, spec_hash=spec_hash,
+                          status="running", command=command, started=utc_now().isoformat())
+    except BaseException:
+        store.release()
+        raise
     return store, False
 
 
+def _resumable(store: RunStore, spec_hash: str, report: str | None) -> bool:
+    info = store.info
+    return info.get("spec_hash") == spec_hash and (info.get("status") != "finished"
+                                                    or store.incomplete(report) is not None)
+
+
 def finish_run(store: RunStore) -> None:
-    """Mark the run finished and point ``<suite>/latest`` at it (atomically)."""
+    """Mark the run finished and point ``<suite>/latest`` at it (atomically): after its report is written."""
     store.update_info(status="finished", finished=utc_now().isoformat())
     write_text(store.path.parent / LATEST, store.run_id + "\n")
 

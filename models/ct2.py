@@ -22,13 +22,13 @@ from __future__ import annotations
 import fcntl
 import json
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any, Optional
 
 import numpy as np
 
 from narbench_core.errors import UserError
+from narbench_core.io import temp_dir
 from narbench_core.tokens import EOS_ID, FIRST_REGULAR_ID, PAD_ID, UNK_ID
 
 QUANTIZATIONS = ("float32", "int8")
@@ -165,7 +165,7 @@ def export(checkpoint_dir: str | Path, out_dir: str | Path, quantization: str = 
     spec.validate()
     spec.optimize(quantization=None if quantization == "float32" else quantization)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=out_dir.name + ".", dir=out_dir.parent))
+    tmp = temp_dir(out_dir.parent, prefix=out_dir.name + ".")   # the umask's permissions, like every folder
     try:
         spec.save(str(tmp))
         (tmp / "narbench.json").write_text(json.dumps(stamp, indent=1, sort_keys=True))

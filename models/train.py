@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import optax
 
 from narbench_core.digest import json_digest
-from narbench_core import defaults, probe
+from narbench_core import defaults, lock, probe
 from narbench_core.defaults import TRAIN_BUCKETS
 from narbench_core.errors import UserError
 from models import checkpoint, losses, refine, sharding
@@ -352,20 +352,37 @@ def train(task: str, model_config: ModelConfig, train_config: TrainConfig, out_d
     steps and at the last one, a learning-curve point goes to ``curve.jsonl`` (``models.curves``;
     ``dev``: a ``curves.DevSet``, default the task's dev sample; evaluation time is not training
     time). ``narbench.json`` records ``train_flops``: per step, XLA's cost analysis of the compiled
-    step of that step's batch shape (``step_flops``), summed.
+    step of that step's batch shape (``step_flops``), summed. One process at a time trains into a folder
+    (``narbench_core.lock``: another gets a one-line refusal naming it) and it is registered as busy
+    while it trains, so a run timing meanwhile on this machine says so.
     """
-    from tqdm.auto import tqdm
-
     cfg = effective_config(model_config, train_config)
     data, identity = _training_data(task, data, out_dir)
     out_dir = Path(out_dir) if out_dir is not None else checkpoint_dir_for(task, model_config, train_config, init_from)
     out_dir.mkdir(parents=True, exist_ok=True)
+    if _finished(out_dir, model_config, cfg):
+        return out_dir
+    with lock.hold(out_dir, f"training {out_dir.name}"), lock.busy(f"training {out_dir.name}"):
+        if _finished(out_dir, model_config, cfg):      # by the process that held the folder a moment ago
+            return out_dir
+        return _train_held(task, model_config, cfg, data, identity, out_dir, checkpoint.read_meta(out_dir),
+                           progress=progress, mesh=mesh, on_step=on_step, init_from=init_from, dev=dev)
+
+
+def _finished(out_dir: Path, model_config: ModelConfig, cfg: TrainConfig) -> bool:
+    """Whether ``out_dir`` holds this training, finished; a different training in it is a ``UserError``."""
     meta = checkpoint.read_meta(out_dir)
     if meta and (meta.get("model_config") != model_config.to_dict() or meta.get("train_config") != cfg.to_dict()):
         state = "finished" if meta.get("complete") else "unfinished"
         raise UserError(f"{out_dir} holds a different {state} training; choose another --out (or delete it)")
-    if meta and meta.get("complete"):
-        return out_dir
+    return bool(meta and meta.get("complete"))
+
+
+def _train_held(task: str, model_config: ModelConfig, cfg: TrainConfig, data: TokenPairs, identity: dict,
+                out_dir: Path, meta: dict | None, *, progress: bool, mesh, on_step, init_from: Path | None,
+                dev) -> Path:
+    """``train``'s loop, in the checkpoint folder this process holds (``narbench_core.lock``)."""
+    from tqdm.auto import tqdm
 
     mesh = sharding.make_mesh() if mesh is None else mesh
     batches = BucketedBatches(data, cfg.batch_tokens, cfg.max_length, cfg.buckets, cfg.seed,

@@ -7,5 +7,7 @@ It imports nothing from the harness and nothing outside the standard library:
 - ``tokens``   the reserved token ids every vocabulary, model and decoder shares;
 - ``defaults`` the shared defaults (decoding, distillation, shape buckets);
 - ``paths``    where data, vocabularies, checkpoints and caches live (outside the repo);
+- ``runs``     run ids and the plain names of result folders;
+- ``lock``     one process at a time per run or checkpoint folder, and the registry of busy processes;
 - ``probe``    the one timing protocol for throughput probes (machine peaks and rates, training steps).
 """

@@ -7,6 +7,7 @@ A failure removes the temp file and leaves the target untouched.
 
 - ``atomic_open(path, mode)``: a file object to stream into (``"w"`` text or ``"wb"`` bytes);
 - ``atomic_path(path)``: a temp path for a library that writes by file name (``np.savez``);
+- ``temp_dir(parent, prefix)``: a folder to fill and rename into place (umask permissions, unlike ``mkdtemp``);
 - ``write_text``, ``write_lines``, ``write_bytes``, ``write_json``, ``write_jsonl``: whole files in one call;
 - ``read_jsonl``: the records of a JSON-lines file, a corrupt line named in a ``UserError``.
 
@@ -31,16 +32,29 @@ from typing import Any, Iterable, Iterator
 from narbench_core.errors import UserError
 
 
-def _file_mode() -> int:
-    """``0o666`` less the process umask (read without changing it for long)."""
+def _umask() -> int:
+    """The process umask (read without changing it for long)."""
     mask = os.umask(0)
     os.umask(mask)
-    return 0o666 & ~mask
+    return mask
+
+
+def _file_mode() -> int:
+    """``0o666`` less the process umask."""
+    return 0o666 & ~_umask()
 
 
 def _commit(tmp: str, path: Path) -> None:
     os.chmod(tmp, _file_mode())
     os.replace(tmp, path)
+
+
+def temp_dir(parent: str | os.PathLike, prefix: str) -> Path:
+    """A new, uniquely named folder in ``parent`` to fill and rename into place, with the permissions a
+    plain ``mkdir`` gives (``0o777`` less the umask; ``mkdtemp`` alone gives ``0o700``)."""
+    path = Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
+    os.chmod(path, 0o777 & ~_umask())
+    return path
 
 
 @contextlib.contextmanager

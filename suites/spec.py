@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 import re
 import tomllib
 from dataclasses import dataclass, field
@@ -28,6 +29,7 @@ from typing import Any, Callable, Mapping, Protocol
 from narbench_core.digest import COMPACT, json_digest
 from narbench_core import defaults
 from narbench_core.errors import UserError
+from narbench_core.runs import PLAIN_NAME
 from suites.files import SPLITS as FILE_SPLITS, FileTask, SplitFiles
 
 SPECS_DIR = Path(__file__).resolve().parent / "specs"
@@ -202,8 +204,24 @@ class SuiteSpec:
         """Stable hex digest of the resolved spec (canonical JSON; the source path is excluded)."""
         return json_digest(self.to_dict(), separators=COMPACT)
 
-    def to_toml(self) -> str:
-        return dump_toml(self.to_dict())
+    def to_toml(self, relative_to: str | os.PathLike | None = None) -> str:
+        """The resolved spec as TOML. With ``relative_to`` (the folder the text is written into, a run
+        folder), own-data file paths are written relative to it, not as absolute paths: a results tree
+        moved or committed with its data still reads (``parse_spec(..., base_dir=relative_to)``)."""
+        data = self.to_dict()
+        if relative_to is not None:
+            for task in data["tasks"]:
+                if "files" in task:
+                    task["files"] = {split: _relative(v, relative_to) if isinstance(v, str)
+                                     else [_relative(p, relative_to) for p in v] for split, v in task["files"].items()}
+        return dump_toml(data)
+
+
+def _relative(path: str, start: str | os.PathLike) -> str:
+    try:
+        return Path(os.path.relpath(path, Path(start).absolute())).as_posix()
+    except ValueError:                       # another drive (Windows): no relative path exists
+        return path
 
 
 def _test_set_str(train: str, ts: TestSet) -> str:
@@ -472,7 +490,8 @@ def parse_spec(data: dict[str, Any], source: str = "<spec>",
     sections = dict(sections or {})
     top = Reader(source, data, "")
     top.get("schema_version", integer(1), SCHEMA_VERSION)
-    name = top.get("name", string(_NAME, what="a name of letters, digits, _ . -"), required=True)
+    name = top.get("name", string(PLAIN_NAME, what="a plain name (letters, digits, _ . -, not starting with a "
+                                                     "dot): it names the results folder"), required=True)
     description = top.get("description", plain_text, "")
     top.used.add("tasks")
     if "tasks" not in data:

@@ -19,7 +19,7 @@ from typing import Any, Mapping
 
 from narbench_core.digest import json_digest
 from narbench_core.io import atomic_path, json_default, write_json, write_jsonl, write_text
-from narbench_core.runs import LATEST, make_run_id
+from narbench_core.runs import LATEST, check_name, make_run_id
 
 SCHEMA_VERSION = 1   # of the theory rows (the suites' rows have their own)
 
@@ -34,7 +34,7 @@ def write_run(results_root: Path, name: str, config: Mapping[str, Any], rows: li
     """Write one finished run folder; returns its path. ``figures`` maps file names to matplotlib
     figures; ``page`` is the markdown body (tables), to which a header and the plots are added; ``env``
     is the environment (device, CPU model, threads, versions, git commit, UTC date, seeds)."""
-    base = Path(results_root) / "theory" / name
+    base = Path(results_root) / "theory" / check_name(name, "theory experiment name")
     base.mkdir(parents=True, exist_ok=True)
     run_id = run_id_for(config)
     final = base / run_id

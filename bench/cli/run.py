@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import shlex
 import sys
 import time
@@ -163,25 +164,31 @@ def cmd_run(args) -> int:
     platform = _setup(args.platform)
     refuse_bad_data(spec)          # the suite's own data files, checked before any result is written
     command = _command(args, ("suite", "out", "batch_size", "max_test_sentences", "platform", "bleurt_checkpoint"))
-    run, resumed = store.open_run(Path(args.out), spec.name, spec.spec_hash(), spec.to_toml(), command,
+    run, resumed = store.open_run(Path(args.out), spec.name, spec.spec_hash(), spec.to_toml, command,
                                   force=args.force)
-    print(f"narbench: {'resuming' if resumed else 'starting'} {spec.name} in {run.path}", file=sys.stderr)
-    env = benv.capture(seeds=_seeds(spec), platform=platform)
-    run.write_env(env)
-    start = time.perf_counter()
-    suite = runner.Runner(spec, runner.real_deps(), run, env, platform, load_scorer(args.bleurt_checkpoint),
-                          progress=not args.no_progress)
-    suite.run()
-    run.update_info(last_session_s=round(time.perf_counter() - start, 1))
-    store.finish_run(run)
-    return _finish(run.path)
+    try:
+        print(f"narbench: {'resuming' if resumed else 'starting'} {spec.name} in {run.path}", file=sys.stderr)
+        env = {**benv.capture(seeds=_seeds(spec), platform=platform),
+               **{k: v for k, v in run.env().items() if k == benv.CONCURRENT}}
+        run.write_env(env)
+        start = time.perf_counter()
+        suite = runner.Runner(spec, runner.real_deps(), run, env, platform, load_scorer(args.bleurt_checkpoint),
+                              progress=not args.no_progress)
+        suite.run()
+        run.update_info(last_session_s=round(time.perf_counter() - start, 1))
+        return _finish(run.path, lambda: store.finish_run(run))   # finished only once its report is written
+    finally:
+        run.release()
 
 
-def _finish(run_dir: Path) -> int:
+def _finish(run_dir: Path, done=None) -> int:
+    """Write the run's report, then call ``done`` (``finish_run``), then check every figure."""
     from bench import report
     from bench.verify import verify_run
 
     files = report.write_report(run_dir)
+    if done is not None:
+        done()
     problems = verify_run(run_dir)
     for f in files:
         print(f)
@@ -203,6 +210,22 @@ def _read_lines(path: str) -> list[str]:
         raise UserError(f"{path} is not UTF-8 text; convert it with iconv") from None
 
 
+def _holding(arg: str, what: str):
+    """Run the command holding the run folder named by ``args.<arg>`` (``narbench_core.lock``): one process
+    at a time writes a run folder."""
+    def wrap(cmd):
+        @functools.wraps(cmd)
+        def held(args) -> int:
+            from bench.store import resolve_run_dir
+            from narbench_core import lock
+
+            with lock.hold(resolve_run_dir(getattr(args, arg)), what):
+                return cmd(args)
+        return held
+    return wrap
+
+
+@_holding("run", "narbench eval")
 def cmd_eval(args) -> int:
     import tomllib
 
@@ -232,7 +255,7 @@ def cmd_eval(args) -> int:
     if any(r.test_set == name for r in rows) and not args.force:
         raise UserError(f"{run.path} already has a test set {name!r}; pass --name NEW or --force to replace it")
     platform = _setup(args.platform)
-    spec = parse_suite(tomllib.loads(run.spec_text()), str(run.path / store.SPEC))
+    spec = parse_suite(tomllib.loads(run.spec_text()), str(run.path / store.SPEC), base_dir=run.path)
     tasks = sorted({r.task for r in rows})
     task = args.task or (tasks[0] if len(tasks) == 1 else None)
     if task not in tasks:
@@ -254,6 +277,7 @@ def cmd_eval(args) -> int:
     return _finish(run.path)
 
 
+@_holding("run_dir", "narbench report")
 def cmd_report(args) -> int:
     from bench.store import resolve_run_dir
 

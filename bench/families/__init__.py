@@ -68,12 +68,12 @@ def rank(name: str) -> int:
     return [f.name for f in all_families()].index(name)
 
 
-def parse_suite(data: dict, source: str = "<spec>"):
-    """``suites.spec.parse_spec`` with every registered family's section; the suite's own data tasks
-    are registered."""
+def parse_suite(data: dict, source: str = "<spec>", base_dir=None):
+    """``suites.spec.parse_spec`` with every registered family's section (own-data paths relative to
+    ``base_dir``, default the working directory); the suite's own data tasks are registered."""
     from suites.spec import parse_spec
 
-    return _register_file_tasks(parse_spec(data, source, {f.name: f for f in all_families()}))
+    return _register_file_tasks(parse_spec(data, source, {f.name: f for f in all_families()}, base_dir=base_dir))
 
 
 def load_suite(name_or_path):

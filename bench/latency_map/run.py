@@ -19,6 +19,7 @@ from bench.latency_map.cells import (COST_METHOD, DecoderFactory, cell_rows, par
 from bench.latency_map.model import FEATURES, CostModel, apply_model
 from bench.latency_map.report import plot_crossover, render
 from bench.latency_map.spec import MODEL, PLOT, RATES, ROWS, SUITE, TABLE, MapSpec, read_rows
+from narbench_core import lock
 from narbench_core.errors import UserError
 from narbench_core.io import write_jsonl, write_text
 
@@ -32,12 +33,24 @@ def run_map(spec: MapSpec, out_root: Path, command: str, factory: DecoderFactory
             model: CostModel | None = None) -> Path:
     """Time every missing cell into ``<out_root>/speedmap/<run_id>/rows.jsonl`` (resuming an unfinished
     run of the same settings), then fit the cost model and write the table and the plot."""
-    from bench import costs
-
     if spec.calibrate and model is not None:      # before any cell is timed
         raise UserError("a map fits its own cost model on its calibration sizes or is scored by another map's "
                         "(--cost-model), not both")
-    run, resumed = st.open_run(Path(out_root), SUITE, spec.spec_hash(), spec.to_toml(), command, force=force)
+    run, resumed = st.open_run(Path(out_root), SUITE, spec.spec_hash(), spec.to_toml(), command, force=force,
+                               report=TABLE)
+    try:
+        return _run_held(run, spec, factory, peaks, env, platform, progress, rates, model)
+    finally:
+        run.release()
+
+
+def _run_held(run: st.RunStore, spec: MapSpec, factory: DecoderFactory | None, peaks: costs.MachinePeaks | None,
+              env: dict | None, platform: str | None, progress: bool, rates: costs.MachineRates | None,
+              model: CostModel | None) -> Path:
+    """``run_map`` in the map folder this process holds."""
+    from bench import costs
+    from bench.measure import env as benv
+
     if env is not None and not (run.path / st.ENV).is_file():
         run.write_env(env)
     cpu = (env or run.env()).get("cpu_model", "unknown")
@@ -61,7 +74,12 @@ def run_map(spec: MapSpec, out_root: Path, command: str, factory: DecoderFactory
         decoders = factory(cell, systems)
         label = f"{cell.size} len {cell.length} batch {cell.batch}"
         on_call = None if bar is None else (lambda done, total: bar.set_postfix_str(f"{label}, call {done}/{total}"))
-        timed = time_cell(decoders, cell, spec, platform, on_call=on_call)
+        with lock.busy("timing the latency map"):
+            seen = lock.others()
+            timed = time_cell(decoders, cell, spec, platform, on_call=on_call)
+            seen += lock.others()
+        if run.env() or seen:
+            run.write_env(benv.record_concurrent(run.env(), benv.concurrent(seen), "the latency map"))
         parts = part_costs(decoders, systems, cell.batch)
         rows = [r for r in rows if (r["size"], r["target_length"], r["batch_size"]) != cell.key]
         rows += cell_rows(cell, systems, timed, parts, peaks, cpu)

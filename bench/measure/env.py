@@ -1,4 +1,5 @@
-"""The environment every result row carries: device, CPU, threads, library versions, git commit, date, seeds."""
+"""The environment every result row carries: device, CPU, threads, library versions, git commit, date, seeds;
+and the other narbench processes that were busy on the machine while a run timed (``concurrent_narbench``)."""
 from __future__ import annotations
 
 import os
@@ -8,8 +9,9 @@ import sys
 from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping, Sequence
 
+CONCURRENT = "concurrent_narbench"   # env.json: other narbench processes busy while this run timed
 LIBRARIES = ("jax", "jaxlib", "flax", "tensorflow", "sacrebleu", "numpy", "optax", "seqio", "sentencepiece")
 REPO_DIR = Path(__file__).resolve().parents[1]
 
@@ -139,3 +141,26 @@ def capture(seeds: Mapping[str, int] | None = None, platform: str | None = None,
         "date_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "seeds": dict(seeds or {}),
     }
+
+
+def concurrent(seen: Iterable[Any]) -> list[dict[str, Any]]:
+    """``env.json``'s ``concurrent_narbench`` entries of ``narbench_core.lock.Holder``s seen (each once)."""
+    out: list[dict[str, Any]] = []
+    for h in seen:
+        entry = {"host": h.host, "pid": h.pid, "what": h.what, "since": h.since}
+        if entry not in out:
+            out.append(entry)
+    return out
+
+
+def record_concurrent(env: dict[str, Any], entries: Sequence[dict[str, Any]], what: str) -> dict[str, Any]:
+    """``env`` with ``entries`` added to its ``concurrent_narbench`` list; with any new entry, one warning line
+    on stderr saying who competed with timing ``what``."""
+    have = list(env.get(CONCURRENT, []))
+    new = [e for e in entries if e not in have]
+    if new:
+        who = "; ".join(f"pid {e['pid']}: {e['what']} since {e['since']}" for e in new)
+        print(f"narbench: warning: {len(new)} other narbench process(es) busy on this machine while timing {what} "
+              f"({who}); its latencies may be slower than on an idle machine (env.json: {CONCURRENT})",
+              file=sys.stderr)
+    return {**env, CONCURRENT: have + new}

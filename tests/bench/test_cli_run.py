@@ -181,3 +181,63 @@ def test_latency_map_options(env, capsys, tmp_path, monkeypatch):
     code, _, err = run_cli(["latency", "--map", "--sizes", "paper", "--calibrate", "paper", "--cost-model",
                             str(tmp_path / "model.json")], capsys)
     assert code == 2 and "drop --calibrate" in err
+
+
+def test_a_second_run_of_a_folder_another_process_holds_is_refused_with_one_line(env, capsys, second_process):
+    """Two `narbench run --out X` at once: the second names the first (host, pid, since when) and exits 2."""
+    from bench.families import load_suite
+
+    spec, out, _ = env
+    suite = load_suite(spec)
+    run, _ = st.open_run(out, suite.name, suite.spec_hash(), suite.to_toml, "narbench run")
+    run.release()
+    other = second_process("hold", run.path)
+    code, _, err = run_cli(["run", "--suite", str(spec), "--out", str(out), "--no-progress"], capsys)
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1, err
+    assert lines[0].startswith(f"narbench: error: {run.path} is in use by narbench pid {other.pid} on ")
+    assert " since " in lines[0] and st.RunStore(run.path).rows() == []
+    code, _, err = run_cli(["report", str(run.path)], capsys)             # nor may another command write it
+    assert code == 2 and f"pid {other.pid}" in err
+    other.stop()
+    code, _, err = run_cli(["run", "--suite", str(spec), "--out", str(out), "--no-progress"], capsys)
+    assert code == 0 and "resuming" in err
+    assert [p for p in (out / "clitest").iterdir() if p.is_dir()] == [run.path]
+
+
+def test_a_run_killed_before_its_report_is_finished_by_the_same_command(env, capsys, monkeypatch):
+    spec, out, _ = env
+
+    def killed(run_dir):
+        raise KeyboardInterrupt
+    monkeypatch.setattr("bench.report.write_report", killed)
+    code, _, _ = run_cli(["run", "--suite", str(spec), "--out", str(out), "--no-progress"], capsys)
+    (run_dir,) = [p for p in (out / "clitest").iterdir() if p.is_dir()]
+    assert code == 130 and len(st.RunStore(run_dir).rows()) == 6
+    assert st.RunStore(run_dir).info["status"] == "running" and not (out / "clitest" / "latest").exists()
+    monkeypatch.undo()
+    code, _, err = run_cli(["run", "--suite", str(spec), "--out", str(out), "--no-progress"], capsys)
+    assert code == 0 and "resuming" in err
+    assert [p for p in (out / "clitest").iterdir() if p.is_dir()] == [run_dir]    # no new run
+    assert (run_dir / "leaderboard.md").is_file() and st.RunStore(run_dir).finished
+    assert (out / "clitest" / "latest").read_text().strip() == run_dir.name
+
+
+def test_a_cut_off_last_sample_line_is_timed_again_by_the_same_command(env, capsys):
+    spec, out, _ = env
+    assert main(["run", "--suite", str(spec), "--out", str(out), "--no-progress"]) == 0
+    run_dir = st.resolve_run_dir(out / "clitest")
+    data = (run_dir / st.SAMPLES).read_bytes()
+    (run_dir / st.SAMPLES).write_bytes(data[:-20])                    # a write cut off mid-line
+    last = json.loads(data.splitlines()[-1])
+    capsys.readouterr()
+    code, _, err = run_cli(["report", str(run_dir)], capsys)
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and "re-run `narbench run --suite" in lines[0]
+    assert "delete" not in lines[0]
+    code, _, err = run_cli(["run", "--suite", str(spec), "--out", str(out), "--no-progress"], capsys)
+    assert code == 0 and "resuming" in err and "recomputed from samples.jsonl: OK" in err
+    assert [p for p in (out / "clitest").iterdir() if p.is_dir()] == [run_dir]
+    run = st.RunStore(run_dir)
+    assert len(run.rows()) == 6 and len(run.samples()) == 6 * 15 and run.finished
+    assert any(s["system"] == last["system"] and s["index"] == last["index"] for s in run.samples())

@@ -395,3 +395,33 @@ def test_deep_shallow_ar_layouts_train_with_the_same_budget(tmp_path):
     assert row.layers == "6-1" and row.distill and row.paradigm == "ar"
     assert rows[("ar-greedy", "fake_task:test")].layers is None
     assert verify_run(run.path) == []
+
+
+def test_timing_says_which_other_narbench_processes_were_busy(tmp_path, spec, second_process, capsys, monkeypatch):
+    """While a run times it is registered as busy, and the other narbench processes busy on the machine
+    (here a second process training) go to env.json's concurrent_narbench with one warning line."""
+    import os
+
+    from bench.measure import timing
+    from narbench_core import lock
+    from narbench_core.paths import subdir
+
+    alone = new_store(tmp_path / "alone", spec)
+    Runner(spec, fake_deps(tmp_path / "ckpt"), alone, progress=False).run()
+    assert alone.env()["concurrent_narbench"] == [] and "warning" not in capsys.readouterr().err
+
+    registered = []
+    measure = timing.measure_systems
+
+    def spy(*args, **kwargs):
+        registered.extend(json.loads(p.read_text()) for p in subdir(lock.BUSY_DIR).glob("*.json"))
+        return measure(*args, **kwargs)
+    monkeypatch.setattr(timing, "measure_systems", spy)
+    other = second_process("busy", "training other-ar-1a2b")
+    run = new_store(tmp_path, spec)
+    Runner(spec, fake_deps(tmp_path / "ckpt"), run, progress=False).run()
+    (entry,) = run.env()["concurrent_narbench"]
+    assert (entry["pid"], entry["what"]) == (other.pid, "training other-ar-1a2b") and entry["since"]
+    warnings = [line for line in capsys.readouterr().err.splitlines() if "warning" in line]
+    assert len(warnings) == 1 and f"pid {other.pid}: training other-ar-1a2b" in warnings[0]
+    assert any(e["pid"] == os.getpid() and e["what"] == "timing gridtest" for e in registered)

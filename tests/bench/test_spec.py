@@ -221,3 +221,16 @@ def test_extends_lays_a_suite_on_a_built_in_one(tmp_path):
     path.write_text('extends = "default"\nname = "loop"\n')
     with pytest.raises(UserError, match="makes a cycle"):
         load_spec(path)
+
+
+@pytest.mark.parametrize("name", ["..", ".", ".hidden", "a/b", "../up", ""])
+def test_a_suite_name_is_a_plain_name(tmp_path, capsys, name):
+    """The name names the results folder: `name = ".."` would write beside --out and overwrite its latest."""
+    path = write(tmp_path, GOOD.replace('name = "mini"', f'name = "{name}"'))
+    with pytest.raises(UserError, match=r"x.toml: name: expected a plain name \(letters, digits, _ \. -, not "
+                                        r"starting with a dot\): it names the results folder"):
+        load_spec(path)
+    code = main(["run", "--suite", str(path), "--out", str(tmp_path / "results" / "out"), "--no-progress"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "not starting with a dot" in err[0]
+    assert [p.name for p in tmp_path.iterdir()] == ["x.toml"]        # nothing written, beside --out or in it

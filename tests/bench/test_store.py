@@ -23,6 +23,12 @@ def open_(tmp_path, **kw):
     return st.open_run(tmp_path, "suite", HASH, 'name = "suite"\n', "narbench run --suite suite", **kw)
 
 
+def finish(run):
+    """What `narbench run` does at the end: the report is written, then the run is marked finished."""
+    (run.path / st.REPORT).write_text("# report\n")
+    st.finish_run(run)
+
+
 def test_run_id_and_folder_layout(tmp_path):
     now = datetime(2024, 5, 6, 7, 8, 9, tzinfo=timezone.utc)
     assert st.make_run_id(HASH, now) == "20240506T070809Z-01234567"
@@ -41,13 +47,13 @@ def test_resume_latest_unfinished_and_never_touch_finished(tmp_path):
     assert not resumed and forced.path != first.path
     again, _ = open_(tmp_path)
     assert again.path == forced.path  # the newest unfinished one
-    st.finish_run(forced)
+    finish(forced)
     assert (tmp_path / "suite" / "latest").read_text() == forced.run_id + "\n"
     with pytest.raises(UserError, match="finished"):
         forced.save_cells([fake_row("a")], [])
     again, _ = open_(tmp_path)
     assert again.path == first.path  # the older unfinished run resumes; finished runs stay as they are
-    st.finish_run(first)
+    finish(first)
     fresh, resumed = open_(tmp_path, now=datetime(2024, 1, 3, tzinfo=timezone.utc))
     assert not resumed and fresh.path not in (first.path, forced.path)
 
@@ -143,3 +149,103 @@ def test_sigkill_at_any_moment_leaves_whole_files(tmp_path):
     assert run.rows(), "the writer never finished a cell; the test did not exercise anything"
     resumed, was_resumed = open_(tmp_path)
     assert was_resumed and not list(resumed.path.glob(".*.tmp"))  # killed writes' temp files are removed
+
+
+def test_a_run_folder_another_process_holds_is_refused_and_its_temp_files_kept(tmp_path, second_process):
+    """Two `narbench run --out X` at once: the second gets one line naming the first instead of resuming
+    its folder and deleting its in-flight temp files."""
+    from narbench_core import lock
+
+    run, _ = open_(tmp_path)
+    run.release()
+    other = second_process("hold", run.path)
+    inflight = run.path / ".rows.jsonl.abc123.tmp"        # the other process's write, not yet renamed
+    inflight.write_text("{}")
+    with pytest.raises(lock.Locked) as err:
+        open_(tmp_path)
+    assert f"pid {other.pid} on " in str(err.value) and "\n" not in str(err.value)
+    assert inflight.exists()
+    assert len(list((tmp_path / "suite").iterdir())) == 1           # and no second folder either
+    other.stop()
+    again, resumed = open_(tmp_path)
+    assert resumed and again.path == run.path and not inflight.exists()   # now stale: removed
+
+
+def test_a_run_folder_whose_holder_was_killed_resumes(tmp_path, second_process):
+    from narbench_core import lock
+
+    run, _ = open_(tmp_path)
+    run.release()
+    dead = second_process("die", run.path)
+    assert lock.read_holder(run.path).pid == dead.pid
+    again, resumed = open_(tmp_path)
+    assert resumed and again.path == run.path and lock.read_holder(run.path).pid == os.getpid()
+    again.release()
+    assert lock.read_holder(run.path) is None
+
+
+@pytest.mark.parametrize("name", ["..", ".", "", ".hidden", "a/b", "../x"])
+def test_a_suite_name_that_is_not_a_plain_name_is_refused(tmp_path, name):
+    with pytest.raises(UserError, match="is not a plain name: use letters, digits, _ . - and do not start with a dot"):
+        st.open_run(tmp_path / "out", name, HASH, "", "cmd")
+    assert not tmp_path.joinpath("out").exists() and [p.name for p in tmp_path.iterdir()] == []
+
+
+def test_a_cut_off_last_line_is_dropped_on_resume_and_its_cell_computed_again(tmp_path):
+    run, _ = open_(tmp_path)
+    samples = lambda system, n: [{"system": system, "test_set": "t", "index": i, "hypothesis": "é" * 5}  # noqa: E731
+                                 for i in range(n)]
+    run.save_cells([fake_row("a", n_sentences=3)], samples("a", 3))
+    run.save_cells([fake_row("b", n_sentences=3)], samples("b", 3))
+    (run.path / st.REPORT).write_text("# report\n")
+    st.finish_run(run)
+    run.release()
+    data = (run.path / st.SAMPLES).read_bytes()
+    (run.path / st.SAMPLES).write_bytes(data[:-9])                   # cut inside the last line, mid-character
+    with pytest.raises(UserError) as err:
+        run.samples()
+    text = str(err.value)
+    assert "cut off" in text and "re-run `narbench run --suite suite`" in text and "delete" not in text
+    again, resumed = open_(tmp_path)
+    assert resumed and again.path == run.path and again.info["status"] == "running"
+    assert [r.system for r in again.rows()] == ["a"]                 # b lost a sample: its cell is redone
+    assert [(s["system"], s["index"]) for s in again.samples()] == [("a", 0), ("a", 1), ("a", 2), ("b", 0), ("b", 1)]
+    assert again.done_keys() == {("a", "t")}
+
+
+def test_a_finished_run_without_its_report_resumes_to_write_it(tmp_path):
+    run, _ = open_(tmp_path)
+    st.finish_run(run)                    # killed before the report was written (narbench before issue 35)
+    again, resumed = open_(tmp_path)
+    assert resumed and again.path == run.path
+    finish(again)
+    fresh, resumed = open_(tmp_path)
+    assert not resumed and fresh.path != run.path                    # a whole finished run is never reopened
+
+
+def test_own_data_paths_in_the_run_folder_spec_are_relative_to_it(tmp_path):
+    import tomllib
+
+    from bench.families import all_families
+    from suites.spec import load_spec, parse_spec
+
+    sections = {f.name: f for f in all_families()}
+
+    data = tmp_path / "project" / "data"
+    data.mkdir(parents=True)
+    for split in ("train", "dev", "test"):
+        (data / f"{split}.tsv").write_text("ein Haus\ta house\nzwei Hunde\ttwo dogs\n")
+    (data / "test.de").write_text("ein Haus\n")
+    (data / "test.en").write_text("a house\n")
+    spec_file = tmp_path / "project" / "suite.toml"
+    spec_file.write_text('name = "own"\n[[tasks]]\nname = "own_de_en"\nsource_lang = "de"\ntarget_lang = "en"\n'
+                         'files = { train = "data/train.tsv", dev = "data/dev.tsv", test = ["data/test.de", '
+                         '"data/test.en"] }\ntest = ["test"]\n[model]\npreset = "tiny"\n'
+                         + "".join(f"[train.{f}]\nsteps = 2\nbatch_tokens = 64\nlearning_rate = 1e-3\nwarmup_steps = 1\n"
+                                   for f in ("ar",)))
+    spec = load_spec(spec_file, sections)
+    run, _ = st.open_run(tmp_path / "project" / "results", spec.name, spec.spec_hash(), spec.to_toml, "cmd")
+    text = run.spec_text()
+    assert str(tmp_path) not in text and '"../../../data/train.tsv"' in text
+    again = parse_spec(tomllib.loads(text), str(run.path / st.SPEC), sections, base_dir=run.path)
+    assert again.spec_hash() == spec.spec_hash() and again.tasks == spec.tasks

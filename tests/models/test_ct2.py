@@ -2,6 +2,7 @@
 agreement on a tiny trained model, int8, the one-line error without the extra, and the family."""
 from __future__ import annotations
 
+import os
 import sys
 
 import jax
@@ -165,3 +166,18 @@ def test_side_by_side_loads_export_one_at_a_time(monkeypatch, tmp_path):
     for t in loads:
         t.join()
     assert most[0] == 1
+
+
+def test_the_export_folder_honours_the_umask(ar_config, ar_params, tiny_vocab, tmp_path):
+    """Like every folder narbench writes (teammates on a shared machine read it), not mkdtemp's 0700."""
+    ckpt = tmp_path / "ckpt"
+    checkpoint.save(ckpt, 1, ar_params, {"count": np.zeros((), np.int32)})
+    checkpoint.write_meta(ckpt, {"task": "toy", "model_config": ar_config.to_dict(), "steps_done": 1,
+                                 "complete": True})
+    old = os.umask(0o027)
+    try:
+        out = ct2.export(ckpt, tmp_path / "exported", vocab=tiny_vocab)
+    finally:
+        os.umask(old)
+    assert out.stat().st_mode & 0o777 == 0o750
+    assert (out / "model.bin").stat().st_mode & 0o777 == 0o640
