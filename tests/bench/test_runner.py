@@ -144,7 +144,7 @@ def test_run_writes_every_field_and_verifies(tmp_path, spec):
         assert row.schema_version == SCHEMA_VERSION
     # Each model trained once, teacher before the distilled student.
     assert len(deps.train.calls) == 3
-    assert [t for t, _ in deps.train.calls] == ["fake_task", "fake_task", "fake_task_distilled"]
+    assert [t for t, _ in deps.train.calls] == ["fake_task", "fake_task_distilled", "fake_task"]   # raw PaDIR: last
     assert len(deps.distill.calls) == 1
     # One measurement per split: test and test+refs share hypotheses and latencies.
     samples = run.samples()
