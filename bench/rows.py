@@ -22,6 +22,10 @@ from narbench_core.errors import UserError
 
 SCHEMA_VERSION = 2   # 2: `family` is the plug-in family (ar, padir ...); `paradigm` is ar | nar
 RENAMED = {"steps": "iterations"}   # old column name -> its name now (rows written before the rename load as new)
+RETIRED = {                         # columns narbench no longer writes: rows that carry them load without them
+    "bleu_delta_ci": "narbench's own paired bootstrap; now bleu_bs_mean / bleu_bs_ci, sacrebleu's",
+    "bleu_delta_p_value": "narbench's own paired bootstrap; now bleu_p_ar and bleu_p_bs, sacrebleu's tests",
+}
 P99_MIN_N = min_samples(0.99)
 
 
@@ -47,7 +51,14 @@ def _speedup(row: "Row") -> str:
 
 
 def _delta(row: "Row") -> str:
-    return "–" if row.bleu_delta_vs_ar is None else f"{row.bleu_delta_vs_ar:+.2f}{stars(row.bleu_delta_p_value)}"
+    return "–" if row.bleu_delta_vs_ar is None else f"{row.bleu_delta_vs_ar:+.2f}{stars(row.bleu_p_ar)}"
+
+
+def _bootstrap(row: "Row") -> str:
+    """BLEU as ``sacrebleu --paired-bs`` prints it: the score (bootstrap mean ± half the 95% CI)."""
+    if row.bleu is None:
+        return "–"
+    return fixed(2)(row.bleu) + ("" if row.bleu_bs_mean is None else f" ({row.bleu_bs_mean:.2f} ± {row.bleu_bs_ci:.2f})")
 
 
 PHASE_SHORT = {phases.TOKENIZE: "tok", phases.ENCODE: "enc", phases.HOST_SYNC: "sync", phases.PASSES: "passes",
@@ -102,9 +113,21 @@ FIGURES = (
     C("chrf_signature", doc="SacreBLEU's signature of the chrF score"),
     C("bleurt", "BLEURT", fixed(4), True, doc="null without a BLEURT checkpoint"),
     C("bleu_delta_vs_ar", "ΔBLEU vs AR greedy", fixed(2), True, _delta,
-      doc="BLEU minus AR greedy's on the same test set"),
-    C("bleu_delta_ci", doc="[low, high]: 95% interval of that difference (paired bootstrap, bench.measure.quality)"),
-    C("bleu_delta_p_value", doc="p-value of that difference (paired bootstrap, bench.measure.quality)"),
+      doc="BLEU minus the baseline's (AR greedy) on the same sentences; the table cell's stars: bleu_p_ar"),
+    C("bleu_p_ar", "p (AR)", fixed(4), optional=True,
+      doc="p-value of sacrebleu's paired approximate randomization test (its default) of BLEU against the "
+          "baseline (`sacrebleu --paired-ar`; trials and seed in bleu_ar_signature); 1.0 for hypotheses identical "
+          "to the baseline's"),
+    C("bleu_p_bs", "p (bootstrap)", fixed(4), optional=True,
+      doc="p-value of sacrebleu's paired bootstrap resampling test of BLEU against the baseline (`sacrebleu "
+          "--paired-bs`; resamples and seed in bleu_bs_signature); 1.0 for hypotheses identical to the baseline's"),
+    C("bleu_bs_mean", "BLEU bootstrap mean", fixed(2), optional=True,
+      doc="mean BLEU over the paired bootstrap's resamples (sacrebleu)"),
+    C("bleu_bs_ci", "± 95% CI", fixed(2), optional=True,
+      doc="half the width of the 95% interval of BLEU over the paired bootstrap's resamples (sacrebleu's "
+          "'mean ± CI')"),
+    C("bleu_ar_signature", optional=True, doc="sacrebleu's signature of the approximate randomization test"),
+    C("bleu_bs_signature", optional=True, doc="sacrebleu's signature of the paired bootstrap test"),
     C("agreement_with_ar_greedy", "= AR greedy", fixed(3), None, optional=True,
       doc="share of sentences whose hypothesis is identical to AR greedy's (1.0 for AR greedy itself)"),
     C("exact_match", "exact match", fixed(3), True, optional=True,
@@ -225,6 +248,7 @@ CORE = IDENTITY + FIGURES + RUN + TRAINING + COSTS + ENV
 VIEWS = {c.name: c for c in (
     C("iterations_view", "T", render=_iterations, doc="refinement iterations; 'N' = autoregressive (one pass a token)"),
     C("p50_view", "p50 ms [95% CI]", render=_p50),
+    C("bleu_bs_view", "BLEU (bootstrap mean ± 95% CI)", render=_bootstrap),
     C("passes_view", "passes mean / p99", render=_passes),
     *(C(f"phase_{p}_view", f"{p} p50 ms", render=lambda row, p=p: ms((row.phase_p50_ms or {}).get(p)),
         doc=phases.DOCS[p]) for p in phases.PHASES),
@@ -288,12 +312,12 @@ class Row(Mapping[str, Any]):
 
     @classmethod
     def load(cls, record: Mapping[str, Any], where: str = "rows.jsonl") -> "Row":
-        """A row read back: its schema must be this one; columns of a family or ``added`` columns it
-        predates are None."""
+        """A row read back: its schema must be this one; columns of a family or ``optional`` columns it
+        predates are None; ``RENAMED`` columns read under their new names, ``RETIRED`` ones are dropped."""
         if record.get("schema_version") != SCHEMA_VERSION:
             raise UserError(f"{where}: row schema {record.get('schema_version')} is not {SCHEMA_VERSION} (written by "
                             "another narbench version); re-run the suite with `narbench run --force`")
-        record = {RENAMED.get(k, k): v for k, v in record.items()}
+        record = {RENAMED.get(k, k): v for k, v in record.items() if k not in RETIRED}
         core = {c.name for c in CORE}
         missing = sorted(core - set(record) - {c.name for c in CORE if c.optional})
         if missing:
@@ -334,15 +358,17 @@ class Row(Mapping[str, Any]):
 def compute_figures(hypotheses: Sequence[str], references: Sequence[Sequence[str]], latencies_ms: Sequence[float],
                     passes: Sequence[int], target_lang: str, baseline_latencies_ms: Sequence[float] | None = None,
                     baseline_hypotheses: Sequence[str] | None = None, bootstrap_resamples: int = 1000,
-                    seed: int = 0, score: bool = True, phase_ms: Sequence[Mapping[str, float]] | None = None,
+                    score: bool = True, phase_ms: Sequence[Mapping[str, float]] | None = None,
                     host_syncs: Sequence[int] | None = None,
                     solo_ms: Sequence[float | None] | None = None,
-                    valid_targets: Sequence[Sequence[str]] | None = None) -> dict[str, Any]:
+                    valid_targets: Sequence[Sequence[str]] | None = None,
+                    tests: bool = True, ar_trials: int | None = None) -> dict[str, Any]:
     """Every column of a row that follows from per-sentence data (``verify_run`` recomputes these);
     without ``score`` (timing only) the quality columns are None; without ``phase_ms`` (runs that
     predate phases) the phase columns are; without ``solo_ms`` (the solo check's latencies, None for
     sentences outside its sample) the solo columns are; without ``valid_targets`` (every correct output
-    of each source, for tasks that know them) exact match and mode mixing are."""
+    of each source, for tasks that know them) exact match and mode mixing are; without ``tests`` (rows
+    written before narbench ran sacrebleu's paired tests) the tests' columns are."""
     from bench.measure import quality, stats
 
     lat = stats.summarize(latencies_ms)
@@ -358,7 +384,7 @@ def compute_figures(hypotheses: Sequence[str], references: Sequence[Sequence[str
         "speedup_p50_vs_ar": None, "speedup_p50_ci": None, "speedup_share_faster": None,
         "bleu": None, "bleu_signature": None, "chrf": None, "chrf_signature": None,
         "stutter_per_1k_words": None, "stutter_sentence_share": None, "length_ratio": None,
-        "bleu_delta_vs_ar": None, "bleu_delta_ci": None, "bleu_delta_p_value": None,
+        "bleu_delta_vs_ar": None, **{name: None for name in PAIRED_TEST_FIELDS},
         "agreement_with_ar_greedy": None, "exact_match": None, "mode_mixing": None,
         **phase_figures(phase_ms, host_syncs, lat.p50),
         **solo_figures(latencies_ms, solo_ms),
@@ -378,14 +404,30 @@ def compute_figures(hypotheses: Sequence[str], references: Sequence[Sequence[str
     if baseline_hypotheses is not None:
         same = [a == b for a, b in zip(hypotheses, baseline_hypotheses)]
         out["agreement_with_ar_greedy"] = float(np.mean(same)) if same else None
-        if list(baseline_hypotheses) == list(hypotheses):
-            out.update(bleu_delta_vs_ar=0.0, bleu_delta_ci=[0.0, 0.0], bleu_delta_p_value=1.0)
-        else:
-            tok = langs.bleu_tokenizer(target_lang)
-            boot = quality.paired_bootstrap_bleu(hypotheses, baseline_hypotheses, references, tok,
-                                                 n_resamples=bootstrap_resamples, seed=seed)
-            out.update(bleu_delta_vs_ar=boot.delta, bleu_delta_ci=list(boot.ci), bleu_delta_p_value=boot.p_value)
+        base = quality.corpus_bleu(baseline_hypotheses, references, langs.bleu_tokenizer(target_lang))
+        out["bleu_delta_vs_ar"] = q.bleu - base.score
+        if tests:
+            out.update(paired_test_figures(hypotheses, baseline_hypotheses, references, target_lang,
+                                           bootstrap_resamples, ar_trials))
     return out
+
+
+PAIRED_TEST_FIELDS = ("bleu_p_ar", "bleu_p_bs", "bleu_bs_mean", "bleu_bs_ci", "bleu_ar_signature",
+                      "bleu_bs_signature")
+
+
+def paired_test_figures(hypotheses: Sequence[str], baseline_hypotheses: Sequence[str],
+                        references: Sequence[Sequence[str]], target_lang: str, bootstrap_resamples: int = 1000,
+                        ar_trials: int | None = None) -> dict[str, Any]:
+    """The ``PAIRED_TEST_FIELDS`` columns: sacrebleu's paired tests of BLEU against the baseline's
+    hypotheses (``bench.measure.quality.paired_tests``; ``ar_trials`` None: ``defaults.AR_TRIALS``), with the
+    target language's BLEU tokenizer."""
+    from bench.measure import quality
+
+    t = quality.paired_tests(hypotheses, baseline_hypotheses, references, langs.bleu_tokenizer(target_lang),
+                             ar_trials=ar_trials, bs_resamples=bootstrap_resamples)
+    return {"bleu_p_ar": t.p_ar, "bleu_p_bs": t.p_bs, "bleu_bs_mean": t.bs_mean, "bleu_bs_ci": t.bs_ci,
+            "bleu_ar_signature": t.ar_signature, "bleu_bs_signature": t.bs_signature}
 
 
 def phase_figures(phase_ms: Sequence[Mapping[str, float]] | None, host_syncs: Sequence[int] | None,

@@ -354,7 +354,7 @@ class Runner:
             "paradigm": families.get(system.family).paradigm, "distill": system.cell.teacher is not None,
             **dict(system.info), "batch_size": spec.batch_size,
             **compute_figures(t.hypotheses, refs, t.latencies_ms, t.passes, target_lang, base_lat, base_hyp,
-                              spec.bootstrap_resamples, spec.seeds[0], self.score, t.phase_ms or None,
+                              spec.bootstrap_resamples, self.score, t.phase_ms or None,
                               None if t.host_syncs is None else list(t.host_syncs), _solo(t), data.valid),
             "bleurt": self._bleurt(refs[0], t.hypotheses) if self.score else None,
             "compile_s": timed.compile_s[system.name], "platform": m.platform, "phase": m.phase,

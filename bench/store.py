@@ -34,7 +34,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Callable
 
-from bench.rows import SCHEMA_VERSION, Row
+from bench.rows import SCHEMA_VERSION, Row, paired_test_figures
 from narbench_core import lock
 from narbench_core.errors import UserError
 from narbench_core.io import read_jsonl, write_bytes, write_json, write_jsonl, write_text
@@ -85,6 +85,35 @@ class RunStore:
 
     def samples(self) -> list[dict]:
         return self._records(SAMPLES)
+
+    def cells(self, samples: list[dict] | None = None) -> dict[tuple[str, str], list[dict]]:
+        """The samples (``samples.jsonl``'s unless given) by ``(system, test_set)``, in sentence order."""
+        groups: dict[tuple[str, str], list[dict]] = {}
+        for s in self.samples() if samples is None else samples:
+            groups.setdefault((s["system"], s["test_set"]), []).append(s)
+        for g in groups.values():
+            g.sort(key=lambda s: s["index"])
+        return groups
+
+    def report_rows(self, samples: list[dict] | None = None) -> list[Row]:
+        """``rows()``, with sacrebleu's paired tests (``bench.rows.PAIRED_TEST_FIELDS``) computed from the
+        samples for rows written before narbench ran them: what the report pages show. ``rows.jsonl``
+        is left as it is (``bench.verify.verify_run`` checks the rows that carry the tests)."""
+        rows = self.rows()
+        if all(r.bleu_p_ar is not None or r.bleu_delta_vs_ar is None for r in rows):
+            return rows
+        cells = self.cells(samples)
+        resamples = self.spec_settings()["bootstrap_resamples"]
+        out = []
+        for row in rows:
+            g, base = cells.get(row.key), cells.get((row.baseline_system, row.test_set))
+            if (row.bleu_p_ar is None and row.bleu_delta_vs_ar is not None and g and base
+                    and [s["index"] for s in base] == [s["index"] for s in g]):
+                row = Row.load({**row, **paired_test_figures([s["hypothesis"] for s in g],
+                                                             [s["hypothesis"] for s in base], references(g),
+                                                             row.target_lang, resamples)})
+            out.append(row)
+        return out
 
     def done_keys(self) -> set[tuple[str, str]]:
         return {r.key for r in self.rows()}
@@ -168,14 +197,22 @@ class RunStore:
         lock.release(self.path)
 
     def spec_settings(self) -> dict[str, int]:
-        """The recorded spec's settings that the figures depend on: bootstrap resamples and seed."""
+        """The recorded spec's settings that the figures depend on: the paired bootstrap's resamples."""
         import tomllib
 
         spec = tomllib.loads(self.spec_text())
         if "bootstrap_resamples" not in spec or not spec.get("seeds"):
             raise UserError(f"{self.path / SPEC} is missing or incomplete; the run folder is damaged: re-run "
                             "the suite with `narbench run --force`")
-        return {"bootstrap_resamples": int(spec["bootstrap_resamples"]), "seed": int(spec["seeds"][0])}
+        return {"bootstrap_resamples": int(spec["bootstrap_resamples"])}
+
+
+def references(cell: list[dict]) -> list[list[str]]:
+    """A cell's reference streams (``references[k][i]``) from its samples in sentence order: each
+    sample's ``references``, or its one ``reference`` (samples of single-reference test sets)."""
+    if "references" not in cell[0]:
+        return [[s["reference"] for s in cell]]
+    return [[s["references"][k] for s in cell] for k in range(len(cell[0]["references"]))]
 
 
 def torn_tail(path: Path) -> int | None:

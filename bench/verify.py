@@ -25,17 +25,13 @@ def _close(a: Any, b: Any, rel: float = 1e-9) -> bool:
 def verify_run(run_dir) -> list[str]:
     """Recompute every row's figures from ``samples.jsonl``; returns the mismatches (empty: all agree).
 
-    BLEU, chrF, stutter, latency percentiles and CIs, passes, the paired speedup and the BLEU delta
-    against the row's baseline are all recomputed with ``figures``.
+    BLEU, chrF, stutter, latency percentiles and CIs, passes, the paired speedup, and the BLEU delta
+    and sacrebleu's paired tests against the row's baseline are all recomputed with ``compute_figures``
+    (the tests only for rows that carry them: older rows get them in the report, ``RunStore.report_rows``).
     """
     run = st.RunStore(st.resolve_run_dir(run_dir))
-    rows, samples = run.rows(), run.samples()
+    rows, groups = run.rows(), run.cells()
     settings = run.spec_settings()
-    groups: dict[tuple[str, str], list[dict]] = {}
-    for s in samples:
-        groups.setdefault((s["system"], s["test_set"]), []).append(s)
-    for g in groups.values():
-        g.sort(key=lambda s: s["index"])
     problems = [] if rows else ["rows.jsonl has no rows"]
     predates = {c.name for c in CORE if c.optional}
     for row in rows:
@@ -47,9 +43,7 @@ def verify_run(run_dir) -> list[str]:
         if bad_sample:
             problems.append(f"{row.key}: samples lack {bad_sample}")
             continue
-        n_refs = len(g[0]["references"]) if "references" in g[0] else 1
-        refs = ([[s["references"][k] for s in g] for k in range(n_refs)] if "references" in g[0]
-                else [[s["reference"] for s in g]])
+        refs = st.references(g)
         base = groups.get((row.baseline_system, row.test_set))
         base_ok = base is not None and [s["index"] for s in base] == [s["index"] for s in g]
         recomputed = compute_figures(
@@ -57,11 +51,12 @@ def verify_run(run_dir) -> list[str]:
             row.target_lang,
             [s["latency_ms"] for s in base] if base_ok and row.speedup_p50_vs_ar is not None else None,
             [s["hypothesis"] for s in base] if base_ok and row.bleu_delta_vs_ar is not None else None,
-            settings["bootstrap_resamples"], settings["seed"], score=row.bleu is not None,
+            settings["bootstrap_resamples"], score=row.bleu is not None,
             phase_ms=[s["phase_ms"] for s in g] if all("phase_ms" in s for s in g) else None,
             host_syncs=[s["host_syncs"] for s in g] if all("host_syncs" in s for s in g) else None,
             solo_ms=[s.get("solo_latency_ms") for s in g],
-            valid_targets=[s["valid_targets"] for s in g] if all("valid_targets" in s for s in g) else None)
+            valid_targets=[s["valid_targets"] for s in g] if all("valid_targets" in s for s in g) else None,
+            tests=row.bleu_p_ar is not None)
         for name, value in recomputed.items():
             if row[name] is None and name in predates:      # a figure added after the row was written
                 continue

@@ -46,6 +46,12 @@ CURVE_LENGTH_HYPS = 1          # ... and one length hypothesis: a curve shows th
 CURVE_RISE = 0.5               # "still improving": dev BLEU rose by more than this ...
 CURVE_TAIL = 0.2               # ... over this last share of the training steps
 
+# -- significance (sacrebleu's paired tests of BLEU against the baseline, bench.measure.quality) --------
+AR_TRIALS = 10_000             # approximate randomization trials (sacrebleu's default; the paired bootstrap's
+                               # resamples are the suite's `bootstrap_resamples`, default 1000 as sacrebleu's)
+SIGNIFICANCE_SEED = 12345      # sacrebleu's own default SACREBLEU_SEED, so `sacrebleu --paired-ar` run by hand
+                               # gives the same p-values (sacrebleu leaves its tests unseeded for 0)
+
 # -- timing -----------------------------------------------------------------------------------------
 SAYS_BLEU_MARGIN = 1.0          # a leaderboard's summary names the fastest system within this much BLEU of the best
 LEARNED_BLEU = 5.0             # a baseline (AR greedy) below this test BLEU has not learned the task: the

@@ -151,7 +151,7 @@ class SuiteSpec:
     batch_size: int = 1
     seeds: tuple[int, ...] = (0,)
     max_test_sentences: int | None = None
-    bootstrap_resamples: int = 1000    # paired bootstrap of BLEU vs the AR baseline
+    bootstrap_resamples: int = 1000    # resamples of sacrebleu's paired bootstrap of BLEU vs the AR baseline
     decode_buckets: tuple[int, ...] | None = None   # source-length shape buckets of every decoder
     max_decode_length: int | None = None            # target length cap of every decoder
     source: str = ""   # where it was loaded from (not part of the hash)

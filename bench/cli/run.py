@@ -9,6 +9,7 @@ import time
 import unicodedata
 from pathlib import Path
 
+from narbench_core import defaults
 from narbench_core.errors import UserError
 from narbench_core.io import read_lines, write_jsonl
 
@@ -151,7 +152,7 @@ def _command(args, names: tuple[str, ...]) -> str:
 def _seeds(spec) -> dict[str, int]:
     many = len(spec.seeds) > 1
     return {**{("train" + (f"_{i}" if many else "")): s for i, s in enumerate(spec.seeds)},
-            "test_subset": spec.seeds[0], "bootstrap": spec.seeds[0], "decoder": spec.seeds[0]}
+            "test_subset": spec.seeds[0], "significance": defaults.SIGNIFICANCE_SEED, "decoder": spec.seeds[0]}
 
 
 def cmd_run(args) -> int:

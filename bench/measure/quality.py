@@ -1,4 +1,4 @@
-"""Quality metrics: SacreBLEU BLEU and chrF (with signatures), stutter, paired bootstrap vs a baseline.
+"""Quality metrics: SacreBLEU BLEU and chrF (with signatures), stutter, sacrebleu's paired tests vs a baseline.
 
 - Tokenizer: by target language (``narbench_core.langs.bleu_tokenizer``: ``zh``, ``ja-mecab``, else ``13a``).
 - References are a list of streams (``refs[k][i]`` = k-th reference of sentence i), as in sacrebleu.
@@ -11,21 +11,27 @@
   mode mixing is the share of hypotheses with words that belong to two or more different valid targets
   only (a word of target A found in no other target, and one of target B): parallel decoding's failure
   on multimodal outputs, measured directly. Sentences with one valid target cannot mix modes.
-- Paired bootstrap (Koehn 2004): sentences are resampled with replacement (same indices for both
-  systems); BLEU is recomputed from summed per-sentence sufficient statistics. CI = percentile
-  interval of the resampled deltas; p-value = two-sided test against the centred resampled deltas,
-  ``(1 + #{|d_b - mean(d)| >= |d_obs|}) / (1 + B)``.
+- Paired tests against a baseline are sacrebleu's own (``sacrebleu.significance.PairedTest``, the
+  tests of ``sacrebleu --paired-ar`` and ``--paired-bs``): approximate randomization (its default
+  test, ``defaults.AR_TRIALS`` trials) and paired bootstrap resampling (Koehn 2004, as Moses'
+  script; also the system's mean BLEU over the resamples and its 95% CI), seeded with
+  ``defaults.SIGNIFICANCE_SEED``, each with sacrebleu's signature (the BLEU signature plus the trials
+  and the seed). Hypotheses identical to the baseline's get p = 1.0 without a test: sacrebleu counts
+  only strictly larger differences, so it gives identical systems 1 / (trials + 1) (multeval#5).
 """
 from __future__ import annotations
 
+import os
 from collections import Counter
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Iterator, Sequence
 
 import numpy as np
 from sacrebleu.metrics import BLEU, CHRF
+from sacrebleu.significance import PairedTest
 
-from narbench_core import langs
+from narbench_core import defaults, langs
 from narbench_core.errors import UserError
 
 # Metric registry: name -> higher is better. Reports use it to sort and to mark the best value.
@@ -129,62 +135,61 @@ def stutter(hypotheses: Sequence[str], references: Sequence[str], characters: bo
         total=total, hypothesis_words=n_words)
 
 
-# -------------------------------------------------------------------------------------- bootstrap
-
-_ORDER = 4
-
-
-def sentence_stats(hypotheses: Sequence[str], references: Sequence[Sequence[str]], tokenize: str = "13a") -> np.ndarray:
-    """Per-sentence BLEU sufficient statistics ``[n, 10]``: correct[4], total[4], sys_len, ref_len."""
-    streams = _check_streams(hypotheses, references)
-    metric = BLEU(tokenize=tokenize)
-    rows = []
-    for i, hyp in enumerate(hypotheses):
-        s = metric.corpus_score([hyp], [[stream[i]] for stream in streams])
-        rows.append(list(s.counts) + list(s.totals) + [s.sys_len, s.ref_len])
-    return np.asarray(rows, dtype=np.int64).reshape(len(rows), 2 * _ORDER + 2)
-
-
-def bleu_from_stats(stats: np.ndarray) -> float:
-    """Corpus BLEU (sacrebleu defaults: exp smoothing) from summed statistics ``[10]``."""
-    stats = [int(v) for v in stats]
-    return float(BLEU.compute_bleu(stats[:_ORDER], stats[_ORDER:2 * _ORDER], stats[-2], stats[-1],
-                                   smooth_method="exp").score)
-
+# ----------------------------------------------------------------------------------- paired tests
 
 @dataclass(frozen=True)
-class BootstrapResult:
-    delta: float                  # BLEU(system) - BLEU(baseline) on the full test set
-    ci: tuple[float, float]       # percentile CI of the resampled deltas
-    p_value: float                # two-sided, H0: no difference
-    n_resamples: int
-    seed: int
-    confidence: float
+class PairedTests:
+    """sacrebleu's paired tests of a system's BLEU against a baseline's on the same sentences."""
+    p_ar: float                  # approximate randomization (sacrebleu's default test), two-sided
+    p_bs: float                  # paired bootstrap resampling
+    bs_mean: float               # the system's BLEU: its mean over the bootstrap resamples ...
+    bs_ci: float                 # ... and half the width of their 95% interval (sacrebleu's "mean ± CI")
+    ar_signature: str            # sacrebleu's signature of each test: BLEU's, with the trials and the seed
+    bs_signature: str
 
 
-def paired_bootstrap_bleu(system: Sequence[str], baseline: Sequence[str], references: Sequence[Sequence[str]],
-                          tokenize: str = "13a", n_resamples: int = 1000, seed: int = 0,
-                          confidence: float = 0.95) -> BootstrapResult:
-    """Paired bootstrap resampling of a system's BLEU against the baseline (seeded, deterministic)."""
+@contextmanager
+def _sacrebleu_seed(seed: int) -> Iterator[None]:
+    """sacrebleu's paired tests read their seed from ``SACREBLEU_SEED`` when they are built."""
+    before = os.environ.get("SACREBLEU_SEED")
+    os.environ["SACREBLEU_SEED"] = str(seed)
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ["SACREBLEU_SEED"]
+        else:
+            os.environ["SACREBLEU_SEED"] = before
+
+
+def paired_tests(system: Sequence[str], baseline: Sequence[str], references: Sequence[Sequence[str]],
+                 tokenize: str = "13a", ar_trials: int | None = None, bs_resamples: int = 1000,
+                 seed: int = defaults.SIGNIFICANCE_SEED) -> PairedTests:
+    """Both of sacrebleu's paired tests of ``system`` against ``baseline`` (seeded: deterministic), as
+    ``sacrebleu REFS -i BASELINE SYSTEM --tokenize TOKENIZE --paired-ar --paired-ar-n AR_TRIALS`` and
+    ``--paired-bs --paired-bs-n BS_RESAMPLES`` compute them with ``SACREBLEU_SEED=seed``
+    (``ar_trials`` None: ``defaults.AR_TRIALS``)."""
     if len(system) != len(baseline):
         raise ValueError(f"{len(system)} system vs {len(baseline)} baseline hypotheses")
     if len(system) == 0:
         raise ValueError("empty test set")
-    sys_stats = sentence_stats(system, references, tokenize)     # [n, 10]
-    base_stats = sentence_stats(baseline, references, tokenize)  # [n, 10]
-    observed = bleu_from_stats(sys_stats.sum(0)) - bleu_from_stats(base_stats.sum(0))
-    rng = np.random.default_rng(seed)
-    n = sys_stats.shape[0]
-    deltas = np.empty(n_resamples)
-    for b in range(n_resamples):
-        idx = rng.integers(0, n, size=n)
-        deltas[b] = bleu_from_stats(sys_stats[idx].sum(0)) - bleu_from_stats(base_stats[idx].sum(0))
-    alpha = 1.0 - confidence
-    low, high = np.percentile(deltas, [100 * alpha / 2, 100 * (1 - alpha / 2)])
-    extreme = np.sum(np.abs(deltas - deltas.mean()) >= abs(observed) - 1e-12)
-    return BootstrapResult(delta=float(observed), ci=(float(low), float(high)),
-                           p_value=float((1 + extreme) / (1 + n_resamples)),
-                           n_resamples=n_resamples, seed=seed, confidence=confidence)
+    if seed < 1:
+        raise ValueError(f"seed {seed}: sacrebleu does not seed its tests with 0; give a positive seed")
+    streams = _check_streams(system, references)
+    same = list(system) == list(baseline)
+    named = [("baseline", list(baseline))] + ([] if same else [("system", list(system))])
+    bleu = BLEU(tokenize=tokenize, references=streams)      # the references tokenized once, as the CLI does
+    results = {}
+    for test, n in (("ar", defaults.AR_TRIALS if ar_trials is None else ar_trials), ("bs", bs_resamples)):
+        with _sacrebleu_seed(seed):
+            paired = PairedTest(named, {"BLEU": bleu}, None, test_type=test, n_samples=n)
+        signatures, scores = paired()
+        ((metric, signature),) = signatures.items()
+        results[test] = scores[metric][-1], signature.format()      # the system's result (the baseline's if same)
+    (ar, ar_signature), (bs, bs_signature) = results["ar"], results["bs"]
+    return PairedTests(p_ar=1.0 if same else float(ar.p_value), p_bs=1.0 if same else float(bs.p_value),
+                       bs_mean=float(bs.mean), bs_ci=float(bs.ci), ar_signature=ar_signature,
+                       bs_signature=bs_signature)
 
 
 # ---------------------------------------------------------------------------------- one-stop score

@@ -2,7 +2,8 @@
 the plots into a run folder.
 
 Nothing here measures: every figure comes from ``rows.jsonl`` (and the per-sentence plots from
-``samples.jsonl``). The pages put prose around the tables of ``bench.report.tables`` and link the
+``samples.jsonl``; sacrebleu's paired tests from it too for rows written before narbench ran them,
+``RunStore.report_rows``). The pages put prose around the tables of ``bench.report.tables`` and link the
 plots of ``bench.report.plots``.
 """
 from __future__ import annotations
@@ -18,7 +19,8 @@ from bench.report.plots import (BLEU_VS_ITERATIONS, CURVE_PLOT, DIAL_PLOT, LATEN
 from bench.report.names import display_names, render_legend
 from bench.report.tables import (LATENCY_TABLE, LEADERBOARD, fastest_ar, isolation_note, markdown_table,
                                  render_budgets, render_grid, render_isolation, render_modes, render_phases,
-                                 run_says, system_order, test_sets, valid_target_counts)
+                                 render_significance, run_says, signature_fields, system_order, test_sets,
+                                 tests_note, valid_target_counts)
 from bench.rows import P99_MIN_N, Row, column
 from narbench_core import defaults
 from narbench_core.errors import UserError
@@ -52,9 +54,11 @@ def render_table(rows: list[Row], info: dict, env: dict) -> str:
         ts_rows = [by[(n, ts)] for n in order if (n, ts) in by]
         lines.extend([f"## {ts}: latency and quality (n = {ts_rows[0].n_sentences} sentences)", "",
                       *markdown_table(ts_rows, LATENCY_TABLE), ""])
+    lines.extend(render_significance(rows, order))
     lines.extend(render_phases(rows, order))
     lines.extend(render_isolation(rows, order))
-    lines.extend(["ΔBLEU: paired bootstrap against AR greedy on the same sentences; * p < 0.05, ** p < 0.01. "
+    note = tests_note(rows)
+    lines.extend([(note + " " if note else "") +
                   "Speedup: median of per-sentence ratios (AR greedy ms / system ms), sentences timed "
                   f"interleaved; CIs from order statistics. p99 needs n >= {P99_MIN_N} (MLPerf LoadGen rule). "
                   "Bold: the best value of a column.", ""])
@@ -66,6 +70,19 @@ def render_table(rows: list[Row], info: dict, env: dict) -> str:
 
 def _signatures(rows: Sequence[Row], field: str) -> list[str]:
     return sorted({r[field] for r in rows if r[field]})
+
+
+def _by_hand(rows: Sequence[Row]) -> list[str]:
+    """How to run the paired tests by hand with sacrebleu (from the first row that carries them)."""
+    row = next((r for r in rows if r.bleu_ar_signature and r.system != r.baseline_system), None)
+    if row is None:
+        return []
+    ar, bs = signature_fields(row.bleu_ar_signature), signature_fields(row.bleu_bs_signature)
+    head = f"sacrebleu REFS -i {row.baseline_system}.txt SYSTEM.txt --tokenize {ar.get('tok', '13a')}"
+    return ["sacrebleu's paired tests by hand (one text file per system, its hypotheses from samples.jsonl in "
+            "sentence order; REFS: one file per reference stream):", "", "```",
+            f"SACREBLEU_SEED={ar.get('seed')} {head} --paired-ar --paired-ar-n {ar.get('ar')}",
+            f"SACREBLEU_SEED={bs.get('seed')} {head} --paired-bs --paired-bs-n {bs.get('bs')}", "```", ""]
 
 
 # ---------------------------------------------------------------------------------------- leaderboard.md
@@ -155,15 +172,17 @@ def render_leaderboard(rows: list[Row], info: dict, env: dict, run_dir: Path, sa
     lines.extend(render_modes(rows, samples))
     lines.extend(isolation_note(rows))
     lines.extend(fastest_ar(rows, samples, shown))
-    lines.extend(["ΔBLEU: paired bootstrap against AR greedy; * p < 0.05, ** p < 0.01. Bold: the best value of a "
-                  "column. Speedup: the median of per-sentence latency ratios against AR greedy, timed interleaved "
-                  "[95% CI]. Train steps and seconds: the training budget of the system's model (seconds in train "
-                  f"steps only); still improving: {column('still_improving').doc}; the curves are in "
-                  "learning_curves.png and curves.jsonl. chrF, length ratio, stutter, passes, training FLOPs and "
-                  "where the time goes: [table.md](table.md).", ""])
-    sigs = _signatures(rows, "bleu_signature") + _signatures(rows, "chrf_signature")
+    note = tests_note(rows)
+    lines.extend([(note + " " if note else "") + "Bold: the best value of a column. Speedup: the median of "
+                  "per-sentence latency ratios against AR greedy, timed interleaved [95% CI]. Train steps and seconds: "
+                  "the training budget of the system's model (seconds in train steps only); still improving: "
+                  f"{column('still_improving').doc}; the curves are in learning_curves.png and curves.jsonl. chrF, "
+                  "length ratio, stutter, passes, training FLOPs, where the time goes and both paired tests' "
+                  "p-values with BLEU's bootstrap CI: [table.md](table.md).", ""])
+    sigs = [s for name in ("bleu_signature", "chrf_signature", "bleu_ar_signature", "bleu_bs_signature")
+            for s in _signatures(rows, name)]
     lines.extend(["## Reproduce", "", "```", info.get("command") or "narbench run", "```", "",
-                  "SacreBLEU signatures: " + "; ".join(f"`{s}`" for s in sigs), ""])
+                  "SacreBLEU signatures: " + "; ".join(f"`{s}`" for s in sigs), "", *_by_hand(rows)])
     versions = env.get("versions", {})
     git = env.get("git", {})
     lines.extend(["## Environment", "", "```",
@@ -195,7 +214,8 @@ def write_report(run_dir: str | Path) -> list[Path]:
 
     matplotlib.use("Agg")
     run = st.RunStore(st.resolve_run_dir(run_dir))
-    rows, samples = run.rows(), run.samples()
+    samples = run.samples()
+    rows = run.report_rows(samples)
     if not rows:
         raise UserError(f"{run.path} has no finished cells yet; run `narbench run` until some finish")
     info, env = {"run_id": run.run_id, "suite": rows[0].suite, **run.info}, run.env()

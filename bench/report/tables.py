@@ -25,6 +25,8 @@ ISOLATION_TABLE = ("system", "isolated", "engine_threads", "latency_p50_ms", "so
                    "worker_peak_rss_mb")
 PHASE_TABLE = ("system", "hypotheses", "iterations_view", *(f"phase_{p}_view" for p in PHASES), "phase_p50_sum_ratio",
                "latency_p50_ms", "host_syncs")
+SIGNIFICANCE_TABLE = ("system", "hypotheses", "iterations_view", "bleu_bs_view", "bleu_delta_vs_ar", "bleu_p_ar",
+                      "bleu_p_bs", "agreement_with_ar_greedy")
 RESULTS = ("system", "test_set", "family", "iterations_view", "bleu", "chrf", "bleurt", "latency_p50_ms",
            "latency_p99_ms", "speedup_p50_vs_ar", "passes_mean", "stutter_per_1k_words", "n_sentences")
 FASTEST_AR = ("System", "BLEU", "vs AR greedy", "fastest AR at >= its BLEU", "its BLEU", "its p50 ms",
@@ -119,6 +121,46 @@ def render_budgets(rows: Sequence[Row]) -> list[str]:
                   "length is exact or within 2 tokens (models with a length predictor). Curves: "
                   "learning_curves.png.", ""])
     return lines
+
+
+def signature_fields(signature: str) -> dict[str, str]:
+    """A sacrebleu signature (``nrefs:1|ar:10000|seed:12345|...``) as its fields."""
+    return dict(part.split(":", 1) for part in signature.split("|") if ":" in part)
+
+
+def tests_note(rows: Sequence[Row]) -> str | None:
+    """The sentence saying which of sacrebleu's paired tests gave the ΔBLEU stars, with its trials and
+    seed (read from the rows' signatures); None when no row carries the tests."""
+    signatures = sorted({r.bleu_ar_signature for r in rows if r.bleu_ar_signature})
+    if not signatures:
+        return None
+    fields = [signature_fields(s) for s in signatures]
+    trials = "/".join(sorted({f.get("ar", "?") for f in fields}))
+    seeds = "/".join(sorted({f.get("seed", "?") for f in fields}))
+    return (f"ΔBLEU: BLEU minus AR greedy's on the same sentences; * p < 0.05, ** p < 0.01 in sacrebleu's paired "
+            f"approximate randomization test (its default test: `sacrebleu --paired-ar`, {trials} trials, seed "
+            f"{seeds}; signatures under Reproduce).")
+
+
+def render_significance(rows: Sequence[Row], order: Sequence[str]) -> list[str]:
+    """Per test set, each system's BLEU against AR greedy in sacrebleu's two paired tests (approximate
+    randomization and the paired bootstrap, with its mean and 95% CI), then the tests' signatures; []
+    when no row carries them."""
+    lines: list[str] = []
+    for ts in test_sets(rows):
+        ts_rows = [r for n in order for r in rows if r.system == n and r.test_set == ts and r.bleu_p_ar is not None]
+        if ts_rows:
+            lines.extend([f"## {ts}: BLEU against AR greedy, sacrebleu's paired tests", "",
+                          *markdown_table(ts_rows, SIGNIFICANCE_TABLE, mark_best=False), ""])
+    if not lines:
+        return []
+    signatures = sorted({s for r in rows for s in (r.bleu_ar_signature, r.bleu_bs_signature) if s})
+    return [*lines, "p (AR): sacrebleu's paired approximate randomization test; p (bootstrap): its paired bootstrap "
+            "resampling test, whose resamples also give each system's mean BLEU ± half its 95% interval (as "
+            "`sacrebleu --paired-bs` prints it); = AR greedy: the share of sentences with AR greedy's hypothesis. "
+            "Hypotheses identical to AR greedy's get p = 1 without a test (sacrebleu counts only strictly larger "
+            "differences, so it would give them 1 / (trials + 1)). Signatures: "
+            + "; ".join(f"`{s}`" for s in signatures), ""]
 
 
 def render_phases(rows: Sequence[Row], order: Sequence[str]) -> list[str]:

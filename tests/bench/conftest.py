@@ -4,6 +4,17 @@ from __future__ import annotations
 import pytest
 
 from fakes import FakeClock, JittedDecoder
+from narbench_core import defaults
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _few_ar_trials():
+    """sacrebleu's approximate randomization with 200 trials, not 10,000, in every row the tests compute
+    (its p-values equal sacrebleu's at any count: tests/bench/test_quality.py)."""
+    trials = pytest.MonkeyPatch()
+    trials.setattr(defaults, "AR_TRIALS", 200)
+    yield
+    trials.undo()
 
 
 @pytest.fixture

@@ -1,6 +1,9 @@
-"""bench.measure.quality: BLEU/chrF equal to the sacrebleu CLI, stutter on hand cases, bootstrap, metric registry."""
+"""bench.measure.quality: BLEU/chrF and the paired tests equal to the sacrebleu CLI, stutter on hand cases, metric
+registry."""
 from __future__ import annotations
 
+import json
+import os
 import random
 import shutil
 import subprocess
@@ -10,8 +13,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from bench import rows
 from bench.measure import quality
-from narbench_core import langs
+from narbench_core import defaults, langs
 from narbench_core.errors import UserError
 
 WORDS = "the lord said unto moses go down and speak to the people of israel in the land of egypt".split()
@@ -134,26 +138,60 @@ def test_stutter_corpus_rates():
     assert s.sentence_share == pytest.approx(2 / 3)
 
 
-def test_sentence_stats_sum_to_corpus_bleu():
-    refs, refs2, good, _ = _corpus(3)
-    for streams in ([refs], [refs, refs2]):
-        stats = quality.sentence_stats(good, streams)
-        assert stats.shape == (len(good), 10)
-        assert quality.bleu_from_stats(stats.sum(0)) == pytest.approx(quality.corpus_bleu(good, streams).score)
+def _cli_paired(tmp_path: Path, baseline, system, ref_streams, test: str, n: int, *args) -> dict:
+    """``sacrebleu REFS -i BASELINE SYSTEM --paired-TEST --paired-TEST-n N`` with ``SACREBLEU_SEED`` =
+    narbench's seed: the system's result (score, p_value, mean, ci) from the JSON output."""
+    exe = shutil.which("sacrebleu") or str(Path(sys.executable).with_name("sacrebleu"))
+    files = []
+    for name, lines in (("baseline", baseline), ("system", system),
+                        *((f"ref{k}", stream) for k, stream in enumerate(ref_streams))):
+        files.append(tmp_path / f"{name}.txt")
+        files[-1].write_text("\n".join(lines) + "\n", encoding="utf-8")
+    env = {**os.environ, "SACREBLEU_SEED": str(defaults.SIGNIFICANCE_SEED)}
+    done = subprocess.run([exe, *map(str, files[2:]), "-i", str(files[0]), str(files[1]), f"--paired-{test}",
+                           f"--paired-{test}-n", str(n), "-f", "json", *args],
+                          capture_output=True, text=True, check=True, env=env)
+    baseline_result, system_result = json.loads(done.stdout)
+    assert baseline_result["system"].startswith("Baseline")
+    return system_result["BLEU"]
 
 
-def test_paired_bootstrap_is_deterministic_and_sensible():
-    refs, _, good, bad = _corpus(4, n=80)
-    r1 = quality.paired_bootstrap_bleu(good, bad, [refs], n_resamples=300, seed=7)
-    r2 = quality.paired_bootstrap_bleu(good, bad, [refs], n_resamples=300, seed=7)
-    r3 = quality.paired_bootstrap_bleu(good, bad, [refs], n_resamples=300, seed=8)
-    assert r1 == r2 and r1.ci != r3.ci
-    expected = quality.corpus_bleu(good, [refs]).score - quality.corpus_bleu(bad, [refs]).score
-    assert r1.delta == pytest.approx(expected) and r1.delta > 0
-    assert r1.ci[0] <= r1.delta <= r1.ci[1] and r1.ci[0] > 0
-    assert r1.p_value < 0.01
-    same = quality.paired_bootstrap_bleu(good, good, [refs], n_resamples=200, seed=0)
-    assert same.delta == 0.0 and same.ci == (0.0, 0.0) and same.p_value == 1.0
+def test_paired_tests_equal_sacrebleu_cli_single_multi_reference_and_chinese(tmp_path):
+    """narbench's p-values (the row's columns) are sacrebleu's own: its CLI on the same files, same seed
+    and trials, gives the same numbers, with several reference streams and with the zh tokenizer."""
+    refs, refs2, good, bad = _corpus(4, n=12)
+    zh_refs, zh_hyps = _zh_corpus(2, n=10)
+    zh_other = [h[1:] + h[:1] for h in zh_hyps]
+    for system, baseline, streams, lang, args in ((good, bad, [refs], "en", ()),
+                                                  (bad, good, [refs, refs2], "en", ()),
+                                                  (zh_other, zh_hyps, [zh_refs], "zh", ("--tokenize", "zh"))):
+        figures = rows.paired_test_figures(system, baseline, streams, lang, bootstrap_resamples=200, ar_trials=500)
+        ar = _cli_paired(tmp_path, baseline, system, streams, "ar", 500, *args)
+        bs = _cli_paired(tmp_path, baseline, system, streams, "bs", 200, *args)
+        assert figures["bleu_p_ar"] == ar["p_value"] and figures["bleu_p_bs"] == bs["p_value"]
+        assert figures["bleu_bs_mean"] == bs["mean"] and figures["bleu_bs_ci"] == bs["ci"]
+        tok = "zh" if lang == "zh" else "13a"
+        assert figures["bleu_ar_signature"].startswith(f"nrefs:{len(streams)}|ar:500|seed:12345|case:mixed|eff:no|"
+                                                       f"tok:{tok}|smooth:exp|version:")
+        assert figures["bleu_bs_signature"].startswith(f"nrefs:{len(streams)}|bs:200|seed:12345|")
+    assert 0 < figures["bleu_p_ar"] < 1 and 0 < figures["bleu_p_bs"] < 1   # the zh pair: a real test, not p = 1
+
+
+def test_paired_tests_are_seeded_and_give_identical_hypotheses_p_one(monkeypatch):
+    refs, _, good, bad = _corpus(5, n=12)
+    monkeypatch.setenv("SACREBLEU_SEED", "7")                   # the user's setting neither changes nor is lost
+    first = quality.paired_tests(good, bad, [refs], ar_trials=300, bs_resamples=100)
+    assert os.environ["SACREBLEU_SEED"] == "7"
+    monkeypatch.delenv("SACREBLEU_SEED")
+    assert quality.paired_tests(good, bad, [refs], ar_trials=300, bs_resamples=100) == first
+    assert "SACREBLEU_SEED" not in os.environ
+    assert quality.paired_tests(good, bad, [refs], ar_trials=300, bs_resamples=100, seed=8) != first
+    assert "|ar:300|seed:12345|" in first.ar_signature and "|bs:100|seed:12345|" in first.bs_signature
+    same = quality.paired_tests(good, good, [refs], ar_trials=300, bs_resamples=100)
+    assert same.p_ar == same.p_bs == 1.0                        # sacrebleu would say 1 / (trials + 1)
+    assert abs(same.bs_mean - quality.corpus_bleu(good, [refs]).score) < same.bs_ci
+    with pytest.raises(ValueError, match="seed 0"):
+        quality.paired_tests(good, bad, [refs], seed=0)
 
 
 def test_score_corpus_bundles_metrics():

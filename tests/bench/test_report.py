@@ -1,6 +1,9 @@
 """Reports: table.md in the paper's layout, leaderboard.md, the three plots, the Pareto front."""
 from __future__ import annotations
 
+import json
+import shutil
+
 import pytest
 
 from bench import report, store as st
@@ -8,12 +11,15 @@ from bench.report import pages, plots, tables
 from bench.costs import MachinePeaks
 from bench.runner import Runner
 from bench.families import load_suite as load_spec
+from bench.verify import verify_run
 from fakes import saved_figures
 from grid_fakes import fake_deps, fake_row
 from narbench_core import defaults as d
 
 
 FIGURES: dict = {}        # file name -> the matplotlib figure saved there (filled by run_dir)
+AR_TRIALS = 200           # sacrebleu's approximate randomization with few trials: a light test
+PAIRED_TESTS = ("bleu_p_ar", "bleu_p_bs", "bleu_bs_mean", "bleu_bs_ci", "bleu_ar_signature", "bleu_bs_signature")
 
 
 @pytest.fixture(scope="module")
@@ -23,6 +29,8 @@ def run_dir(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("report")
     saved = bench.costs.machine_peaks
     bench.costs.machine_peaks = lambda: MachinePeaks("test", 1e11, 1e10, "x", 8, 8)
+    trials = pytest.MonkeyPatch()
+    trials.setattr(d, "AR_TRIALS", AR_TRIALS, raising=False)
     try:
         spec = load_spec("default").replace(max_test_sentences=30)
         run, _ = st.open_run(tmp / "results", spec.name, spec.spec_hash(), spec.to_toml(),
@@ -40,6 +48,7 @@ def run_dir(tmp_path_factory):
         FIGURES.update(figures)
     finally:
         bench.costs.machine_peaks = saved
+        trials.undo()
     return run.path
 
 
@@ -113,6 +122,39 @@ def test_leaderboard_sorted_with_signature_env_command_and_links(run_dir):
     assert "| len ratio |" in (run_dir / "table.md").read_text()         # the full columns: table.md
     assert "![pareto.png](pareto.png)" in text
     assert "(../../theory/ising/20240101T000000Z-aaaa/ising.md)" in text
+
+
+def test_leaderboard_states_sacrebleus_test_and_its_signature(run_dir, monkeypatch):
+    text = (run_dir / "leaderboard.md").read_text()
+    assert "* p < 0.05, ** p < 0.01 in sacrebleu's paired approximate randomization test" in text
+    assert f"`sacrebleu --paired-ar`, {AR_TRIALS} trials, seed 12345" in text
+    assert f"`nrefs:1|ar:{AR_TRIALS}|seed:12345|case:mixed|eff:no|tok:13a|smooth:exp|version:" in text
+    assert "`nrefs:1|bs:1000|seed:12345|case:mixed|eff:no|tok:13a|smooth:exp|version:" in text
+    assert (f"SACREBLEU_SEED=12345 sacrebleu REFS -i ar-greedy.txt SYSTEM.txt --tokenize 13a --paired-ar "
+            f"--paired-ar-n {AR_TRIALS}") in text
+    table = (run_dir / "table.md").read_text()
+    assert "## bible_de_en:test: BLEU against AR greedy, sacrebleu's paired tests" in table
+    assert "| BLEU (bootstrap mean ± 95% CI) | ΔBLEU vs AR greedy | p (AR) | p (bootstrap) |" in table
+    monkeypatch.setattr(d, "AR_TRIALS", AR_TRIALS)
+    assert verify_run(run_dir) == []                  # the rows' tests are sacrebleu's on samples.jsonl
+
+
+def test_report_gives_rows_from_before_sacrebleus_tests_the_same_tests(run_dir, tmp_path, monkeypatch):
+    """Rows written with narbench's own bootstrap get sacrebleu's tests in the report, computed from
+    samples.jsonl, equal to those of rows that carry them; rows.jsonl stays as it was."""
+    monkeypatch.setattr(d, "AR_TRIALS", AR_TRIALS, raising=False)
+    old = tmp_path / run_dir.name
+    shutil.copytree(run_dir, old)
+    records = [json.loads(line) for line in (old / "rows.jsonl").read_text().splitlines()]
+    (old / "rows.jsonl").write_text("".join(
+        json.dumps({**{k: v for k, v in r.items() if k not in PAIRED_TESTS}, "bleu_delta_ci": [0.0, 0.0],
+                    "bleu_delta_p_value": 0.5}) + "\n" for r in records))
+    written = (old / "rows.jsonl").read_bytes()
+    report.write_report(old)
+    assert (old / "rows.jsonl").read_bytes() == written
+    assert (old / "table.md").read_text() == (run_dir / "table.md").read_text()
+    assert "in sacrebleu's paired approximate randomization test" in (old / "leaderboard.md").read_text()
+    assert verify_run(old) == []
 
 
 def test_pareto_front():

@@ -94,6 +94,20 @@ def test_rows_written_before_truncated_sources_load_without_it(tmp_path):
     assert {r.system: r.truncated_sources for r in run.rows()} == {"ar-greedy": None, "padir": 3}
 
 
+def test_rows_from_before_sacrebleus_tests_load_without_narbenchs_own_bootstrap(tmp_path):
+    """Rows written when narbench ran its own paired bootstrap (``bleu_delta_ci``, ``bleu_delta_p_value``)
+    load without those columns and with sacrebleu's tests' columns empty (the report fills them)."""
+    run, _ = open_(tmp_path)
+    tests = ("bleu_p_ar", "bleu_p_bs", "bleu_bs_mean", "bleu_bs_ci", "bleu_ar_signature", "bleu_bs_signature")
+    old = {k: v for k, v in dict(fake_row("a", bleu=20.0, bleu_delta_vs_ar=-1.5)).items() if k not in tests}
+    (run.path / "rows.jsonl").write_text(json.dumps({**old, "bleu_delta_ci": [-2.0, -1.0],
+                                                     "bleu_delta_p_value": 0.001}) + "\n")
+    (row,) = run.rows()
+    assert row.bleu_delta_vs_ar == -1.5 and all(row[name] is None for name in tests)
+    assert "bleu_delta_ci" not in row and "bleu_delta_p_value" not in row
+    assert "bleu_delta_p_value" not in st.load_rows(run.path).columns
+
+
 def test_resolve_run_dir_and_loaders(tmp_path):
     run, _ = open_(tmp_path)
     run.save_cells([fake_row("a", bleu=1.5)], [{"system": "a", "test_set": "t", "index": 0}])
