@@ -54,8 +54,11 @@ class TrainConfig:
     stage_remask: bool = unhashed_at_default(False, "PaDIR: stage s > 1 sees stage s-1's argmax with stutter "
                                              "re-masked, as refinement iteration t + 1 does at inference")
     glancing: bool = unhashed_at_default(False, "PaDIR: glancing training (GLAT): stage 1's correct tokens are "
-                                         "glance_ratio x the errors of a no-gradient pass from pure noise, "
-                                         "instead of unmask_rate")
+                                         "the glancing ratio x the errors of a no-gradient pass from pure noise, "
+                                         "instead of unmask_rate of all tokens (unmask_rate then acts nowhere)")
+    glance_start: float = unhashed_at_default(defaults.GLANCE_START, "PaDIR with glancing: the glancing ratio at "
+                                              "step 0, annealed linearly to glance_end at `steps`")
+    glance_end: float = unhashed_at_default(defaults.GLANCE_END, "PaDIR with glancing: the glancing ratio at `steps`")
     # When to stop and the learning rate on the way (models/schedule.py):
     until: str = unhashed_at_default("steps", "steps: train `steps` steps; plateau: stop when dev BLEU stops "
                                               "improving (patience, min_delta), `steps` a cap")
@@ -70,6 +73,7 @@ class TrainConfig:
                   "learning_rate": self.learning_rate > 0, "warmup_steps": self.warmup_steps >= 0,
                   "min_learning_rate": 0 <= self.min_learning_rate <= self.learning_rate,
                   "unmask_rate": 0.0 <= self.unmask_rate <= 1.0, "stages": self.stages >= 1,
+                  "glance_start": 0.0 <= self.glance_start <= 1.0, "glance_end": 0.0 <= self.glance_end <= 1.0,
                   "length_loss_weight": self.length_loss_weight >= 0,
                   "label_smoothing": 0.0 <= self.label_smoothing < 1.0,
                   "max_length": self.max_length >= 2, "checkpoint_every": self.checkpoint_every >= 1,
@@ -154,8 +158,11 @@ def _ar_loss(params, batch, rng, step=None, *, model, cfg: TrainConfig):
 
 def _padir_loss(params, batch, rng, step=None, *, model, model_config: ModelConfig, cfg: TrainConfig):
     """Multi-stage refinement loss (averaged over stages) + weighted length cross-entropy. With
-    ``cfg.glancing`` (and the optimizer ``step``) stage 1's input keeps a glanced number of
-    reference tokens (``losses.glancing_counts``) instead of ``unmask_rate`` of them."""
+    ``cfg.glancing`` (and the optimizer ``step``, which ``train_step`` always passes) stage 1's input
+    keeps a glanced number of reference tokens (``losses.glancing_counts`` at the ratio annealed from
+    ``glance_start`` to ``glance_end``) instead of ``unmask_rate`` of them: ``padir_noise`` reads the
+    rate only when it gets no ``n_keep``, so with glancing ``unmask_rate`` changes no training step
+    (only the noise of a dev NLL, which ``models.curves`` scores without a step)."""
     inputs, targets = batch["inputs"], batch["targets"]                  # [B, Ls], [B, L]
     variables = {"params": params}
     enc_rng, noise_rng, stage_rng = jax.random.split(rng, 3)
@@ -180,7 +187,7 @@ def _padir_loss(params, batch, rng, step=None, *, model, model_config: ModelConf
         pure = losses.padir_noise(glance_rng, targets, 0.0, model_config.vocab_size, model_config.fixed_eos)
         glance = model.apply(variables, encoded, inputs, pure, real, method="refine")   # [B, L, V], no dropout
         predicted = jax.lax.stop_gradient(jnp.argmax(glance, axis=-1))
-        ratio = losses.glancing_ratio(step, cfg.steps, defaults.GLANCE_START, defaults.GLANCE_END)
+        ratio = losses.glancing_ratio(step, cfg.steps, cfg.glance_start, cfg.glance_end)
         n_keep = losses.glancing_counts(predicted, targets, ratio, model_config.fixed_eos)   # [B]
     hyp = losses.padir_noise(noise_rng, targets, cfg.unmask_rate, model_config.vocab_size,
                               model_config.fixed_eos, n_keep)

@@ -14,7 +14,7 @@ from narbench_core.errors import UserError
 COMMAND_MODULES = (
     "bench.cli.data",     # data prepare|stats|check|export, tasks
     "bench.cli.checkpoints",   # train, translate, export
-    "bench.cli.run",      # run, eval, report, results, latency
+    "bench.cli.run",      # run, plan, eval, report, results, latency
     "bench.cli.theory",   # theory ising|samplers|attention
 )
 

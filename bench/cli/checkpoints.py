@@ -41,7 +41,12 @@ def register(sub) -> None:
                    help="PaDIR: reference (fixed EOS, [LENGTH] query, stage-2 remasking) or plain "
                         f"(default {defaults.RECIPE})")
     p.add_argument("--glancing", action="store_true", default=None,
-                   help=f"PaDIR: glancing training (GLAT; ratio {defaults.GLANCE_START:g} -> {defaults.GLANCE_END:g})")
+                   help=f"PaDIR: glancing training (GLAT; ratio {defaults.GLANCE_START:g} -> {defaults.GLANCE_END:g}; "
+                        "--unmask-rate then has no effect and is refused)")
+    p.add_argument("--glance-start", type=float,
+                   help=f"PaDIR with --glancing: the glancing ratio at the first step ({defaults.GLANCE_START:g})")
+    p.add_argument("--glance-end", type=float,
+                   help=f"PaDIR with --glancing: the glancing ratio at the last step ({defaults.GLANCE_END:g})")
     p.add_argument("--length-predictor", choices=defaults.LENGTH_PREDICTORS,
                    help=f"PaDIR: length classes: absolute lengths or offsets from the source length "
                         f"(default {defaults.LENGTH_PREDICTOR})")
@@ -191,7 +196,8 @@ def _train_command(args: argparse.Namespace) -> int:
     out = train_model(args.task, args.model, args.preset, distill=distill, teacher=args.teacher,
                       out=args.out, progress=not args.quiet, init=args.init, init_from=args.init_from,
                       axes={"unmask_rate": args.unmask_rate, "stages": args.stages, "recipe": args.recipe,
-                            "glancing": args.glancing, "length_predictor": args.length_predictor},
+                            "glancing": args.glancing, "glance_start": args.glance_start,
+                            "glance_end": args.glance_end, "length_predictor": args.length_predictor},
                       steps=args.steps, batch_tokens=args.batch_tokens, learning_rate=args.learning_rate,
                       warmup_steps=args.warmup_steps, seed=args.seed, checkpoint_every=args.checkpoint_every,
                       eval_every=args.eval_every, optimizer=args.optimizer, until=args.until,

@@ -1,4 +1,4 @@
-"""Sub-commands ``run``, ``eval``, ``report``, ``results`` and ``latency`` (thin: parse, call, print)."""
+"""Sub-commands ``run``, ``plan``, ``eval``, ``report``, ``results`` and ``latency`` (thin: parse, call, print)."""
 from __future__ import annotations
 
 import argparse
@@ -28,6 +28,23 @@ def register(sub) -> None:
     p.add_argument("--force", action="store_true", help="start a fresh run folder instead of resuming")
     p.add_argument("--bleurt-checkpoint", help="BLEURT checkpoint folder (default: $NARBENCH_BLEURT; none: no BLEURT)")
     p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("plan", help="print what a suite expands to, what is cached and an estimate of its time",
+                       description="Expand a suite without training or timing anything: its training cells (and "
+                       "which are cached under the data root), distillations, systems per test set, and an "
+                       "estimate of the training and timing still to do from costs measured on this machine "
+                       "(the runs under --results, the data root's checkpoint records). Spec errors surface "
+                       "here as in `narbench run`.")
+    p.add_argument("--suite", default="default", help=SUITE_HELP + " (default: default)")
+    p.add_argument("--results", default="results", help="results root whose runs give the measured costs "
+                   "(default: results)")
+    p.add_argument("--batch-size", type=int, help="sentences per decoder call (default: the suite's, 1)")
+    p.add_argument("--max-test-sentences", type=int, help="cap on test sentences (default: the suite's)")
+    p.add_argument("--leave-out", action="append", default=[], metavar="SUITE/RUN_ID",
+                   help="estimate as if this run (under --results) had not been measured, to compare the "
+                        "estimate with its real time (repeatable)")
+    p.add_argument("--format", choices=("text", "json"), default="text", help="output format (default: text)")
+    p.set_defaults(func=cmd_plan)
 
     p = sub.add_parser("eval", help="score every system of a finished run on your own parallel text",
                        description="Add a test set to a run: time and score every system on SOURCE/REFERENCE "
@@ -276,6 +293,20 @@ def cmd_eval(args) -> int:
         print(truncation_note(cut, len(sources), None, f" of test set {name!r} (per system: rows.jsonl's "
                               "truncated_sources)"), file=sys.stderr)
     return _finish(run.path)
+
+
+def cmd_plan(args) -> int:
+    import json
+
+    from bench import estimate, preview
+
+    spec = _spec(args)
+    locator = preview.real_locator()
+    measured = estimate.Measured.collect(Path(args.results), locator.data_root, exclude=args.leave_out)
+    shown = preview.preview(spec, locator, measured)
+    sys.stdout.write(json.dumps(preview.to_json(shown), indent=1) + "\n" if args.format == "json"
+                     else preview.render_text(shown))
+    return 0
 
 
 @_holding("run_dir", "narbench report")

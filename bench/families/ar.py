@@ -89,6 +89,9 @@ class ARFamily(Family):
         encoder, decoder = (int(x) for x in LAYERS_RE.match(layers).groups())
         return {"num_encoder_layers": encoder, "num_decoder_layers": decoder}, {}
 
+    def model_axes(self, row) -> dict[str, Any]:
+        return {"layers": row.get("layers")} if row.get("layers") else {}
+
     def sort_key(self, row) -> tuple:
         return (row.layers or "", bool(row.distill), row.hypotheses, row.system)
 

@@ -96,8 +96,30 @@ class Family:
         model = make_preset(preset, kind=self.model_kind, vocab_size=vocab_size,
                             **{**dict(model_overrides), **model_extra})
         kwargs = {**dict(train_kwargs), **train_extra}
-        kwargs.setdefault("eval_every", max(1, kwargs.get("steps", TrainConfig.steps) // defaults.CURVE_POINTS))
+        kwargs["eval_every"] = self.eval_every(kwargs)
         return model, TrainConfig(**kwargs)
+
+    @staticmethod
+    def eval_every(train_kwargs: Mapping[str, Any]) -> int:
+        """Steps between learning-curve points: the budget's ``eval_every``, else ``steps // CURVE_POINTS``."""
+        from models.train import TrainConfig
+
+        if train_kwargs.get("eval_every") is not None:
+            return int(train_kwargs["eval_every"])
+        return max(1, int(train_kwargs.get("steps", TrainConfig.steps)) // defaults.CURVE_POINTS)
+
+    def model_axes(self, row) -> dict[str, Any]:
+        """The training axes of the model a result row's system ran, as far as they set the model's size
+        (``axes_configs`` turns them into model config fields): ``narbench plan`` reads measured costs
+        per model size with it. None by default."""
+        return {}
+
+    def train_work(self, values: Mapping[str, Any]) -> float:
+        """A training step's work relative to the family's other models of the same size and batch tokens
+        (``values``: a cell's training axes, a result row or a checkpoint's train config): ``narbench
+        plan`` scales seconds per step measured on one model by it to estimate another. 1 unless the
+        family's axes change the work."""
+        return 1.0
 
     def axes_configs(self, axes: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
         """Split a cell's training axes into ModelConfig and TrainConfig fields."""
@@ -125,13 +147,27 @@ class Family:
         """A short label for the row's point in plots."""
         return row.system
 
-    def name_parts(self, row) -> list[tuple[str, str, bool]]:
+    def name_parts(self, row) -> list[tuple[str, str | None, bool]]:
         """The row's display name in parts, in order: ``(axis, text, always)``. Reports name a system by
         the family's label, the parts marked ``always`` and those whose text differs between the family's
         rows of the run (``bench.report.names``). A text starting with "," reads as a trailing clause
-        ("T=4 k=3, distilled"); an empty text says nothing."""
+        ("T=4 k=3, distilled"); an empty text says nothing; None: the axis does not act in this row (a
+        setting silences it, or the row predates it), so it neither shows nor makes the axis vary."""
         return [("system", row.system, True)]
 
     def style(self, row) -> dict[str, Any]:
         """Matplotlib colour and marker of the row's points, and its legend entry."""
         return {"color": "#1f4e79", "marker": "s", "label": self.label}
+
+    # -- the grid page (bench.report.grid) --------------------------------------------------------------
+    interaction: tuple[str, str] | None = None   # two axes whose interaction the grid page shows
+
+    def grid_axes(self, row) -> dict[str, Any]:
+        """The row's values of the family's ablation axes, None where an axis does not act in it (a
+        setting silences it, or the row predates it). The grid page compares rows that differ in one
+        axis; a family without axes ({}) has none."""
+        return {}
+
+    def grid_reference(self, axis: str, values: list) -> Any:
+        """The value of ``axis`` the others are compared against (``values``: the run's, sorted)."""
+        return values[0]

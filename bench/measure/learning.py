@@ -3,8 +3,9 @@
 Every trained model's checkpoint folder holds its curve (``models.curves``: dev NLL and dev BLEU at
 regular training steps); the grid copies it into the run folder's ``curves.jsonl``, one record per
 point: ``model`` (the training cell's label, also the rows' ``model`` column), ``family``, ``step``,
-``seconds`` (training seconds so far), ``dev_nll``, ``dev_bleu``. ``bench.report`` draws
-``learning_curves.png`` from it.
+``seconds`` (training seconds so far), ``dev_nll``, ``dev_bleu`` and, where the point recorded it,
+``eval_seconds`` (the point's own evaluation time: ``narbench plan`` estimates dev points with it).
+``bench.report`` draws ``learning_curves.png`` from it.
 """
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ FIELDS = ("model", "family", "step", "seconds", "dev_nll", "dev_bleu")
 def records(model: str, family: str, points: Iterable[Mapping[str, Any]]) -> list[dict]:
     """The run-folder records of one model's curve points, by step."""
     return [{"model": model, "family": family, "step": int(p["step"]), "seconds": float(p["seconds"]),
-             "dev_nll": float(p["dev_nll"]), "dev_bleu": float(p["dev_bleu"])}
+             "dev_nll": float(p["dev_nll"]), "dev_bleu": float(p["dev_bleu"]),
+             **({"eval_seconds": float(p["eval_seconds"])} if p.get("eval_seconds") is not None else {})}
             for p in sorted(points, key=lambda p: p["step"])]
 
 

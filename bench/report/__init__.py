@@ -6,8 +6,10 @@
 - ``tables``: the column lists, ``markdown_table``, the order of systems and test sets, and the
   tables the pages are built from (the systems x test sets grid, training budgets, where the time
   goes, isolation and its note, the fastest AR).
-- ``plots``: every plot (file names ``PLOTS`` and ``CURVE_PLOT``) and its helpers (the Pareto front,
-  axes, labels).
+- ``plots``: every plot (file names ``PLOTS`` and ``CURVE_PLOT``; the grid page's ``GRID_PAGE`` and
+  ``GRID_PLOT``) and its helpers (the Pareto front, axes, labels).
+- ``grid``: the grid page, ``grid.md`` and ``grid.png``: each ablation axis's effect on BLEU and latency
+  against a reference value, cell by cell and on average, and an interaction of two axes.
 """
 from __future__ import annotations
 

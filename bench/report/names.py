@@ -3,7 +3,8 @@
 A system id (``padir-s4-u0.15-distill-k3-lb1-init-ar-glat-lenoff``) names every axis, so that ids stay
 unique and stable across runs; a page only needs the axes that vary in its run. Each family splits a
 row's name into parts (``Family.name_parts``); a system's display name is its family's label, the
-parts marked always, and the parts whose text differs between that family's rows of the run:
+parts marked always, and the parts whose text differs between that family's rows of the run (rows where
+an axis does not act, text None, neither differ nor show):
 "PaDIR T=4 k=3, distilled", "CTranslate2 greedy, int8, 1 thread", "AR beam 5". Rows keep the id;
 ``render_legend`` maps one to the other.
 """
@@ -16,7 +17,7 @@ from bench.rows import Row
 from narbench_core.markdown import table
 
 
-def _join(label: str, texts: Sequence[str]) -> str:
+def _join(label: str, texts: Sequence[str | None]) -> str:
     out = label
     for text in texts:
         if text:
@@ -35,7 +36,7 @@ def display_names(rows: Sequence[Row]) -> dict[str, str]:
     for family in dict.fromkeys(r.family for r in first.values()):
         members = [n for n, r in first.items() if r.family == family]
         varies = {axis for axis in {a for n in members for a, _, _ in parts[n]}
-                  if len({text for n in members for a, text, _ in parts[n] if a == axis}) > 1}
+                  if len({text for n in members for a, text, _ in parts[n] if a == axis and text is not None}) > 1}
         label = families.get(family).label
         for n in members:
             names[n] = _join(label, [text for axis, text, always in parts[n] if always or axis in varies])

@@ -13,8 +13,9 @@ from pathlib import Path
 from typing import Sequence
 
 from bench import store as st
-from bench.report.plots import (BLEU_VS_ITERATIONS, CURVE_PLOT, DIAL_PLOT, LATENCY_CDF, PARETO, PLOTS,
-                                plot_bleu_vs_iterations, plot_dial, plot_latency_cdf, plot_learning_curves,
+from bench.report.grid import write_grid
+from bench.report.plots import (BLEU_VS_ITERATIONS, CURVE_PLOT, DIAL_PLOT, GRID_PAGE, GRID_PLOT, LATENCY_CDF, PARETO,
+                                PLOTS, plot_bleu_vs_iterations, plot_dial, plot_latency_cdf, plot_learning_curves,
                                 plot_pareto)
 from bench.report.names import display_names, render_legend
 from bench.report.tables import (LATENCY_TABLE, LEADERBOARD, fastest_ar, isolation_note, markdown_table,
@@ -198,7 +199,10 @@ def render_leaderboard(rows: list[Row], info: dict, env: dict, run_dir: Path, sa
     lines.extend(["## Files", "", "- [table.md](table.md) (paper layout), [rows.jsonl](rows.jsonl), "
                   "[samples.jsonl](samples.jsonl), [spec.toml](spec.toml), [env.json](env.json)"
                   + (f", [{st.CURVES}]({st.CURVES})" if (run_dir / st.CURVES).is_file() else ""),
-                  *(f"- ![{p}]({p})" for p in (*PLOTS, CURVE_PLOT, DIAL_PLOT) if (run_dir / p).is_file()), ""])
+                  *([f"- [{GRID_PAGE}]({GRID_PAGE}): what each ablation axis costs and buys"]
+                    if (run_dir / GRID_PAGE).is_file() else []),
+                  *(f"- ![{p}]({p})" for p in (*PLOTS, CURVE_PLOT, DIAL_PLOT, GRID_PLOT) if (run_dir / p).is_file()),
+                  ""])
     theory = _theory_links(run_dir)
     if theory:
         lines.extend(["## Theory suites", "", *theory, ""])
@@ -209,7 +213,7 @@ def render_leaderboard(rows: list[Row], info: dict, env: dict, run_dir: Path, sa
 
 def write_report(run_dir: str | Path) -> list[Path]:
     """Write ``table.md``, ``leaderboard.md`` and the plots into the run folder (``learning_curves.png``
-    when it has ``curves.jsonl``)."""
+    when it has ``curves.jsonl``; ``grid.md`` and ``grid.png`` when a family's rows vary an ablation axis)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -230,7 +234,9 @@ def write_report(run_dir: str | Path) -> list[Path]:
     modes = valid_target_counts(samples)
     if len(set(modes.values())) > 1:
         plot_dial(rows, modes, run.path / DIAL_PLOT)
+    settings = run.spec_settings()
+    grid = write_grid(run.path, rows, samples, info, settings["bootstrap_resamples"], defaults.SIGNIFICANCE_SEED)
     write_text(run.path / "table.md", render_table(rows, info, env))
     write_text(run.path / "leaderboard.md", render_leaderboard(rows, info, env, run.path, samples))
-    return [run.path / "table.md", run.path / "leaderboard.md",
+    return [run.path / "table.md", run.path / "leaderboard.md", *grid,
             *(run.path / p for p in (*PLOTS, CURVE_PLOT, DIAL_PLOT) if (run.path / p).is_file())]

@@ -13,6 +13,7 @@ from bench.rows import Row, column
 PARETO, LATENCY_CDF, BLEU_VS_ITERATIONS = "pareto.png", "latency_cdf.png", "bleu_vs_iterations.png"
 PLOTS = (PARETO, LATENCY_CDF, BLEU_VS_ITERATIONS)
 CURVE_PLOT = "learning_curves.png"       # drawn when the run has curves.jsonl (models trained with curves)
+GRID_PAGE, GRID_PLOT = "grid.md", "grid.png"   # written when a family's rows vary an ablation axis (bench.report.grid)
 
 
 def _axes_grid(n: int, plt, width: float = 6.0, height: float = 4.6):

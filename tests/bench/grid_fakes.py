@@ -133,16 +133,21 @@ class FakeTrainer:
     root: Path
     calls: list[tuple[str, str]] = field(default_factory=list)
 
+    def folder(self, task: str, model_config: dict, train_config: dict, init_from: Path | None = None) -> Path:
+        """Where a training of these settings goes (the fakes' checkpoint_dir_for)."""
+        key = json.dumps([task, model_config, train_config, str(init_from)], sort_keys=True)
+        return self.root / f"ckpt-{abs(hash(key)) % 10**10}"
+
     def __call__(self, task: str, model_config: dict, train_config: dict, progress: bool = True,
                  init_from: Path | None = None) -> Path:
         key = json.dumps([task, model_config, train_config, str(init_from)], sort_keys=True)
         self.calls.append((task, key))
-        out = self.root / f"ckpt-{abs(hash(key)) % 10**10}"
+        out = self.folder(task, model_config, train_config, init_from)
         out.mkdir(parents=True, exist_ok=True)
         if init_from is not None:
             assert (Path(init_from) / "narbench.json").is_file(), "the warm-start source must be trained first"
         meta = {"task": task, "distill": task.endswith("_distilled"), **model_config, "train_config": train_config,
-                "init_from": None if init_from is None else str(init_from)}
+                "init_from": None if init_from is None else str(init_from), "complete": True}
         (out / "narbench.json").write_text(json.dumps(meta))
         return out
 
@@ -215,3 +220,20 @@ def fake_deps(root: Path, factory: FakeFactory | None = None, n_sentences: int =
                 load_text=load_text, target_lang=lambda task: "en", configs=fake_configs,
                 train_record=fake_train_record, train_curve=fake_train_curve, step_cost=FakeStepCost())
     return deps
+
+
+def fake_locator(deps: Deps, n_sentences: int = 30):
+    """A ``bench.preview.Locator`` over the fakes: the fake trainer's folders, and a distillation is cached
+    once the fake distiller has made it from that teacher."""
+    from bench.preview import Locator
+
+    def record(folder: Path) -> dict | None:
+        file = Path(folder) / "narbench.json"
+        return json.loads(file.read_text()) if file.is_file() else None
+
+    def distillation(teacher_dir, task: str, seed: int, **kwargs) -> tuple[Path, str | None]:
+        made = (str(teacher_dir), task) in deps.distill.calls
+        return Path(teacher_dir) / f"distilled-{task}", f"{task}_distilled" if made else None
+
+    return Locator(fake_configs, lambda task: None, deps.train.folder, record, distillation,
+                   lambda task, split: n_sentences)

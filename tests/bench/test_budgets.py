@@ -68,7 +68,8 @@ def test_rows_carry_the_budget_of_their_model_and_the_run_gets_curves(tmp_path):
     # The fake AR curve rises by 2 BLEU per fifth, the PaDIR ones are flat.
     assert ar.still_improving is True and padir.still_improving is False and distilled.still_improving is False
     points = store.curves()
-    assert len(points) == 3 * 5 and all(set(p) == set(learning.FIELDS) for p in points)
+    assert len(points) == 3 * 5 and all(set(p) == {*learning.FIELDS, "eval_seconds"} for p in points)
+    assert {p["eval_seconds"] for p in points} == {0.1}            # each point's own evaluation time, copied
     assert [p["step"] for p in points if p["model"] == AR_MODEL] == [1, 2, 3, 4, 5]
     assert {p["family"] for p in points if p["model"] == PADIR_MODEL} == {"padir"}
     # Re-running a finished grid (or resuming one) replaces a model's points, never duplicates them.

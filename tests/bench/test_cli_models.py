@@ -79,3 +79,16 @@ def test_train_warm_start_and_recipe(recorded, tmp_path, capsys):
 def test_train_flag_errors(recorded, capsys, argv, message):
     assert main(["train", "--task", "synthetic_d0", "--preset", "tiny", *argv]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_train_glancing_ratios_and_the_rate_glancing_silences(recorded, capsys):
+    base = ["train", "--task", "synthetic_d0", "--model", "padir", "--preset", "tiny", "--steps", "3", "--quiet"]
+    assert main(base + ["--glancing", "--glance-end", "0.5"]) == 0
+    (_, _, train), = recorded["train"]
+    assert train.glancing and (train.glance_start, train.glance_end) == (0.5, 0.5)
+    capsys.readouterr()
+    assert main(base + ["--glancing", "--unmask-rate", "0.3"]) == 2
+    assert capsys.readouterr().err == ("narbench: error: unmask_rate has no effect with glancing = true (stage 1 keeps "
+                                       "a glanced number of reference tokens instead); drop it\n")
+    assert main(base + ["--glance-start", "0.3"]) == 2
+    assert "glance_start has no effect with glancing = false" in capsys.readouterr().err

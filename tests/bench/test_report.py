@@ -87,8 +87,8 @@ def test_table_has_paper_layout_and_latency_columns(run_dir):
     text = (run_dir / "table.md").read_text()
     assert "| System | Family | # Hyp. | T | bible_de_en:test | bible_de_en:test+refs |" in text
     assert "| ar-beam5 | AR | 5 | N | 100.00 | 100.00 |" in text
-    assert "| padir-s4-u0.15-distill-lb1-init-ar-glat-lenoff | PaDIR | 5 | 4 |" in text
-    assert "| padir-s4-u0.15-distill-k1-lb1-init-ar-glat-lenoff | PaDIR | 1 | 4 |" in text
+    assert "| padir-s4-distill-lb1-init-ar-glat-lenoff | PaDIR | 5 | 4 |" in text
+    assert "| padir-s4-distill-k1-lb1-init-ar-glat-lenoff | PaDIR | 1 | 4 |" in text
     assert "n too small (30 < 459)" in text  # no p99 from 30 sentences
     assert "speedup p50 vs AR greedy" in text and "1.00x" in text
     assert "no BLEURT checkpoint" in text
@@ -96,7 +96,7 @@ def test_table_has_paper_layout_and_latency_columns(run_dir):
     lines = text.splitlines()
     # AR rows come first, then PaDIR by distillation and refinement iterations.
     order = [ln.split("|")[1].strip() for ln in lines if ln.startswith("| ar-") or ln.startswith("| padir-")][:10]
-    assert order[:3] == ["ar-greedy", "ar-beam5", "padir-s1-u0.15-k1-lb1-init-ar-glat-lenoff"]
+    assert order[:3] == ["ar-greedy", "ar-beam5", "padir-s1-k1-lb1-init-ar-glat-lenoff"]
 
 
 def test_leaderboard_sorted_with_signature_env_command_and_links(run_dir):
@@ -111,7 +111,7 @@ def test_leaderboard_sorted_with_signature_env_command_and_links(run_dir):
     names = {ln.split("|")[2].strip() for ln in lines}
     assert {"AR greedy", "AR beam 5", "PaDIR T=4 k=3, distilled", "PaDIR T=1 k=1, raw"} <= names, names
     assert len(names) == 20 and any(n.startswith("CTranslate2 greedy, int8") for n in names), names
-    assert "| PaDIR T=4 k=3, distilled | `padir-s4-u0.15-distill-k3-lb1-init-ar-glat-lenoff` |" in text
+    assert "| PaDIR T=4 k=3, distilled | `padir-s4-distill-k3-lb1-init-ar-glat-lenoff` |" in text
     assert "**What this run says** on bible_de_en:test: the best BLEU is " in section
     assert "The best non-autoregressive system, PaDIR " in section and "against the fastest AR-side system" in section
     assert "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:" in text

@@ -63,7 +63,7 @@ def test_ablation_expansion_trains_each_model_once():
     plan = expand(load_spec("ablation"))
     # per task: the AR model, the 6-1 AR with and without distillation, PaDIR x rate, distill, pos, init
     assert len(plan.train_cells) == len(set(plan.train_cells)) == 6 * (3 + 2 * 2 * 2 * 2)
-    assert len(plan.systems) == 6 * 134
+    assert len(plan.systems) == 6 * 118              # 134 less Mask-Predict at T = 1 (re-masks nothing: excluded)
     for i, cell in enumerate(plan.train_cells):
         for source in (cell.teacher, cell.warm_start):
             if source is not None:
@@ -76,9 +76,9 @@ def test_padir_names_follow_design(tmp_path):
                                  'start = ["mask"]\npositional_attention = [false]\nstages = [1]\nunmask_rate = [0.5]'))
     names = {s.name for s in expand(load_spec(path)).systems}
     assert {"padir-s4-u0.5-distill-remask-mask-predict-start-mask-nopos-st1",
-            "padir-s1-u0.5-k3-remask-mask-predict-start-mask-nopos-st1"} <= names
+            "padir-s1-u0.5-k3-start-mask-nopos-st1"} <= names           # T = 1 re-masks nothing: no remask part
     default = {s.name for s in expand(load_spec("default")).systems}
-    assert {"padir-s4-u0.15-distill-lb1-init-ar-glat-lenoff", "padir-s4-u0.15-distill-k1-lb1-init-ar-glat-lenoff"} <= default
+    assert {"padir-s4-distill-lb1-init-ar-glat-lenoff", "padir-s4-distill-k1-lb1-init-ar-glat-lenoff"} <= default
 
 
 def test_length_bonus_is_a_decoding_axis(tmp_path):

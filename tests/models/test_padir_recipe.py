@@ -182,3 +182,26 @@ def test_glancing_loss_depends_on_the_step_and_stays_finite():
     assert np.isfinite(float(first)) and np.isfinite(float(last)) and float(first) != float(last)
     plain, _ = jax.jit(loss_fn(cfg, tc.replace(glancing=False), t5.make_model(cfg)))(params, batch, jax.random.key(1))
     assert np.isfinite(float(plain))
+
+
+def test_glancing_ratios_are_training_fields_and_glancing_silences_the_unmasking_rate():
+    # At their defaults the ratios stay out of the checkpoint identity: checkpoints trained before keep their hash.
+    assert "glance_start" not in TrainConfig(glancing=True).to_dict()
+    assert TrainConfig(glancing=True, glance_end=0.5).to_dict()["glance_end"] == 0.5
+    with pytest.raises(Exception, match="glance_start"):
+        TrainConfig(glance_start=1.5)
+    cfg = preset("tiny", kind="padir", vocab_size=V, dropout_rate=0.0, fixed_eos=True, length_token=True,
+                 max_target_length=16)
+    params = t5.init_params(cfg, jax.random.key(0))
+    batch = {"inputs": jnp.asarray([[5, 6, 7, 8, EOS_ID, 0]] * 4, jnp.int32),
+             "targets": jnp.asarray([[9, 10, 11, 12, 13, 14, EOS_ID, 0]] * 4, jnp.int32)}
+
+    def loss_at(tc: TrainConfig) -> float:
+        return float(jax.jit(loss_fn(cfg, tc, t5.make_model(cfg)))(params, batch, jax.random.key(1), jnp.asarray(0))[0])
+
+    glat = TrainConfig(steps=10, glancing=True, stage_remask=True)
+    # The ratio acts: revealing every error at step 0 (glance_start = 1) changes stage 1's input and the loss ...
+    assert loss_at(glat) != loss_at(glat.replace(glance_start=1.0))
+    # ... the unmasking rate does not: with glancing, padir_noise gets the glanced counts and never reads it.
+    assert loss_at(glat.replace(unmask_rate=0.9)) == loss_at(glat)
+    assert loss_at(glat.replace(glancing=False, unmask_rate=0.9)) != loss_at(glat.replace(glancing=False))

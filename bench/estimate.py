@@ -1,0 +1,385 @@
+"""What a suite's missing work will take on this machine, from what the same kind of work took here before.
+
+``Measured.collect(results_root, data_root)`` gathers the costs narbench recorded on this machine (run
+folders whose ``env.json`` names this CPU model and thread count; checkpoint and distillation records
+under the data root, which only this machine writes):
+
+- per trained model (``TrainedModel``): seconds per train step, from a committed run's rows
+  (``train_seconds / train_steps``, seconds in train steps only) or a checkpoint's ``narbench.json``;
+  seconds per dev evaluation point from the points' ``eval_seconds`` (a checkpoint's ``curve.jsonl``;
+  a run's ``curves.jsonl`` since it copies them); a checkpoint record also gives the rest of its wall
+  time (compiling, checkpoints), which committed runs do not keep;
+- per distillation (``Distillation``, from ``distill.json``): seconds per distilled sentence;
+- per timed system (``TimedSystem``, committed rows): mean latency per sentence, mean decoder passes
+  and warm-up (compile) seconds.
+
+The estimator is deliberately simple:
+
+- training a cell: its steps (``until = "plateau"``: the median stop of the nearest measured models
+  that the plateau rule stopped, else the cap) x the median seconds per step of the nearest measured
+  models (same family and model shape; preferring the same training cell, then the same task, batch
+  tokens and work per step), each scaled linearly by batch tokens and by its family's work per step
+  (``Family.train_work``); plus its dev points x seconds per point and the fixed overhead, where a
+  checkpoint record measured them;
+- a distillation: its sentences x the nearest measured seconds per sentence (same task, teacher
+  search and engine preferred);
+- timing one split: each system on its sentences (x repeats) and on the solo check's, at the measured
+  mean latency of the same system (its id or its axis values; same task, model shape and batch size),
+  else at a per-pass model fitted on its family's rows of the task and shape (latency = a + b x passes
+  + c x passes x hypotheses, least squares; passes: the median of rows with the same decoder, else the
+  iterations), plus its warm-up seconds (the median of the family's rows with as many hypotheses).
+
+Scoring (BLEU and its bootstrap), the report and process start-up are not counted.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+import numpy as np
+
+from bench import families
+from narbench_core import defaults
+from bench.rows import Row
+from narbench_core.errors import UserError
+from narbench_core.io import read_jsonl
+
+SHAPE_KEYS = ("d_model", "num_heads", "head_dim", "d_ff", "num_encoder_layers", "num_decoder_layers")
+
+
+def model_shape(preset: str, overrides: Mapping[str, Any] | None = None) -> tuple:
+    """What sets a model's cost per token: its dimensions (a preset with overrides), as sorted pairs."""
+    from models.config import PRESETS
+
+    merged = {**PRESETS.get(preset, {}), **dict(overrides or {})}
+    return tuple((k, merged.get(k)) for k in SHAPE_KEYS)
+
+
+def this_machine() -> dict[str, Any]:
+    """What a run's env.json must name to count as measured here: the CPU model and thread count."""
+    from bench.measure.env import cpu_model
+
+    return {"cpu_model": cpu_model(), "threads": os.cpu_count()}
+
+
+# ------------------------------------------------------------------------------------- measurements
+
+@dataclass(frozen=True)
+class TrainedModel:
+    source: str                   # the run folder or checkpoint folder it was read from
+    family: str
+    task: str                     # the task trained on, before distillation
+    shape: tuple
+    batch_tokens: int
+    work: float                   # the family's work per step (Family.train_work)
+    label: str | None             # its training cell's label (committed runs), None for a checkpoint record
+    steps: int
+    seconds_per_step: float
+    stopped_by: str | None = None
+    eval_seconds_per_point: float | None = None
+    overhead_seconds: float | None = None   # wall time neither in train steps nor in dev evaluation
+
+
+@dataclass(frozen=True)
+class Distillation:
+    source: str
+    shape: tuple                  # the teacher's model shape
+    task: str
+    decoder: str
+    engine: str
+    seconds_per_sentence: float
+
+
+@dataclass(frozen=True)
+class TimedSystem:
+    source: str
+    family: str
+    system: str
+    axes: tuple                   # its family's live axis values (Family.grid_axes), as sorted pairs
+    task: str
+    shape: tuple
+    batch_size: int
+    decoder: str
+    hypotheses: int | None
+    latency_mean_ms: float
+    passes_mean: float
+    compile_s: float | None
+
+
+@dataclass
+class Measured:
+    """Costs measured on this machine (see the module docstring)."""
+
+    trained: list[TrainedModel] = field(default_factory=list)
+    distillations: list[Distillation] = field(default_factory=list)
+    timed: list[TimedSystem] = field(default_factory=list)
+    runs: list[str] = field(default_factory=list)        # run folders read
+    skipped: list[str] = field(default_factory=list)     # run folders measured on another machine
+    checkpoints: int = 0                                  # checkpoint records read
+    _seen_models: set = field(default_factory=set, repr=False)   # (checkpoint, steps, seconds) already read
+
+    @classmethod
+    def collect(cls, results_root: Path | None, data_root: Path | None, machine: Mapping[str, Any] | None = None,
+                exclude: Iterable[str] = ()) -> "Measured":
+        """Every run folder under ``results_root`` measured on ``machine`` (default: this one) except
+        those named in ``exclude`` (``<suite>/<run_id>``), and every checkpoint and distillation record
+        under ``data_root``."""
+        out = cls()
+        machine = dict(machine or this_machine())
+        skip = set(exclude)
+        if results_root is not None and Path(results_root).is_dir():
+            for run in sorted(Path(results_root).glob("*/*/rows.jsonl")):
+                folder = run.parent
+                name = f"{folder.parent.name}/{folder.name}"
+                if name in skip:
+                    continue
+                env = _json(folder / "env.json") or {}
+                if (env.get("cpu_model"), env.get("threads")) != (machine["cpu_model"], machine["threads"]):
+                    out.skipped.append(name)
+                    continue
+                out.runs.append(name)
+                out._read_run(folder, name)
+        if data_root is not None:
+            out._read_data_root(Path(data_root))
+        return out
+
+    def _read_run(self, folder: Path, name: str) -> None:
+        spec = tomllib.loads((folder / "spec.toml").read_text(encoding="utf-8"))
+        model = spec.get("model", {})
+        rows = []
+        for record in read_jsonl(folder / "rows.jsonl"):
+            try:
+                rows.append(Row.load(record))
+            except UserError:                                 # written by a narbench too old to read
+                continue
+        evals: dict[str, list[float]] = {}
+        for point in read_jsonl(folder / "curves.jsonl") if (folder / "curves.jsonl").is_file() else []:
+            if point.get("eval_seconds") is not None:
+                evals.setdefault(point["model"], []).append(float(point["eval_seconds"]))
+        seen: set[tuple] = set()
+        timed: set[tuple] = set()
+        for r in rows:
+            family = r.family
+            try:
+                fam = families.get(family)
+                extra, _ = fam.axes_configs(fam.model_axes(r))
+            except UserError:                                 # a family (or axis) this narbench does not know
+                continue
+            shape = model_shape(model.get("preset", ""), {**(model.get("overrides") or {}), **extra})
+            label, steps, seconds = r.model, r.train_steps, r.train_seconds
+            known = (r.checkpoint, steps, seconds) in self._seen_models
+            if label and (label, r.checkpoint) not in seen and steps and seconds and not known:
+                seen.add((label, r.checkpoint))
+                self._seen_models.add((r.checkpoint, steps, seconds))      # one training, read from several runs
+                budget = spec.get("train", {}).get(family, {})
+                self.trained.append(TrainedModel(
+                    name, family, r.task, shape, int(budget.get("batch_tokens") or 0), fam.train_work(r),
+                    label, int(steps), float(seconds) / int(steps), r.stopped_by,
+                    _median(evals[label]) if evals.get(label) else None))
+            split = (r.system, r.test_set.removesuffix("+refs"))     # test sets of one split: one measurement
+            if r.latency_mean_ms and r.passes_mean is not None and split not in timed:
+                timed.add(split)
+                self.timed.append(TimedSystem(
+                    name, family, r.system, tuple(sorted(fam.grid_axes(r).items())), r.task, shape,
+                    int(r.batch_size or 1), r.decoder or "", r.hypotheses, float(r.latency_mean_ms),
+                    float(r.passes_mean), r.compile_s))
+        self._read_distill(_json(folder / "distill.json"), name,     # the teacher: the suite's own AR model
+                           model_shape(model.get("preset", ""), model.get("overrides")))
+
+    def _read_distill(self, record: Any, source: str, shape: tuple) -> None:
+        if not isinstance(record, dict):
+            return
+        if "seconds" not in record:                            # keyed by task (several distillations)
+            for key, value in record.items():
+                self._read_distill(value, f"{source}:{key}", shape)
+            return
+        if record.get("examples") and record.get("seconds"):
+            self.distillations.append(Distillation(
+                source, shape, record.get("task"), record.get("teacher_decoder"),
+                record.get("teacher_engine") or defaults.DISTILL_ENGINE,
+                float(record["seconds"]) / int(record["examples"])))
+
+    def _read_data_root(self, root: Path) -> None:
+        from suites.tasks import source_task
+
+        kinds = {f.model_kind: f for f in families.all_families() if f.trains and f.model_kind}
+        for meta_file in sorted((root / "checkpoints").glob("*/narbench.json")):
+            meta = _json(meta_file) or {}
+            fam = kinds.get(meta.get("kind"))
+            steps, seconds = meta.get("steps_done"), meta.get("train_seconds")
+            if fam is None or not steps or not seconds:
+                continue
+            self.checkpoints += 1
+            points = len(read_jsonl(meta_file.parent / "curve.jsonl")) if (meta_file.parent / "curve.jsonl").is_file() else 0
+            evals = float(meta.get("eval_seconds") or 0.0)
+            train = meta.get("train_config") or {}
+            self.trained.append(TrainedModel(
+                str(meta_file.parent), fam.name, source_task(meta.get("task") or ""),
+                tuple((k, (meta.get("model_config") or {}).get(k)) for k in SHAPE_KEYS),
+                int(train.get("batch_tokens") or 0), fam.train_work(train), None, int(steps),
+                float(seconds) / int(steps), meta.get("stopped_by"),
+                evals / points if points and evals else None,
+                max(float(meta.get("wall_seconds") or 0.0) - float(seconds) - evals, 0.0) or None))
+        for record in sorted((root / "distill").glob("*/distill.json")):
+            data = _json(record) or {}
+            teacher = _json(root / str(data.get("teacher")) / "narbench.json") or {}
+            self._read_distill(data, str(record.parent),
+                               tuple((k, (teacher.get("model_config") or {}).get(k)) for k in SHAPE_KEYS))
+
+
+def _json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+# ------------------------------------------------------------------------------------------ training
+
+@dataclass(frozen=True)
+class Estimate:
+    seconds: float | None          # None: nothing comparable was measured
+    how: str                       # one line: the arithmetic and where its numbers come from
+
+
+def _median(values: list[float]) -> float:
+    return float(np.median(values))
+
+
+def train_estimate(measured: Measured, family: str, task: str, shape: tuple, label: str, budget,
+                   axes: Mapping[str, Any]) -> Estimate:
+    """Seconds to train one cell (see the module docstring); ``budget`` is its ``TrainBudget``."""
+    fam = families.get(family)
+    work = fam.train_work(axes)
+    pool = [m for m in measured.trained if m.family == family and m.shape == shape]
+    if not pool:
+        return Estimate(None, f"no {fam.label} model of this size was measured on this machine")
+
+    def score(m: TrainedModel) -> tuple:
+        return (m.label == label, m.task == task, m.batch_tokens == budget.batch_tokens, m.work == work)
+
+    best = max(map(score, pool))
+    near = [m for m in pool if score(m) == best]
+    scaled = [m.seconds_per_step * (budget.batch_tokens / m.batch_tokens if m.batch_tokens else 1.0) * work / m.work
+              for m in near]
+    per_step = _median(scaled)
+    steps, stop = budget.steps, ""
+    if budget.until == "plateau":
+        stopped = [m for m in pool if m.stopped_by == "plateau"]
+        stops = [m.steps for m in stopped if m.task == task] or [m.steps for m in stopped]
+        if stops:
+            steps = min(budget.steps, int(_median(stops)))
+            stop = (f" (plateau: the median stop of {len(stops)} measured"
+                    f"{'' if any(m.task == task for m in stopped) else ' on other tasks'}, cap {budget.steps:,})")
+        else:
+            stop = " (plateau: the cap, an upper bound)"
+    every = fam.eval_every(budget.train_kwargs())
+    points = steps // every + (1 if steps % every else 0) if every else 0
+    per_point = ([m.eval_seconds_per_point for m in pool if m.eval_seconds_per_point and m.task == task]
+                 or [m.eval_seconds_per_point for m in pool if m.eval_seconds_per_point])
+    fixed = [m.overhead_seconds for m in pool if m.overhead_seconds and m.task == task]
+    evals = points * _median(per_point) if per_point else 0.0
+    overhead = _median(fixed) if fixed else 0.0
+    spread = f"{min(scaled):.2f}-{max(scaled):.2f}" if max(scaled) - min(scaled) >= 0.005 else f"{per_step:.2f}"
+    differ = [n for n, same in zip(("another task", "other batch tokens", "other work per step"), best[1:]) if not same]
+    how = (f"{steps:,} steps{stop} x {per_step:.2f} s (median of {len(near)} measured: {spread} s a step"
+           + (f"; {', '.join(differ)}, scaled" if differ else "") + ")"
+           + (f" + {points} dev points x {_median(per_point):.1f} s" if per_point else
+              (f" + {points} dev points (not measured)" if points else ""))
+           + (f" + {overhead:.0f} s compiling and checkpoints" if fixed else ""))
+    return Estimate(steps * per_step + evals + overhead, how)
+
+
+def distill_estimate(measured: Measured, shape: tuple, task: str, decoder: str, engine: str,
+                     sentences: int | None) -> Estimate:
+    """Seconds for a teacher of model ``shape`` to decode ``sentences`` training sources (None: unknown
+    until the data is prepared)."""
+    pool = measured.distillations
+    if not pool:
+        return Estimate(None, "no distillation was measured on this machine")
+    if sentences is None:
+        return Estimate(None, "the number of training sentences is unknown until the task's data is prepared")
+
+    def score(m: Distillation) -> tuple:
+        return (m.shape == shape, m.task == task, m.decoder == decoder, m.engine == engine)
+
+    best = max(map(score, pool))
+    near = [m.seconds_per_sentence for m in pool if score(m) == best]
+    per = _median(near)
+    differ = [n for n, same in zip(("another teacher size", "another task", "another search", "another engine"),
+                                   best) if not same]
+    return Estimate(sentences * per, f"{sentences:,} sentences x {1000 * per:.2f} ms (median of {len(near)} "
+                                     f"measured{'; ' + ', '.join(differ) if differ else ''})")
+
+
+# -------------------------------------------------------------------------------------------- timing
+
+@dataclass(frozen=True)
+class SystemCost:
+    latency_ms: float | None
+    compile_s: float
+    how: str
+
+
+def system_cost(measured: Measured, family: str, system: str, axes: tuple, task: str, shape: tuple, batch_size: int,
+                decoder: str, hypotheses: int | None, iterations: int | None) -> SystemCost:
+    """A system's mean latency per sentence and warm-up seconds (see the module docstring); ``axes``: its
+    family's live axis values as sorted pairs (a system measured under another id with the same axes,
+    as before a rename, is the same system)."""
+    sized = [t for t in measured.timed if t.family == family and t.shape == shape and t.batch_size == batch_size]
+    pool = [t for t in sized if t.task == task] or sized          # another task of the same size, if need be
+    other = "" if not pool or pool[0].task == task else "; timed on another task"
+    warm = [t.compile_s for t in pool if t.compile_s is not None and t.hypotheses == hypotheses] or \
+           [t.compile_s for t in pool if t.compile_s is not None]
+    compile_s = _median(warm) if warm else 0.0
+    same = [t.latency_mean_ms for t in pool if t.system == system or (axes and t.axes == axes)]
+    if same:
+        return SystemCost(_median(same), compile_s, f"measured ({len(same)} run{'s' * (len(same) > 1)}{other})")
+    if not pool:
+        return SystemCost(None, compile_s, "no system of its family and size was timed on this machine")
+    passes = [t.passes_mean for t in pool if t.decoder == decoder and t.hypotheses == hypotheses] or \
+             [t.passes_mean for t in pool if t.decoder == decoder]
+    p = _median(passes) if passes else float(iterations or 1)
+    k = float(hypotheses or 1)
+    coef = _pass_model(pool)
+    if coef is None:
+        per_pass = _median([t.latency_mean_ms / max(t.passes_mean * (t.hypotheses or 1), 1e-9) for t in pool])
+        return SystemCost(per_pass * p * k, compile_s,
+                          f"{p:.1f} passes x {k:g} hypotheses x {per_pass:.2f} ms{other}")
+    a, b, c = coef
+    return SystemCost(max(a + b * p + c * p * k, 0.0), compile_s,
+                      f"pass model {a:.1f} + {b:.2f} x passes + {c:.2f} x passes x k ms at {p:.1f} passes, "
+                      f"k = {k:g}{other}")
+
+
+def _pass_model(pool: list[TimedSystem]) -> tuple[float, float, float] | None:
+    """Least-squares ``latency = a + b passes + c passes hypotheses`` over ``pool`` (None when the rows
+    cannot determine it: fewer than 3 distinct points, or one number of hypotheses)."""
+    x = np.asarray([[1.0, t.passes_mean, t.passes_mean * (t.hypotheses or 1)] for t in pool])
+    y = np.asarray([t.latency_mean_ms for t in pool])
+    if len({(r[1], r[2]) for r in x}) < 3 or np.linalg.matrix_rank(x) < 3:
+        return None
+    coef, *_ = np.linalg.lstsq(x, y, rcond=None)
+    return float(coef[0]), float(coef[1]), float(coef[2])
+
+
+def timing_seconds(cost: SystemCost, sentences: int, repeats: int, solo: int) -> float | None:
+    """Seconds to warm up and time a system on ``sentences`` (x ``repeats``) plus ``solo`` solo-check sentences."""
+    if cost.latency_ms is None:
+        return None
+    return cost.compile_s + (sentences * repeats + solo) * cost.latency_ms / 1000.0
+
+
+def duration(seconds: float | None) -> str:
+    """``1 h 05 min``, ``12 min``, ``40 s``; "unknown" for None."""
+    if seconds is None or math.isnan(seconds):
+        return "unknown"
+    if seconds < 60:
+        return f"{seconds:.0f} s"
+    minutes = round(seconds / 60)
+    return f"{minutes // 60} h {minutes % 60:02d} min" if minutes >= 60 else f"{minutes} min"

@@ -1,0 +1,106 @@
+"""`narbench plan`: what a suite expands to (its cells, which are cached, its systems per test set) and an
+estimate of the work left, from costs measured before, without training or timing anything."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from bench import estimate, preview, store as st
+from bench.cli import main
+from bench.costs import MachinePeaks
+from bench.families import load_suite as load_spec
+from bench.runner import Runner
+from grid_fakes import STEP_COST, fake_deps, fake_locator, fake_spec
+
+SPEC = fake_spec("plantest", test=["test", "test+refs"], ar_decoders=["greedy"], padir_iterations=[1, 4],
+                 max_test_sentences=20, length_hyps=[3])
+MACHINE = {"cpu_model": "Test CPU", "threads": 2}
+PADIR = "padir fake_task positional_attention True recipe reference stages 2 unmask_rate"
+
+
+@pytest.fixture(autouse=True)
+def fixed_peaks(monkeypatch):
+    peaks = MachinePeaks("test", 1e11, 1e10, "2024-01-01T00:00:00+00:00", 8, 8)
+    monkeypatch.setattr("bench.costs.machine_peaks", lambda: peaks)
+
+
+@pytest.fixture
+def measured(tmp_path):
+    """A finished fake run of SPEC (its models cached by the fake trainer) measured on MACHINE."""
+    path = tmp_path / "plantest.toml"
+    path.write_text(SPEC)
+    spec = load_spec(path)
+    deps = fake_deps(tmp_path / "ckpt")
+    run, _ = st.open_run(tmp_path / "results", spec.name, spec.spec_hash(), spec.to_toml(), "narbench run")
+    run.write_env(MACHINE)
+    Runner(spec, deps, run, progress=False).run()
+    st.finish_run(run)
+    return tmp_path, deps, run
+
+
+def test_plan_shows_what_is_cached_the_systems_and_an_estimate(measured):
+    tmp_path, deps, run = measured
+    path = tmp_path / "more.toml"
+    path.write_text(SPEC.replace('name = "plantest"', 'name = "more"') + "unmask_rate = [0.15, 0.5]\n")
+    spec = load_spec(path)
+    shown = preview.preview(spec, fake_locator(deps), estimate.Measured.collect(tmp_path / "results", None, MACHINE))
+    assert {c.cell.label: c.state for c in shown.cells} == {
+        "ar fake_task seed 0": "cached", f"{PADIR} 0.15 seed 0": "cached", f"{PADIR} 0.15 distill seed 0": "cached",
+        f"{PADIR} 0.5 seed 0": "to train", f"{PADIR} 0.5 distill seed 0": "to train"}
+    assert [d.state for d in shown.distillations] == ["cached"]
+    assert deps.train.calls and len(deps.train.calls) == 3          # the preview trained nothing more
+    # Each new model: 5 steps at the 0.8 s a step the fake PaDIR models took, plus 5 dev points at the 0.1 s
+    # each of their curve points took.
+    new = [c for c in shown.cells if c.state == "to train"]
+    assert [c.estimate.seconds for c in new] == [pytest.approx(5 * STEP_COST["padir"]["seconds"] + 5 * 0.1)] * 2
+    assert new[0].estimate.how == "5 steps x 0.80 s (median of 2 measured: 0.80 s a step) + 5 dev points x 0.1 s"
+    assert sorted(c.systems for c in new) == [["padir-s1-u0.5-distill-k3", "padir-s4-u0.5-distill-k3"],
+                                              ["padir-s1-u0.5-k3", "padir-s4-u0.5-k3"]]
+    # One timed measurement serves test and test+refs: every system once on 20 sentences and the solo check's.
+    [split] = shown.splits
+    assert split.test_sets == ["fake_task:test", "fake_task:test+refs"] and split.sentences == 20
+    assert len(split.systems) == 1 + 2 * 2 * 2
+    row = {r.system: r for r in run.rows() if r.test_set == "fake_task:test"}
+    cost, seconds = split.costs["ar-greedy"]
+    assert cost.latency_ms == pytest.approx(row["ar-greedy"].latency_mean_ms) and cost.how == "measured (1 run)"
+    assert seconds == pytest.approx(cost.compile_s + (20 + 20) * cost.latency_ms / 1000)
+    assert not split.costs["padir-s4-u0.5-k3"][0].how.startswith("measured")
+    assert split.costs["padir-s4-u0.15-k3"][0].how == "measured (1 run)"
+    totals = shown.totals()
+    assert totals["training"] == pytest.approx(9.0) and totals["distillation"] == 0.0
+    assert totals["timing"] == pytest.approx(sum(sec for _, sec in split.costs.values()))
+    assert totals["total"] == pytest.approx(9.0 + totals["timing"])
+    text = preview.render_text(shown)
+    assert "Training cells (5: 3 cached, 2 to train)" in text
+    assert f"  to train  {PADIR} 0.5 seed 0\n" in text and f"  cached    {PADIR} 0.15 seed 0\n" in text
+    assert "fake_task:test and fake_task:test+refs: 9 systems, 20 sentences, timed once" in text
+    assert f"\n  training      {'9 s':>12s}  (2 models; per cell above)\n" in text
+    assert "from 1 runs under the results folder" in text
+    # A training that stopped part way is resumed, not started again.
+    Path(new[0].folder).mkdir(parents=True)
+    (Path(new[0].folder) / "narbench.json").write_text(json.dumps({"steps_done": 3}))
+    again = preview.preview(spec, fake_locator(deps), estimate.Measured())
+    assert [(c.state, c.note) for c in again.cells if c.cell == new[0].cell] == [("partial", "resumes at step 3")]
+    assert again.totals()["training"] is None                   # nothing measured: unknown, not zero
+
+
+def test_plan_command_prints_json_and_leaves_other_machines_out(measured, monkeypatch, capsys):
+    tmp_path, deps, run = measured
+    monkeypatch.setattr(preview, "real_locator", lambda: fake_locator(deps))
+    monkeypatch.setattr(estimate, "this_machine", lambda: MACHINE)
+    args = ["plan", "--suite", str(tmp_path / "plantest.toml"), "--results", str(tmp_path / "results")]
+    assert main(args + ["--format", "json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert {c["state"] for c in out["cells"]} == {"cached"} and out["distillations"][0]["state"] == "cached"
+    assert out["estimate"]["training_seconds"] == 0.0 and out["estimate"]["timing_seconds"] > 0
+    assert out["estimate"]["sources"]["runs"] == [f"plantest/{run.run_id}"]
+    assert [s["system"] for s in out["test_sets"][0]["systems"]][:2] == ["ar-greedy", "padir-s1-u0.15-k3"]
+    assert main(args + ["--leave-out", f"plantest/{run.run_id}"]) == 0
+    text = capsys.readouterr().out
+    assert f"\n  timing        {'unknown':>12s}  (5 systems in 1 measurement" in text
+    assert "5 not estimated: nothing comparable was timed" in text and "from 0 runs under the results folder" in text
+    monkeypatch.setattr(estimate, "this_machine", lambda: {"cpu_model": "Other CPU", "threads": 64})
+    assert main(args) == 0
+    assert "(1 runs from other machines left out)" in capsys.readouterr().out
