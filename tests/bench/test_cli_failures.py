@@ -35,8 +35,9 @@ def env(tmp_path, monkeypatch):
 
 
 def narbench(*args: str, stdin: bytes = b"") -> tuple[int, str, list[str]]:
-    """Run ``narbench ARGS`` in a fresh process: (exit code, stdout, stderr lines)."""
-    proc = subprocess.run([sys.executable, "-c", "import sys; from bench.cli import main; sys.exit(main(sys.argv[1:]))",
+    """Run ``narbench ARGS`` in a fresh process, as the ``narbench`` program does (``main()`` reads its
+    arguments, and quiets the libraries): (exit code, stdout, stderr lines)."""
+    proc = subprocess.run([sys.executable, "-c", "import sys; from bench.cli import main; sys.exit(main())",
                            *map(str, args)], input=stdin, capture_output=True, cwd=ROOT, timeout=300)
     return proc.returncode, proc.stdout.decode(), proc.stderr.decode("utf-8", "replace").strip().splitlines()
 
