@@ -212,3 +212,41 @@ def set_aside(ckpt_dir: Path) -> Path:
         if entry.name != LOCK_FILE:
             entry.rename(aside / entry.name)
     return aside
+
+
+def load(checkpoint_dir: str | os.PathLike, require_complete: bool = True
+         ) -> tuple[Any, Any, dict]:
+    """``(model_config, params, meta)`` of a trained checkpoint folder, for inference.
+
+    ``meta`` is the folder's ``narbench.json`` (task, train config, vocab path, steps done ...).
+    Raises ``UserError`` when the folder has no checkpoint, or (``require_complete``) when its
+    training has not finished.
+    """
+    from models.config import ModelConfig
+
+    path = Path(checkpoint_dir)
+    meta = read_meta(path)
+    if meta is None:
+        raise UserError(f"no checkpoint in {path} (no {META_FILE}); train one with `narbench train`"
+                        " or pass the folder that `narbench train --out` wrote")
+    if require_complete and not meta.get("complete"):
+        raise UserError(f"training in {path} is unfinished (step {meta.get('steps_done', 0)} of "
+                        f"{meta.get('train_config', {}).get('steps')}); re-run the same "
+                        "`narbench train` command to resume it")
+    try:
+        params, step = restore_params(path)
+    except FileNotFoundError:
+        raise UserError(f"checkpoint {path} has no saved step; re-run `narbench train` to "
+                        "produce it") from None
+    meta = dict(meta, restored_step=step)
+    model_config = ModelConfig.from_dict(meta["model_config"])
+    return model_config, params, meta
+
+
+IDENTITY_FIELDS = ("task", "model_config", "train_config", "vocab_hash", "data", "steps_done")
+
+
+def identity(meta: dict) -> dict:
+    """What names a trained model whatever folder it sits in: task, configs, vocabulary, data, steps
+    (a student's checkpoint hash covers its teacher's or warm-start source's identity)."""
+    return {k: meta.get(k) for k in IDENTITY_FIELDS}
