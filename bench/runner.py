@@ -29,7 +29,7 @@ from bench.families import System, TrainCell
 from bench.plan import Plan, expand, needed_cells
 from bench.rows import SCHEMA_VERSION, Row, columns, compute_figures
 from bench.store import RunStore
-from narbench_core import lock
+from narbench_core import defaults, lock
 from narbench_core.errors import UserError
 from suites.spec import SuiteSpec
 
@@ -67,11 +67,13 @@ def real_configs(spec: SuiteSpec, cell: TrainCell) -> tuple[Any, Any]:
                                              dict(cell.axes))
 
 
-def real_deps() -> Deps:
-    """The real trainer, distiller, decoder factory and tasks (imported on first use)."""
+def real_deps(retrain_damaged: bool = defaults.RETRAIN_DAMAGED) -> Deps:
+    """The real trainer, distiller, decoder factory and tasks (imported on first use); a damaged cached
+    checkpoint is retrained, or with ``retrain_damaged=False`` refused (``models.train.train``)."""
     def train(task, model_config, train_config, progress=True, init_from=None):
         from models.train import train as _train
-        return _train(task, model_config, train_config, progress=progress, init_from=init_from)
+        return _train(task, model_config, train_config, progress=progress, init_from=init_from,
+                      retrain_damaged=retrain_damaged)
 
     def distill(teacher_dir, task, **kwargs):
         from models.distill import distill as _distill

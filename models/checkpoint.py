@@ -9,11 +9,18 @@ Layout of one checkpoint folder::
 Atomicity: orbax writes each step into a temporary folder and renames it when finalised, so a step
 folder that a crash left half-written is never listed; ``narbench.json`` is replaced atomically
 (``narbench_core.io``) and says ``complete`` only after the final step is saved.
+
+Damage (a truncated or missing file, from a full disk or a bad copy) is never half-read: a
+``narbench.json`` that is not JSON, or a step orbax cannot read whole, raises ``DamagedCheckpoint``
+(a one-line ``UserError`` naming the folder). ``verify`` reads a folder's newest step to find out,
+and ``set_aside`` moves a damaged folder's files out of the way (``models.train`` then retrains it).
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +32,62 @@ from narbench_core.io import write_json
 
 META_FILE = "narbench.json"
 STATE_DIR = "state"
+ITEM_NAMES = {"params": "parameters", "opt_state": "optimiser state"}    # a step's orbax items, as errors name them
+
+
+class DamagedCheckpoint(UserError):
+    """A checkpoint folder that cannot be read whole; ``path`` is the folder, ``what`` what is wrong."""
+
+    def __init__(self, path: str | os.PathLike, what: str):
+        self.path, self.what = Path(path), what
+        super().__init__(f"checkpoint {path} is damaged: {what}; re-run the `narbench train` or `narbench run` "
+                         "that wrote it to retrain it (it moves the damaged folder aside)")
+
+
+def _reason(err: BaseException) -> str:
+    """The first line of the innermost cause of ``err``, shortened: what a damage message quotes."""
+    while err.__cause__ is not None:
+        err = err.__cause__
+    text = (str(err).strip().splitlines() or [type(err).__name__])[0]
+    return text if len(text) <= 160 else text[:157] + "..."
+
+
+def _abandoned_read(unraisable) -> bool:
+    """Whether an unraisable exception comes from a read orbax abandoned: its coroutine, collected with
+    its failure, or tensorstore finishing the read into orbax's closed event loop."""
+    code = getattr(unraisable.object, "cr_code", None)
+    if code is not None:
+        return f"{os.sep}orbax{os.sep}" in code.co_filename
+    return (unraisable.object is None and isinstance(unraisable.exc_value, RuntimeError)
+            and str(unraisable.exc_value) == "Event loop is closed")
+
+
+def _drop_abandoned_reads() -> None:
+    """Keep a damage report one line: when one array of a restore fails, orbax closes its event loop with
+    the other reads still in flight, and Python reports each one's failure when it ends or is collected
+    (``Exception ignored in: ...`` and a traceback, often at exit: up to hundreds of lines). They are the
+    damage already reported; other unraisable exceptions still go to the hook that was installed."""
+    previous = sys.unraisablehook
+    if getattr(previous, "drops_orbax_reads", False):
+        return
+
+    def hook(unraisable):
+        if not _abandoned_read(unraisable):
+            previous(unraisable)
+    hook.drops_orbax_reads = True
+    sys.unraisablehook = hook
+
+
+@contextlib.contextmanager
+def _reading(ckpt_dir: Path, what: str):
+    """Any failure of orbax reading ``what`` (files as saved, no template to mismatch) is damage."""
+    try:
+        yield
+    except (UserError, MemoryError):
+        raise
+    except Exception as err:    # noqa: BLE001 - tensorstore raises ValueError, JSONDecodeError, bare Exception
+        _drop_abandoned_reads()
+        raise DamagedCheckpoint(ckpt_dir, f"{what} cannot be read ({_reason(err)})") from err
 
 
 def _manager(ckpt_dir: Path, read_only: bool = False):
@@ -42,8 +105,14 @@ def read_meta(ckpt_dir: Path) -> dict | None:
     path = Path(ckpt_dir) / META_FILE
     if not path.is_file():
         return None
-    with open(path) as f:
-        return json.load(f)
+    try:
+        with open(path, encoding="utf-8") as f:
+            meta = json.load(f)
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise DamagedCheckpoint(ckpt_dir, f"{META_FILE} is not valid JSON ({_reason(err)})") from None
+    if not isinstance(meta, dict):
+        raise DamagedCheckpoint(ckpt_dir, f"{META_FILE} holds no record")
+    return meta
 
 
 def write_meta(ckpt_dir: Path, meta: dict) -> None:
@@ -89,9 +158,13 @@ def restore(ckpt_dir: Path, params_like: Any, opt_state_like: Any,
         step = mngr.latest_step() if step is None else step
         if step is None:
             raise FileNotFoundError(f"no checkpoint step in {ckpt_dir}")
-        out = mngr.restore(step, args=ocp.args.Composite(
-            params=ocp.args.StandardRestore(_abstract(params_like)),
-            opt_state=ocp.args.StandardRestore(_abstract(opt_state_like))))
+        try:
+            out = mngr.restore(step, args=ocp.args.Composite(
+                params=ocp.args.StandardRestore(_abstract(params_like)),
+                opt_state=ocp.args.StandardRestore(_abstract(opt_state_like))))
+        except Exception:
+            verify(ckpt_dir, opt_state=True, step=step)   # damaged files: DamagedCheckpoint; else
+            raise                                          # the templates do not fit (a bug): as is
     return out["params"], out["opt_state"], int(step)
 
 
@@ -103,8 +176,42 @@ def restore_params(ckpt_dir: Path, step: int | None = None) -> tuple[Any, int]:
         step = mngr.latest_step() if step is None else step
         if step is None:
             raise FileNotFoundError(f"no checkpoint step in {ckpt_dir}")
-        out = mngr.restore(step, args=ocp.args.Composite(params=ocp.args.StandardRestore()))
+        with _reading(ckpt_dir, f"the {ITEM_NAMES['params']} of step {step}"):
+            out = mngr.restore(step, args=ocp.args.Composite(params=ocp.args.StandardRestore()))
     return out["params"], int(step)
+
+
+def verify(ckpt_dir: Path, opt_state: bool = False, step: int | None = None) -> int | None:
+    """Read step ``step`` (default: the newest) of ``ckpt_dir`` whole, as saved: its parameters and,
+    with ``opt_state``, its optimiser state; ``DamagedCheckpoint`` if any file is truncated or missing.
+    Returns the step read (None when the folder has no step)."""
+    import orbax.checkpoint as ocp
+
+    items = ("params", "opt_state") if opt_state else ("params",)
+    with _manager(ckpt_dir, read_only=True) as mngr:
+        step = mngr.latest_step() if step is None else step
+        if step is None:
+            return None
+        with _reading(ckpt_dir, f"the {' and '.join(ITEM_NAMES[k] for k in items)} of step {step}"):
+            mngr.restore(step, args=ocp.args.Composite(**{k: ocp.args.StandardRestore() for k in items}))
+    return int(step)
+
+
+def set_aside(ckpt_dir: Path) -> Path:
+    """Move what a (damaged) checkpoint folder holds into ``<folder>.damaged`` (``.damaged-2`` ... if taken),
+    leaving the folder itself and the lock of the process holding it (``narbench_core.lock``) in place;
+    returns where it went. Nothing is deleted."""
+    from narbench_core.lock import LOCK_FILE
+
+    ckpt_dir = Path(ckpt_dir)
+    aside, n = ckpt_dir.with_name(ckpt_dir.name + ".damaged"), 2
+    while aside.exists():
+        aside, n = ckpt_dir.with_name(f"{ckpt_dir.name}.damaged-{n}"), n + 1
+    aside.mkdir()
+    for entry in ckpt_dir.iterdir():
+        if entry.name != LOCK_FILE:
+            entry.rename(aside / entry.name)
+    return aside
 
 
 def load(checkpoint_dir: str | os.PathLike, require_complete: bool = True

@@ -28,7 +28,7 @@ from typing import Any, Optional
 import numpy as np
 
 from narbench_core.errors import UserError
-from narbench_core.io import temp_dir
+from narbench_core.io import check_replaceable, replace_folder, stamp_folder, temp_dir
 from narbench_core.tokens import EOS_ID, FIRST_REGULAR_ID, PAD_ID, UNK_ID
 
 QUANTIZATIONS = ("float32", "int8")
@@ -140,6 +140,23 @@ def vocabulary_pieces(vocab) -> list[str]:
     return [sp.id_to_piece(i) for i in range(sp.get_piece_size())]
 
 
+def _export_stamp(folder: Path) -> dict | None:
+    """The ``narbench.json`` an export leaves in its folder (checkpoint, steps, quantization, format), or None."""
+    try:
+        record = json.loads((folder / "narbench.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):                      # none, unreadable, or not JSON (a damaged export)
+        return None
+    return record if isinstance(record, dict) else None
+
+
+def _is_export(folder: Path) -> bool:
+    """A CTranslate2 export narbench wrote before it stamped its folders: ``model.bin`` and narbench's
+    ``narbench.json`` with exactly the export's keys (a checkpoint's ``narbench.json`` has others)."""
+    record = _export_stamp(folder)
+    return (record is not None and set(record) == {"checkpoint", "steps_done", "quantization", "format"}
+            and (folder / "model.bin").is_file())
+
+
 def export(checkpoint_dir: str | Path, out_dir: str | Path, quantization: str = "float32",
            force: bool = False, vocab: Any = None) -> Path:
     """Write the CTranslate2 model of an AR checkpoint to ``out_dir`` (whole or not at all); returns it.
@@ -155,11 +172,12 @@ def export(checkpoint_dir: str | Path, out_dir: str | Path, quantization: str = 
     meta = checkpoint.read_meta(checkpoint_dir) or checkpoint.load(checkpoint_dir)[2]   # none: load's error
     stamp = {"checkpoint": Path(checkpoint_dir).resolve().name, "steps_done": meta.get("steps_done"),
              "quantization": quantization, "format": 1}
-    marker = out_dir / "narbench.json"
-    if marker.is_file() and json.loads(marker.read_text()) == stamp:
+    if _export_stamp(out_dir) == stamp:
         return out_dir                                  # this export, already written
     if out_dir.exists() and not force:
         raise UserError(f"{out_dir} exists and holds something else; pass --force to replace it or choose another --out")
+    if out_dir.exists() or out_dir.is_symlink():
+        check_replaceable(out_dir, recognise=_is_export)     # --force replaces only narbench's own folders
     config, params, meta = checkpoint.load(checkpoint_dir)        # the weights: only when (re)exporting
     spec = build_spec(config, params, vocabulary_pieces(vocab or checkpoint_vocabulary(meta)))
     spec.validate()
@@ -169,9 +187,8 @@ def export(checkpoint_dir: str | Path, out_dir: str | Path, quantization: str = 
     try:
         spec.save(str(tmp))
         (tmp / "narbench.json").write_text(json.dumps(stamp, indent=1, sort_keys=True))
-        if out_dir.exists():
-            shutil.rmtree(out_dir)
-        tmp.rename(out_dir)
+        stamp_folder(tmp, "narbench export ct2")
+        replace_folder(tmp, out_dir, recognise=_is_export)
     finally:
         if tmp.exists():
             shutil.rmtree(tmp)

@@ -347,7 +347,7 @@ def _all_finite(tree) -> jax.Array:
 def train(task: str, model_config: ModelConfig, train_config: TrainConfig, out_dir: Path | None = None,
           progress: bool = True, *, data: TokenPairs | None = None, mesh=None,
           on_step: Callable[[int, dict], None] | None = None, init_from: Path | None = None,
-          dev=None) -> Path:
+          dev=None, retrain_damaged: bool = defaults.RETRAIN_DAMAGED) -> Path:
     """Train ``model_config`` on ``task``'s train split; returns the checkpoint folder.
 
     Skips when the folder holds a finished run, resumes an interrupted one from its last checkpoint
@@ -361,28 +361,63 @@ def train(task: str, model_config: ModelConfig, train_config: TrainConfig, out_d
     time). ``narbench.json`` records ``train_flops``: per step, XLA's cost analysis of the compiled
     step of that step's batch shape (``step_flops``), summed. One process at a time trains into a folder
     (``narbench_core.lock``: another gets a one-line refusal naming it) and it is registered as busy
-    while it trains, so a run timing meanwhile on this machine says so.
+    while it trains, so a run timing meanwhile on this machine says so. A folder whose files cannot be
+    read whole (``checkpoint.DamagedCheckpoint``) has its contents moved aside and is trained afresh, or
+    with ``retrain_damaged=False`` is refused (``_whole_record``).
     """
     cfg = effective_config(model_config, train_config)
     data, identity = _training_data(task, data, out_dir)
     out_dir = Path(out_dir) if out_dir is not None else checkpoint_dir_for(task, model_config, train_config, init_from)
     out_dir.mkdir(parents=True, exist_ok=True)
-    if _finished(out_dir, model_config, cfg):
-        return out_dir
-    with lock.hold(out_dir, f"training {out_dir.name}"), lock.busy(f"training {out_dir.name}"):
-        if _finished(out_dir, model_config, cfg):      # by the process that held the folder a moment ago
+    try:
+        if _finished(out_dir, model_config, cfg):
             return out_dir
-        return _train_held(task, model_config, cfg, data, identity, out_dir, checkpoint.read_meta(out_dir),
+    except checkpoint.DamagedCheckpoint:
+        pass                                           # moved aside (or refused) below, holding the folder
+    with lock.hold(out_dir, f"training {out_dir.name}"), lock.busy(f"training {out_dir.name}"):
+        meta = _whole_record(out_dir, model_config, cfg, retrain_damaged)
+        if meta and meta.get("complete"):             # by the process that held the folder a moment ago
+            return out_dir
+        return _train_held(task, model_config, cfg, data, identity, out_dir, meta,
                            progress=progress, mesh=mesh, on_step=on_step, init_from=init_from, dev=dev)
 
 
 def _finished(out_dir: Path, model_config: ModelConfig, cfg: TrainConfig) -> bool:
-    """Whether ``out_dir`` holds this training, finished; a different training in it is a ``UserError``."""
+    """Whether ``out_dir`` holds this training, finished and whole (its parameters read back; else
+    ``checkpoint.DamagedCheckpoint``); a different training in it is a ``UserError``."""
     meta = checkpoint.read_meta(out_dir)
     if meta and (meta.get("model_config") != model_config.to_dict() or meta.get("train_config") != cfg.to_dict()):
         state = "finished" if meta.get("complete") else "unfinished"
         raise UserError(f"{out_dir} holds a different {state} training; choose another --out (or delete it)")
-    return bool(meta and meta.get("complete"))
+    if not (meta and meta.get("complete")):
+        return False
+    if checkpoint.verify(out_dir) is None:
+        raise checkpoint.DamagedCheckpoint(out_dir, f"its saved steps ({checkpoint.STATE_DIR}/) are missing")
+    return True
+
+
+def _whole_record(out_dir: Path, model_config: ModelConfig, cfg: TrainConfig, retrain_damaged: bool) -> dict | None:
+    """The record of the folder this process holds (None: nothing trained there yet), once what training
+    takes from it reads whole: a finished checkpoint's parameters, an unfinished one's newest step. A
+    damaged folder's contents are moved to ``<folder>.damaged`` (said on stderr) and None returned, or
+    with ``retrain_damaged=False`` it is refused in one line."""
+    import sys
+
+    try:
+        if _finished(out_dir, model_config, cfg):
+            return checkpoint.read_meta(out_dir)
+        meta = checkpoint.read_meta(out_dir)
+        if meta is not None:
+            checkpoint.verify(out_dir, opt_state=True)
+        return meta
+    except checkpoint.DamagedCheckpoint as err:
+        if not retrain_damaged:
+            raise UserError(f"checkpoint {out_dir} is damaged: {err.what}; delete it to retrain it (or drop "
+                            "--refuse-damaged: the damaged files are then moved aside and retrained)") from None
+        aside = checkpoint.set_aside(out_dir)
+        print(f"narbench: checkpoint {out_dir} is damaged ({err.what}); moved its files to {aside.name} and "
+              "retraining", file=sys.stderr)
+        return None
 
 
 def _train_held(task: str, model_config: ModelConfig, cfg: TrainConfig, data: TokenPairs, identity: dict,

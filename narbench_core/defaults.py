@@ -38,6 +38,10 @@ DISTILL_ENGINE = "jax"
 TRAIN_UNTIL = ("steps", "plateau")    # train `steps` steps, or until dev BLEU stops rising (`steps` a cap)
 LR_SCHEDULES = ("cosine", "wsd")      # after warm-up: cosine to the floor at `steps`, or warmup-stable-decay
 
+# -- cached checkpoints (models/train.py) -----------------------------------------------------------
+RETRAIN_DAMAGED = True         # a damaged checkpoint narbench is asked to train (truncated files): moved aside
+                               # to <folder>.damaged and retrained; False (--refuse-damaged): a one-line error
+
 # -- learning curves (every training evaluates on the dev split at regular intervals) -----------------
 CURVE_POINTS = 5               # a suite's default: evaluate every steps // CURVE_POINTS steps
 CURVE_SENTENCES = 200          # dev sentences per point (a seeded sample of the dev split)

@@ -19,15 +19,20 @@ form feed, vertical tab, ``\x1c``-``\x1e`` and a lone ``"\r"`` are ordinary char
 same lines. ``split_lines`` applies it to text in memory, ``read_lines`` / ``iter_lines`` to a file.
 What ``write_jsonl`` writes keeps that rule: ``json.dumps`` escapes ``"\n"`` and ``"\r"`` in strings,
 so each record is one physical line whatever its text holds.
+
+Folders narbench replaces whole (``--force``) carry a stamp, ``.narbench`` (``stamp_folder``): only a
+stamped folder (or an empty one, or one a caller recognises as its own older output) is ever deleted
+to be replaced (``check_replaceable``, ``replace_folder``); anything else is a one-line ``UserError``.
 """
 from __future__ import annotations
 
 import contextlib
 import json
 import os
+import shutil
 import tempfile
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 from narbench_core.errors import UserError
 
@@ -169,3 +174,35 @@ def read_jsonl(path: str | os.PathLike) -> list[dict]:
                 raise UserError(f"{path}:{i}: not valid JSON ({err.msg}); delete the file's run folder "
                                 "and re-run") from None
     return out
+
+
+STAMP = ".narbench"     # in every folder narbench may later delete to replace: says what wrote it
+
+
+def stamp_folder(folder: str | os.PathLike, written_by: str) -> None:
+    """Mark ``folder`` as narbench's (``written_by``: the command that wrote it), so ``--force`` may replace it."""
+    write_json(Path(folder) / STAMP, {"written_by": written_by})
+
+
+def check_replaceable(folder: str | os.PathLike, recognise: Callable[[Path], bool] | None = None,
+                      hint: str = "pick another --out") -> None:
+    """A one-line ``UserError`` unless the existing ``folder`` may be deleted to be replaced: narbench
+    wrote it (its ``STAMP``, or ``recognise(folder)``: outputs from before the stamp), or it is empty."""
+    path = Path(folder)
+    if path.is_symlink() or not path.is_dir():
+        kind = "a symbolic link" if path.is_symlink() else "a file"
+        raise UserError(f"{path} is {kind}, not a folder narbench wrote; remove it yourself or {hint}")
+    if (path / STAMP).is_file() or not any(path.iterdir()) or (recognise is not None and recognise(path)):
+        return
+    raise UserError(f"{path} was not written by narbench (no {STAMP} stamp); remove it yourself or {hint}")
+
+
+def replace_folder(new: str | os.PathLike, old: str | os.PathLike, recognise: Callable[[Path], bool] | None = None,
+                   hint: str = "pick another --out") -> None:
+    """Rename the finished folder ``new`` to ``old``, deleting ``old`` first if it exists and
+    ``check_replaceable`` allows it (else ``UserError``, ``old`` untouched)."""
+    old = Path(old)
+    if old.exists() or old.is_symlink():
+        check_replaceable(old, recognise, hint)
+        shutil.rmtree(old)
+    os.rename(new, old)

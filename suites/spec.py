@@ -415,6 +415,8 @@ def _file_task(r: Reader, base_dir: Path | None) -> FileTask:
         for text in raw:
             path = Path(text).expanduser()
             path = (path if path.is_absolute() else (base_dir or Path.cwd()) / path).resolve()
+            if path.is_dir():
+                fr.fail(split, f"{path} is a folder; name the split's file in it")
             if not path.is_file():
                 fr.fail(split, f"{path} not found (relative paths start at the spec's folder, {base_dir or Path.cwd()})")
             resolved.append(str(path))
@@ -573,7 +575,8 @@ def _load_data(name_or_path: str | Path, chain: tuple[str, ...] = ()) -> tuple[d
     path = Path(text)
     if text.endswith(".toml") or path.is_file() or "/" in text:
         if not path.is_file():
-            raise UserError(f"suite file {text} does not exist; pass a built-in suite "
+            state = "is a folder, not a file" if path.is_dir() else "does not exist"
+            raise UserError(f"suite file {text} {state}; pass a built-in suite "
                             f"({', '.join(builtin_specs())}) or a path to a .toml spec")
         source = text
     else:

@@ -2,11 +2,17 @@
 
 Each command group lives in its own module with a ``register(subparsers)`` function that adds its
 sub-commands; each sub-command sets ``func`` (called with the parsed args, returns an exit code).
+A ``UserError`` is printed as its one line (exit 2); so is an ``OSError`` that the user's files or disk
+cause wherever it arises (``os_error_line``: no permission, a file where a folder should be or the
+reverse, a full disk), naming the path. Any other exception keeps its traceback.
 """
 from __future__ import annotations
 
 import argparse
+import errno
+import os
 import sys
+from pathlib import Path
 
 from narbench_core.errors import UserError
 
@@ -37,6 +43,33 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _file_on_the_way(path: Path) -> Path:
+    """The first part of ``path`` that exists and is not a folder (``path`` itself if none is)."""
+    for part in [*reversed(path.parents), path]:
+        if os.path.exists(part) and not os.path.isdir(part):      # os.path: False, not an error, if unreadable
+            return part
+    return path
+
+
+def os_error_line(err: OSError) -> str | None:
+    """The one line (what is wrong with which path, and the fix) for an ``OSError`` the user's files or
+    disk cause; None for any other (a bug: it keeps its traceback)."""
+    if not isinstance(err.filename, (str, bytes, os.PathLike)):     # no path to name (or a descriptor)
+        return None
+    path = Path(os.fsdecode(err.filename))
+    if err.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        what = f"cannot use {path}" if os.path.exists(path) else f"cannot write in {path.parent}"   # new: its folder
+        return f"{what}: {err.strerror}; make it writable (and readable) or choose another location"
+    if err.errno == errno.ENOTDIR:
+        return f"{_file_on_the_way(path)} is a file, not a folder; move it or choose another path"
+    if err.errno == errno.EISDIR:
+        return f"{path} is a folder, not a file; pass a file"
+    if err.errno in (errno.ENOSPC, errno.EDQUOT):
+        return (f"no space left for {path} ({err.strerror}); free some space and re-run the same command "
+                "(finished work is kept)")
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run one command. Without ``argv`` this is the ``narbench`` program: its process is made quiet
     (``narbench_core.quiet``) unless ``-v``, before any command imports TensorFlow or JAX. With
@@ -52,6 +85,12 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as err:
         print(f"narbench: error: {err}", file=sys.stderr)
         return err.exit_code
+    except OSError as err:
+        line = os_error_line(err)
+        if line is None:
+            raise
+        print(f"narbench: error: {line}", file=sys.stderr)
+        return UserError.exit_code
     except KeyboardInterrupt:
         print("narbench: interrupted; finished cells are kept, re-run the same command to resume",
               file=sys.stderr)

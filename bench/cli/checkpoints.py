@@ -10,7 +10,7 @@ from typing import Callable, Iterable, Optional, TextIO
 from bench import families
 from narbench_core import defaults
 from narbench_core.errors import UserError
-from narbench_core.io import read_lines, split_lines
+from narbench_core.io import split_lines
 
 TRAIN_HELP = f"""Train an AR T5 or a PaDIR model on a task's training split. Checkpoints default to
 <data root>/checkpoints/<task>-<kind>-<hash of task, configs, vocabulary and data>; an unfinished
@@ -21,6 +21,10 @@ training sources with the distillation settings a suite uses: its [distill] sect
 else the defaults, each overridable by a flag. The teacher decodes a sample of the training split
 drawn with --seed (the seed a suite's cell has), holding {defaults.DISTILL_HELDOUT} pairs aside to score
 its BLEU (cached under <data root>/distill/ with distill.json)."""
+
+
+REFUSE_DAMAGED_HELP = ("stop with one line at a damaged cached checkpoint (truncated or missing files) instead of moving "
+                       "it aside to <folder>.damaged and retraining it (the default)")
 
 
 def register(sub) -> None:
@@ -78,6 +82,7 @@ def register(sub) -> None:
                    help="where the teacher decodes: narbench's JAX decoder or CTranslate2 (the ct2 extra) "
                         f"(default: the suite's, else {defaults.DISTILL_ENGINE})")
     p.add_argument("--out", type=Path, help="checkpoint folder (default: hash-keyed under the data root)")
+    p.add_argument("--refuse-damaged", action="store_true", help=REFUSE_DAMAGED_HELP)
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.set_defaults(func=_train_command)
 
@@ -107,7 +112,9 @@ def register(sub) -> None:
     c.add_argument("--out", required=True, type=Path, help="model folder to write")
     c.add_argument("--quantization", choices=("float32", "int8"), default="float32",
                    help="weights in float32 (default) or int8")
-    c.add_argument("--force", action="store_true", help="replace whatever --out holds")
+    c.add_argument("--force", action="store_true",
+                   help="replace what --out holds if narbench wrote it (its .narbench stamp, or an earlier export); "
+                        "any other folder or file is refused")
     c.set_defaults(func=_export_ct2_command)
 
 
@@ -137,9 +144,11 @@ def distill_settings(suite: Optional[str] = None, **flags):
 
 def train_model(task: str, family: str, preset_name: str = "small", *, distill=None, teacher: Optional[Path] = None,
                 out: Optional[Path] = None, progress: bool = True, axes: Optional[dict] = None,
-                init: str = defaults.INIT, init_from: Optional[Path] = None, **overrides) -> Path:
+                init: str = defaults.INIT, init_from: Optional[Path] = None,
+                retrain_damaged: bool = defaults.RETRAIN_DAMAGED, **overrides) -> Path:
     """Train (or resume, or find finished) one model; with ``distill`` (a ``DistillSpec``) on the
-    outputs of the AR teacher; with ``init="ar"`` warm-started from an AR checkpoint."""
+    outputs of the AR teacher; with ``init="ar"`` warm-started from an AR checkpoint. A damaged
+    checkpoint on the way is retrained, or with ``retrain_damaged=False`` refused (``models.train.train``)."""
     from models.distill import distill_task
     from models.train import TrainConfig, train
 
@@ -148,16 +157,19 @@ def train_model(task: str, family: str, preset_name: str = "small", *, distill=N
     if init_from is not None and init != "ar":
         raise UserError("--init-from only applies with --init ar")
     if init == "ar" and init_from is None:
-        init_from = train_model(task, families.BASELINE, preset_name, progress=progress, **overrides)
+        init_from = train_model(task, families.BASELINE, preset_name, progress=progress,
+                                retrain_damaged=retrain_damaged, **overrides)
     train_task = task
     if distill is not None:
         if teacher is None:
-            teacher = train_model(task, families.BASELINE, preset_name, progress=progress, **overrides)
+            teacher = train_model(task, families.BASELINE, preset_name, progress=progress,
+                                  retrain_damaged=retrain_damaged, **overrides)
         seed = overrides.get("seed")          # the teacher's seed draws the sample, as in a suite's cell
         train_task = distill_task(teacher, task, **distill.kwargs(), seed=TrainConfig.seed if seed is None else seed,
                                   progress=progress)
     model_config, train_config = train_configs(train_task, family, preset_name, axes, **overrides)
-    return train(train_task, model_config, train_config, out_dir=out, progress=progress, init_from=init_from)
+    return train(train_task, model_config, train_config, out_dir=out, progress=progress, init_from=init_from,
+                 retrain_damaged=retrain_damaged)
 
 
 def translate_lines(checkpoint: Path, decoder_spec: str, lines: Iterable[str], batch_size: int = 32,
@@ -195,6 +207,7 @@ def _train_command(args: argparse.Namespace) -> int:
                         "--distill")
     out = train_model(args.task, args.model, args.preset, distill=distill, teacher=args.teacher,
                       out=args.out, progress=not args.quiet, init=args.init, init_from=args.init_from,
+                      retrain_damaged=not args.refuse_damaged,
                       axes={"unmask_rate": args.unmask_rate, "stages": args.stages, "recipe": args.recipe,
                             "glancing": args.glancing, "glance_start": args.glance_start,
                             "glance_end": args.glance_end, "length_predictor": args.length_predictor},
@@ -216,14 +229,29 @@ def _export_ct2_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def _source_lines(source_file: Optional[Path], stdin: TextIO) -> list[str]:
+    """The sources of ``--source-file`` or stdin by the one line rule (lines end at "\n" only); a line
+    that is not UTF-8 is a one-line ``UserError`` naming it (stdin is read as bytes when it has them)."""
+    name = source_file or "stdin"
+    raw = source_file.read_bytes() if source_file else (stdin.buffer.read() if hasattr(stdin, "buffer") else stdin.read())
+    lines = []
+    for n, line in enumerate(split_lines(raw), 1):
+        try:         # bytes decode strictly; text must hold no surrogate standing in for an undecodable byte
+            lines.append(line.decode("utf-8") if isinstance(line, bytes) else line.encode("utf-8").decode("utf-8"))
+        except UnicodeError:
+            raise UserError(f"{name}: line {n} is not UTF-8 text; convert it (e.g. iconv -f latin1 -t utf-8)") from None
+    return lines
+
+
 def _translate_command(args: argparse.Namespace, stdin: TextIO = None, stdout: TextIO = None) -> int:
     from narbench_core.paths import enable_compilation_cache
 
     enable_compilation_cache()
     stdin, stdout = stdin or sys.stdin, stdout or sys.stdout
     if args.source_file is not None and not args.source_file.is_file():
-        raise UserError(f"source file {args.source_file} not found; pass an existing file or use stdin")
-    lines = read_lines(args.source_file) if args.source_file else split_lines(stdin.read())   # lines end at "\n" only
+        state = "is a folder" if args.source_file.is_dir() else "not found"
+        raise UserError(f"source file {args.source_file} {state}; pass an existing file or use stdin")
+    lines = _source_lines(args.source_file, stdin)
     if not lines:
         return 0
     for hyp in translate_lines(args.checkpoint, args.decoder, lines, args.batch_size,

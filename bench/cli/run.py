@@ -9,6 +9,7 @@ import time
 import unicodedata
 from pathlib import Path
 
+from bench.cli.checkpoints import REFUSE_DAMAGED_HELP
 from narbench_core import defaults
 from narbench_core.errors import UserError
 from narbench_core.io import read_lines, write_jsonl
@@ -25,6 +26,7 @@ def register(sub) -> None:
     p.add_argument("--suite", default="default", help=SUITE_HELP + " (default: default)")
     p.add_argument("--out", default="results", help="results root folder (default: results)")
     _timing_args(p)
+    p.add_argument("--refuse-damaged", action="store_true", help=REFUSE_DAMAGED_HELP)
     p.add_argument("--force", action="store_true", help="start a fresh run folder instead of resuming")
     p.add_argument("--bleurt-checkpoint", help="BLEURT checkpoint folder (default: $NARBENCH_BLEURT; none: no BLEURT)")
     p.set_defaults(func=cmd_run)
@@ -86,6 +88,7 @@ def register(sub) -> None:
                        "a cost model fitted on --calibrate sizes that predicts the others.")
     p.add_argument("--suite", default="default", help=SUITE_HELP + " (default: default)")
     _timing_args(p)
+    p.add_argument("--refuse-damaged", action="store_true", help=REFUSE_DAMAGED_HELP)
     p.add_argument("--json", dest="json_out", help="also write the rows as JSON lines to this file")
     m = p.add_argument_group("latency map (--map)")
     m.add_argument("--map", action="store_true", help="time the latency map instead of a suite")
@@ -190,8 +193,8 @@ def cmd_run(args) -> int:
                **{k: v for k, v in run.env().items() if k == benv.CONCURRENT}}
         run.write_env(env)
         start = time.perf_counter()
-        suite = runner.Runner(spec, runner.real_deps(), run, env, platform, load_scorer(args.bleurt_checkpoint),
-                              progress=not args.no_progress)
+        suite = runner.Runner(spec, runner.real_deps(retrain_damaged=not args.refuse_damaged), run, env, platform,
+                              load_scorer(args.bleurt_checkpoint), progress=not args.no_progress)
         suite.run()
         run.update_info(last_session_s=round(time.perf_counter() - start, 1))
         return _finish(run.path, lambda: store.finish_run(run))   # finished only once its report is written
@@ -361,8 +364,8 @@ def cmd_latency(args) -> int:
     spec = _spec(args)
     platform = _setup(args.platform)
     env = benv.capture(seeds=_seeds(spec), platform=platform)
-    rows = runner.Runner(spec, runner.real_deps(), None, env, platform, score=False,
-                       progress=not args.no_progress).run()
+    deps = runner.real_deps(retrain_damaged=not args.refuse_damaged)
+    rows = runner.Runner(spec, deps, None, env, platform, score=False, progress=not args.no_progress).run()
     if args.json_out:
         write_jsonl(Path(args.json_out), [dict(r) for r in rows])
     sys.stdout.write("\n".join(report.markdown_table(rows, LATENCY_COLUMNS)) + "\n")

@@ -18,9 +18,10 @@ def recorded(monkeypatch, tmp_path):
         calls["distill"].append((str(teacher), task, kwargs))
         return task
 
-    def train(task, model_config, train_config, out_dir=None, progress=True, init_from=None):
+    def train(task, model_config, train_config, out_dir=None, progress=True, init_from=None, retrain_damaged=True):
         calls["train"].append((task, model_config, train_config))
         calls.setdefault("init_from", []).append(init_from)
+        calls.setdefault("retrain_damaged", []).append(retrain_damaged)
         return tmp_path / f"ckpt-{len(calls['train'])}"
 
     monkeypatch.setattr("models.distill.distill_task", distill_task)
@@ -92,3 +93,12 @@ def test_train_glancing_ratios_and_the_rate_glancing_silences(recorded, capsys):
                                        "a glanced number of reference tokens instead); drop it\n")
     assert main(base + ["--glance-start", "0.3"]) == 2
     assert "glance_start has no effect with glancing = false" in capsys.readouterr().err
+
+
+def test_refuse_damaged_reaches_every_training(recorded, capsys):
+    """Damaged checkpoints are retrained by default; --refuse-damaged asks every training on the way
+    (here the AR teacher, then the student) to refuse one instead."""
+    argv = ["train", "--task", "synthetic_d0", "--model", "padir", "--preset", "tiny", "--steps", "3",
+            "--init", "ar", "--quiet"]
+    assert main(argv) == 0 and recorded["retrain_damaged"] == [True, True]
+    assert main(argv + ["--refuse-damaged"]) == 0 and recorded["retrain_damaged"] == [True, True, False, False]

@@ -22,7 +22,7 @@ SPEC = fake_spec("clitest", test=["test"], ar_decoders=["greedy", "beam:2"], pad
 def env(tmp_path, monkeypatch):
     """Fake models behind the CLI; returns (spec path, results root, holder of the current factory)."""
     holder = {"factory": FakeFactory()}
-    monkeypatch.setattr("bench.runner.real_deps", lambda: fake_deps(tmp_path / "ckpt", holder["factory"]))
+    monkeypatch.setattr("bench.runner.real_deps", lambda **_: fake_deps(tmp_path / "ckpt", holder["factory"]))
     monkeypatch.setattr("bench.costs.machine_peaks", lambda: MachinePeaks("t", 1e11, 1e10, "x", 8, 8))
     spec = tmp_path / "clitest.toml"
     spec.write_text(SPEC)

@@ -55,7 +55,7 @@ def finished_run(tmp_path, monkeypatch):
     from bench.costs import MachinePeaks
     from grid_fakes import FakeFactory, fake_deps, fake_spec
 
-    monkeypatch.setattr("bench.runner.real_deps", lambda: fake_deps(tmp_path / "ckpt", FakeFactory()))
+    monkeypatch.setattr("bench.runner.real_deps", lambda **_: fake_deps(tmp_path / "ckpt", FakeFactory()))
     monkeypatch.setattr("bench.costs.machine_peaks", lambda: MachinePeaks("t", 1e11, 1e10, "x", 8, 8))
     spec = tmp_path / "lines.toml"
     spec.write_text(fake_spec("lines", test=["test"], ar_decoders=["greedy"], padir_iterations=[2],

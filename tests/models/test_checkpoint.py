@@ -91,3 +91,97 @@ def test_load_for_inference(tmp_path):
     assert loaded_config == config and info["task"] == "toy" and info["restored_step"] == 4
     _equal(loaded, params)
     json.dumps(info)                                                      # meta stays plain JSON
+
+
+def _truncate(path):
+    with open(path, "r+b") as f:
+        f.truncate(path.stat().st_size // 2)
+
+
+def _largest(folder):
+    return max((p for p in folder.rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
+
+
+def test_damaged_files_are_named_never_half_read(tmp_path):
+    """A truncated params or optimiser file, or a truncated narbench.json: every reader raises
+    DamagedCheckpoint naming the folder; templates that do not fit a whole checkpoint stay a plain error."""
+    params, opt_state = _tree(2)
+    healthy, damaged = tmp_path / "healthy", tmp_path / "damaged"
+    for path in (healthy, damaged):
+        checkpoint.save(path, 3, params, opt_state)
+        checkpoint.write_meta(path, {"model_config": preset("tiny", kind="ar", vocab_size=40).to_dict(),
+                                     "complete": True, "steps_done": 3})
+    assert checkpoint.verify(healthy, opt_state=True) == 3
+    wrong = {"dense": {"kernel": jnp.zeros((3, 3))}, "bias": jnp.zeros((7,))}
+    with pytest.raises(Exception) as err:                          # a bug, not damage: as orbax raises it
+        checkpoint.restore(healthy, wrong, opt_state)
+    assert not isinstance(err.value, checkpoint.DamagedCheckpoint)
+
+    _truncate(_largest(damaged / "state" / "3" / "opt_state"))
+    assert checkpoint.verify(damaged) == 3                         # the params alone still read whole
+    with pytest.raises(checkpoint.DamagedCheckpoint, match=r"is damaged: the parameters and optimiser state of step 3 cannot"):
+        checkpoint.verify(damaged, opt_state=True)
+    with pytest.raises(checkpoint.DamagedCheckpoint, match="the parameters and optimiser state of step 3"):
+        checkpoint.restore(damaged, *jax.tree_util.tree_map(jnp.zeros_like, (params, opt_state)))
+
+    _truncate(_largest(damaged / "state" / "3" / "params"))
+    for read in (checkpoint.restore_params, checkpoint.verify, checkpoint.load):
+        with pytest.raises(checkpoint.DamagedCheckpoint) as err:
+            read(damaged)
+        assert err.value.path == damaged and str(err.value).startswith(f"checkpoint {damaged} is damaged: ")
+        assert "of step 3 cannot be read (" in str(err.value) and len(str(err.value).splitlines()) == 1
+
+    _truncate(damaged / checkpoint.META_FILE)
+    with pytest.raises(checkpoint.DamagedCheckpoint, match="narbench.json is not valid JSON"):
+        checkpoint.read_meta(damaged)
+    with pytest.raises(checkpoint.DamagedCheckpoint, match="narbench.json is not valid JSON"):
+        checkpoint.load(damaged)
+
+
+def test_set_aside_moves_and_never_deletes(tmp_path):
+    """The files go to <folder>.damaged (then -2 ...); the folder and the holder's lock stay."""
+    from narbench_core.lock import LOCK_FILE
+
+    folder = tmp_path / "ckpt"
+    folder.mkdir()
+    (folder / LOCK_FILE).write_text("me")
+    for expected in ("ckpt.damaged", "ckpt.damaged-2"):
+        (folder / "narbench.json").write_text("{")
+        (folder / "state").mkdir()
+        assert checkpoint.set_aside(folder) == tmp_path / expected
+        assert sorted(p.name for p in folder.iterdir()) == [LOCK_FILE]
+        assert sorted(p.name for p in (tmp_path / expected).iterdir()) == ["narbench.json", "state"]
+        assert (tmp_path / expected / "narbench.json").read_text() == "{"
+
+
+def test_a_damage_report_silences_only_the_reads_orbax_abandoned(tmp_path, monkeypatch):
+    """orbax closes its event loop with the other reads of a failed restore in flight; Python would report
+    each (hundreds of lines after the one-line error). After a damage report those reports are dropped:
+    an orbax read's coroutine, tensorstore finishing into the closed loop; anything else still reaches
+    the hook that was installed."""
+    import os
+    import sys
+    import types
+
+    params, opt_state = _tree(3)
+    checkpoint.save(tmp_path, 1, params, opt_state)
+    reported = []
+    monkeypatch.setattr(sys, "unraisablehook", reported.append)
+    _truncate(_largest(tmp_path / "state" / "1" / "params"))
+    with pytest.raises(checkpoint.DamagedCheckpoint):
+        checkpoint.restore_params(tmp_path)
+    scope = {}
+    exec(compile("async def read():\n    pass\n", os.path.join("site-packages", "orbax", "serialization.py"), "exec"),
+         scope)
+    abandoned = scope["read"]()
+
+    def unraisable(obj, exc):
+        return types.SimpleNamespace(object=obj, exc_value=exc, exc_type=type(exc), exc_traceback=None, err_msg=None)
+    dropped = [unraisable(abandoned, Exception("Encountered error while reading array index")),
+               unraisable(None, RuntimeError("Event loop is closed"))]
+    kept = [unraisable(None, RuntimeError("something else")), unraisable(object(), Exception("elsewhere"))]
+    for report in dropped + kept:
+        sys.unraisablehook(report)
+    abandoned.close()
+    assert all(any(r is k for r in reported) for k in kept)
+    assert not any(r is d for r in reported for d in dropped)

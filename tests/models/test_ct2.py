@@ -2,6 +2,7 @@
 agreement on a tiny trained model, int8, the one-line error without the extra, and the family."""
 from __future__ import annotations
 
+import json
 import os
 import sys
 
@@ -181,3 +182,48 @@ def test_the_export_folder_honours_the_umask(ar_config, ar_params, tiny_vocab, t
         os.umask(old)
     assert out.stat().st_mode & 0o777 == 0o750
     assert (out / "model.bin").stat().st_mode & 0o777 == 0o640
+
+
+@pytest.fixture
+def exportable(ar_config, ar_params, tiny_vocab, tmp_path):
+    """A finished AR checkpoint (random weights) that names its vocabulary, as `narbench export` reads it."""
+    import optax
+
+    path = tmp_path / "ckpt-ar"
+    checkpoint.save(path, 1, ar_params, optax.adam(1e-3).init(ar_params))
+    checkpoint.write_meta(path, {"task": "toy", "kind": "ar", "model_config": ar_config.to_dict(), "complete": True,
+                                 "steps_done": 1, "vocab_path": tiny_vocab.sentencepiece_model_file})
+    return path
+
+
+def test_force_replaces_only_folders_narbench_wrote(exportable, tmp_path, capsys):
+    """--force refuses a folder of the user's own files (or a file) in one line and leaves it whole; it
+    replaces a stamped export, an empty folder and an export written before the stamp existed."""
+    from bench.cli import main
+
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "thesis.tex").write_text("years of work")
+    code = main(["export", "ct2", "--checkpoint", str(exportable), "--out", str(mine), "--force"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and err == [f"narbench: error: {mine} was not written by narbench (no .narbench stamp); "
+                                 "remove it yourself or pick another --out"]
+    assert [p.name for p in mine.iterdir()] == ["thesis.tex"] and (mine / "thesis.tex").read_text() == "years of work"
+    a_file = tmp_path / "notes.txt"
+    a_file.write_text("keep")
+    assert main(["export", "ct2", "--checkpoint", str(exportable), "--out", str(a_file), "--force"]) == 2
+    assert f"{a_file} is a file, not a folder narbench wrote" in capsys.readouterr().err and a_file.read_text() == "keep"
+    with pytest.raises(UserError, match="not written by narbench"):        # a checkpoint is not an export either
+        ct2.export(exportable, exportable, force=True)
+    assert checkpoint.read_meta(exportable)["kind"] == "ar"
+
+    out = tmp_path / "model"
+    out.mkdir()                                                            # empty: nothing to lose
+    assert ct2.export(exportable, out, force=True) == out
+    assert json.loads((out / ".narbench").read_text()) == {"written_by": "narbench export ct2"}
+    ct2.export(exportable, out, "int8", force=True)                        # stamped: replaced
+    assert json.loads((out / "narbench.json").read_text())["quantization"] == "int8"
+    (out / ".narbench").unlink()                                           # an export from before the stamp
+    ct2.export(exportable, out, "float32", force=True)
+    assert json.loads((out / "narbench.json").read_text())["quantization"] == "float32"
+    assert (out / ".narbench").is_file()

@@ -3,6 +3,7 @@ a diverging run stops with a clear error and keeps its last good checkpoint."""
 from __future__ import annotations
 
 import re
+import shutil
 
 import jax
 import jax.numpy as jnp
@@ -159,3 +160,57 @@ def test_optimizer_choice():
         assert bool(jnp.all(jnp.isfinite(flat))) and float(jnp.abs(flat).max()) > 0, name
     with pytest.raises(UserError, match="optimizer"):
         toy_config(10, optimizer="sgd")
+
+
+def _truncate_largest(folder):
+    """Keep the first half of the largest file in ``folder`` (or of ``folder`` itself, a file)."""
+    path = max((p for p in [folder, *folder.rglob("*")] if p.is_file()), key=lambda p: p.stat().st_size)
+    with open(path, "r+b") as f:
+        f.truncate(path.stat().st_size // 2)
+
+
+@pytest.mark.slow
+def test_damaged_checkpoint_is_retrained_or_refused(tmp_path, capsys):
+    """A cached checkpoint with a truncated file is refused in one line with retrain_damaged=False (the
+    folder untouched), and by default moved to <folder>.damaged and trained afresh; an unfinished one
+    whose optimiser state is truncated, or a truncated narbench.json, the same."""
+    data = TokenPairs.from_lists(*toy_pairs(100, "copy", seed=3))
+    cfg = toy_config(2, warmup_steps=1, checkpoint_every=1)
+    out = tmp_path / "ar"
+    never = lambda step, m: pytest.fail("a refused checkpoint trained")
+    train("toy", tiny("ar"), cfg, out, progress=False, data=data)
+    _truncate_largest(out / "state" / "2" / "params")
+    before = sorted((p.relative_to(out), p.stat().st_size) for p in out.rglob("*"))
+    with pytest.raises(UserError, match=rf"checkpoint {out} is damaged: the parameters of step 2 cannot be read .*"
+                                        "delete it to retrain it .*--refuse-damaged") as err:
+        train("toy", tiny("ar"), cfg, out, progress=False, data=data, retrain_damaged=False, on_step=never)
+    assert len(str(err.value).splitlines()) == 1
+    assert sorted((p.relative_to(out), p.stat().st_size) for p in out.rglob("*")) == before
+    assert not (tmp_path / "ar.damaged").exists()
+
+    capsys.readouterr()
+    seen = []
+    train("toy", tiny("ar"), cfg, out, progress=False, data=data, on_step=lambda step, m: seen.append(step))
+    assert seen == [0, 1]                                                 # trained afresh
+    assert f"checkpoint {out} is damaged (the parameters of step 2" in capsys.readouterr().err
+    assert sorted(p.relative_to(tmp_path / "ar.damaged") for p in (tmp_path / "ar.damaged").rglob("*")) == \
+        sorted(p for p, _ in before)                                      # moved aside whole
+    assert checkpoint.load(out)[2]["steps_done"] == 2
+
+    def stop_after_first(step, m):
+        if step == 1:
+            raise _Interrupt
+    shutil.rmtree(out)
+    with pytest.raises(_Interrupt):
+        train("toy", tiny("ar"), cfg, out, progress=False, data=data, on_step=stop_after_first)
+    assert checkpoint.latest_step(out) == 1 and not checkpoint.read_meta(out)["complete"]
+    _truncate_largest(out / "state" / "1" / "opt_state")
+    seen.clear()
+    train("toy", tiny("ar"), cfg, out, progress=False, data=data, on_step=lambda step, m: seen.append(step))
+    assert seen == [0, 1] and (tmp_path / "ar.damaged-2").is_dir()        # not resumed from step 1
+
+    _truncate_largest(out / "narbench.json")
+    seen.clear()
+    train("toy", tiny("ar"), cfg, out, progress=False, data=data, on_step=lambda step, m: seen.append(step))
+    assert seen == [0, 1] and (tmp_path / "ar.damaged-3").is_dir()
+    assert "narbench.json is not valid JSON" in capsys.readouterr().err

@@ -1,0 +1,216 @@
+"""Failures the user's files or disk cause are one line with the fix and exit code 2, never a traceback:
+a damaged checkpoint (truncated params, truncated ``narbench.json``), non-UTF-8 input to ``translate``,
+an ``--out`` that is a file, a read-only results folder, a folder where a file is expected; and
+``--refuse-damaged`` reaches the trainer. The checkpoint and ``translate`` ones run the real command
+in a subprocess and check its whole stderr; the others run it in-process on fake models."""
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from bench.cli import main
+from bench.costs import MachinePeaks
+from grid_fakes import FakeFactory, fake_deps
+from test_cli_run import SPEC, run_cli
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def env(tmp_path, monkeypatch):
+    """Fake models behind the CLI (as in test_cli_run): (spec path, results root, factory holder)."""
+    holder = {"factory": FakeFactory()}
+    monkeypatch.setattr("bench.runner.real_deps", lambda **_: fake_deps(tmp_path / "ckpt", holder["factory"]))
+    monkeypatch.setattr("bench.costs.machine_peaks", lambda: MachinePeaks("t", 1e11, 1e10, "x", 8, 8))
+    spec = tmp_path / "clitest.toml"
+    spec.write_text(SPEC)
+    return spec, tmp_path / "results", holder
+
+
+def narbench(*args: str, stdin: bytes = b"") -> tuple[int, str, list[str]]:
+    """Run ``narbench ARGS`` in a fresh process, as the ``narbench`` program does (``main()`` reads its
+    arguments, and quiets the libraries): (exit code, stdout, stderr lines)."""
+    proc = subprocess.run([sys.executable, "-c", "import sys; from bench.cli import main; sys.exit(main())",
+                           *map(str, args)], input=stdin, capture_output=True, cwd=ROOT, timeout=300)
+    return proc.returncode, proc.stdout.decode(), proc.stderr.decode("utf-8", "replace").strip().splitlines()
+
+
+def one_line(code: int, err: list[str], *parts: str) -> str:
+    """The one error line of a failed command (asserting exit code 2 and every part in it)."""
+    assert code == 2 and len(err) == 1, (code, err)
+    assert err[0].startswith("narbench: error: ")
+    for part in parts:
+        assert part in err[0], (part, err[0])
+    return err[0]
+
+
+# -- damaged checkpoints ---------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def finished_checkpoint(tmp_path_factory) -> Path:
+    """A tiny AR checkpoint with one saved step and a complete record (random weights)."""
+    import jax
+    import optax
+
+    from models import checkpoint, t5
+    from models.config import preset
+
+    config = preset("tiny", kind="ar", vocab_size=32)
+    params = t5.init_params(config, jax.random.key(0))
+    path = tmp_path_factory.mktemp("ckpt") / "ar"
+    checkpoint.save(path, 2, params, optax.adafactor(1e-3).init(params))
+    checkpoint.write_meta(path, {"task": "toy", "kind": "ar", "model_config": config.to_dict(),
+                                 "train_config": {"steps": 2}, "complete": True, "steps_done": 2})
+    return path
+
+
+def truncate(path: Path) -> None:
+    """Keep the first half of a file (what a full disk or an interrupted copy leaves)."""
+    with open(path, "r+b") as f:
+        f.truncate(path.stat().st_size // 2)
+
+
+def largest_params_file(ckpt: Path) -> Path:
+    return max((p for p in (ckpt / "state").glob("*/params/**/*") if p.is_file()), key=lambda p: p.stat().st_size)
+
+
+def test_truncated_checkpoint_params_are_named_damaged(finished_checkpoint, tmp_path):
+    ckpt = Path(shutil.copytree(finished_checkpoint, tmp_path / "ar"))
+    truncate(largest_params_file(ckpt))
+    code, out, err = narbench("translate", "--checkpoint", ckpt, "--decoder", "greedy", stdin=b"a b\n")
+    one_line(code, err, f"checkpoint {ckpt} is damaged: the parameters of step 2 cannot be read",
+             "re-run the `narbench train` or `narbench run` that wrote it to retrain it")
+    assert out == ""
+
+
+def test_truncated_checkpoint_record_is_named_damaged(finished_checkpoint, tmp_path):
+    ckpt = Path(shutil.copytree(finished_checkpoint, tmp_path / "ar"))
+    truncate(ckpt / "narbench.json")
+    code, _, err = narbench("translate", "--checkpoint", ckpt, "--decoder", "greedy", stdin=b"a b\n")
+    one_line(code, err, f"checkpoint {ckpt} is damaged: narbench.json is not valid JSON")
+    code, _, err = narbench("export", "ct2", "--checkpoint", ckpt, "--out", tmp_path / "ct2")
+    one_line(code, err, "narbench.json is not valid JSON")
+
+
+# -- input files -----------------------------------------------------------------------------------
+def test_translate_refuses_non_utf8_input_in_one_line(tmp_path):
+    """Checked before any checkpoint is read: from a file and from stdin, naming the line."""
+    latin1 = tmp_path / "latin1.txt"
+    latin1.write_bytes("ok line\nb\u00e9ta\n".encode("latin-1"))
+    code, _, err = narbench("translate", "--checkpoint", tmp_path / "none", "--decoder", "greedy",
+                            "--source-file", latin1)
+    one_line(code, err, f"{latin1}: line 2 is not UTF-8 text", "iconv")
+    code, _, err = narbench("translate", "--checkpoint", tmp_path / "none", "--decoder", "greedy",
+                            stdin=latin1.read_bytes())
+    one_line(code, err, "stdin: line 2 is not UTF-8 text", "iconv")
+    code, _, err = narbench("translate", "--checkpoint", tmp_path / "none", "--decoder", "greedy",
+                            "--source-file", tmp_path)
+    one_line(code, err, f"source file {tmp_path} is a folder")
+
+
+def test_out_that_is_a_file_is_one_line(env, capsys, tmp_path):
+    spec, _, _ = env
+    taken = tmp_path / "results"
+    taken.write_text("my notes\n")
+    code, _, err = run_cli(["run", "--suite", str(spec), "--out", str(taken), "--no-progress"], capsys)
+    one_line(code, err.strip().splitlines(), f"{taken} is a file, not a folder")
+    assert taken.read_text() == "my notes\n"
+
+
+def read_only(folder: Path, monkeypatch) -> None:
+    """Make ``folder`` read-only. Its mode does not stop root, so for root creating a file in it fails
+    the way the kernel fails it for anyone else (``narbench_core.io`` creates every file by ``mkstemp``)."""
+    folder.chmod(0o555)
+    if os.geteuid() == 0:
+        real = tempfile.mkstemp
+
+        def mkstemp(suffix=None, prefix=None, dir=None, text=False):
+            if dir is not None and Path(dir) == folder:
+                raise PermissionError(errno.EACCES, os.strerror(errno.EACCES),
+                                      os.path.join(dir, f"{prefix or ''}x1y2z3{suffix or ''}"))
+            return real(suffix, prefix, dir, text)
+        monkeypatch.setattr(tempfile, "mkstemp", mkstemp)
+
+
+def test_read_only_results_folder_is_one_line(env, capsys, monkeypatch):
+    spec, out, _ = env
+    assert main(["run", "--suite", str(spec), "--out", str(out), "--no-progress"]) == 0
+    capsys.readouterr()
+    run_dir = next(p for p in (out / "clitest").iterdir() if p.is_dir())
+    read_only(run_dir, monkeypatch)
+    try:
+        code, _, err = run_cli(["report", str(run_dir)], capsys)
+    finally:
+        run_dir.chmod(0o755)
+    one_line(code, err.strip().splitlines(), f"cannot write in {run_dir}: Permission denied",
+             "make it writable")
+
+
+def test_eval_source_that_is_a_folder_is_one_line(env, capsys, tmp_path):
+    spec, out, _ = env
+    assert main(["run", "--suite", str(spec), "--out", str(out), "--no-progress"]) == 0
+    capsys.readouterr()
+    ref = tmp_path / "mine.ref"
+    ref.write_text("ALPHA\n")
+    code, _, err = run_cli(["eval", "--run", str(out / "clitest"), "--source-file", str(tmp_path),
+                            "--reference-file", str(ref)], capsys)
+    one_line(code, err.strip().splitlines(), f"{tmp_path} is a folder, not a file")
+
+
+def test_spec_path_that_is_a_folder_says_so(tmp_path, capsys):
+    code, _, err = run_cli(["run", "--suite", str(tmp_path), "--out", str(tmp_path / "r")], capsys)
+    one_line(code, err.strip().splitlines(), f"suite file {tmp_path} is a folder, not a file")
+    assert "does not exist" not in err
+    spec = tmp_path / "mine.toml"
+    (tmp_path / "train").mkdir()
+    spec.write_text('name = "mine"\n[[tasks]]\nname = "mine_de_en"\nsource_lang = "de"\ntarget_lang = "en"\n'
+                    'files = { train = "train", dev = "train", test = "train" }\ntest = ["test"]\n')
+    code, _, err = run_cli(["data", "check", "--spec", str(spec)], capsys)
+    one_line(code, err.strip().splitlines(), f"{tmp_path / 'train'} is a folder")
+
+
+def test_os_errors_of_the_users_files_are_one_line_and_bugs_keep_their_traceback(monkeypatch, capsys, tmp_path):
+    from bench.cli import os_error_line
+
+    full = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(tmp_path / "rows.jsonl"))
+    assert os_error_line(full).startswith(f"no space left for {tmp_path / 'rows.jsonl'}")
+    assert "is a folder" in os_error_line(IsADirectoryError(errno.EISDIR, "Is a directory", str(tmp_path)))
+    assert os_error_line(FileNotFoundError(errno.ENOENT, "No such file", str(tmp_path / "x"))) is None
+    assert os_error_line(OSError(errno.EBADF, "Bad file descriptor")) is None
+
+    import bench.cli.run as run_module
+
+    def failing(err):
+        def command(args):
+            raise err
+        return command
+
+    monkeypatch.setattr(run_module, "cmd_report", failing(full))            # the disk fills up
+    code, _, stderr = run_cli(["report", str(tmp_path)], capsys)
+    one_line(code, stderr.strip().splitlines(), "no space left", "re-run the same command")
+    monkeypatch.setattr(run_module, "cmd_report", failing(OSError(errno.EBADF, "Bad file descriptor")))
+    with pytest.raises(OSError, match="Bad file descriptor"):                # a bug: not turned into a line
+        main(["report", str(tmp_path)])
+
+
+# -- --refuse-damaged reaches the trainer ---------------------------------------------------------
+def test_refuse_damaged_reaches_the_suite_trainer(env, capsys, monkeypatch):
+    from bench import runner
+
+    spec, out, _ = env
+    seen = []
+    fake = runner.real_deps                          # the env fixture's fake deps
+
+    def real_deps(**kwargs):
+        seen.append(kwargs)
+        return fake(**kwargs)
+    monkeypatch.setattr("bench.runner.real_deps", real_deps)
+    assert main(["run", "--suite", str(spec), "--out", str(out), "--no-progress", "--refuse-damaged"]) == 0
+    assert main(["latency", "--suite", str(spec), "--no-progress"]) == 0
+    assert seen == [{"retrain_damaged": False}, {"retrain_damaged": True}]
