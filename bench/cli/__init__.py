@@ -85,6 +85,9 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as err:
         print(f"narbench: error: {err}", file=sys.stderr)
         return err.exit_code
+    except BrokenPipeError:              # the reader of stdout left (`narbench tasks | head -3`): not an error
+        _drop_stdout()
+        return 0
     except OSError as err:
         line = os_error_line(err)
         if line is None:
@@ -96,6 +99,17 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 130
     return int(code or 0)
+
+
+def _drop_stdout() -> None:
+    """Point stdout at /dev/null, so that the interpreter's final flush does not fail again."""
+    import os
+
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):     # no real stdout (a test's capture): nothing to flush
+        pass
 
 
 if __name__ == "__main__":

@@ -214,3 +214,17 @@ def test_refuse_damaged_reaches_the_suite_trainer(env, capsys, monkeypatch):
     assert main(["run", "--suite", str(spec), "--out", str(out), "--no-progress", "--refuse-damaged"]) == 0
     assert main(["latency", "--suite", str(spec), "--no-progress"]) == 0
     assert seen == [{"retrain_damaged": False}, {"retrain_damaged": True}]
+
+
+def test_a_reader_that_leaves_early_is_not_an_error(monkeypatch, capsys):
+    """`narbench results --columns | head -1`: the pipe closes under narbench's output; it stops quietly."""
+    class ClosedPipe:
+        def write(self, text):
+            raise BrokenPipeError(errno.EPIPE, "Broken pipe")
+
+        def flush(self):
+            raise BrokenPipeError(errno.EPIPE, "Broken pipe")
+
+    monkeypatch.setattr(sys, "stdout", ClosedPipe())
+    assert main(["results", "--columns"]) == 0
+    assert capsys.readouterr().err == ""
