@@ -16,22 +16,9 @@ from pathlib import Path
 import pytest
 
 from bench.cli import main
-from bench.costs import MachinePeaks
-from grid_fakes import FakeFactory, fake_deps
-from test_cli_run import SPEC, run_cli
+from test_cli_run import env, run_cli  # noqa: F401  (env: the fake-model CLI fixture)
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture
-def env(tmp_path, monkeypatch):
-    """Fake models behind the CLI (as in test_cli_run): (spec path, results root, factory holder)."""
-    holder = {"factory": FakeFactory()}
-    monkeypatch.setattr("bench.runner.real_deps", lambda **_: fake_deps(tmp_path / "ckpt", holder["factory"]))
-    monkeypatch.setattr("bench.costs.machine_peaks", lambda: MachinePeaks("t", 1e11, 1e10, "x", 8, 8))
-    spec = tmp_path / "clitest.toml"
-    spec.write_text(SPEC)
-    return spec, tmp_path / "results", holder
 
 
 def narbench(*args: str, stdin: bytes = b"") -> tuple[int, str, list[str]]:

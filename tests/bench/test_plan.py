@@ -9,21 +9,15 @@ import pytest
 
 from bench import estimate, preview, store as st
 from bench.cli import main
-from bench.costs import MachinePeaks
 from bench.families import load_suite as load_spec
 from bench.runner import Runner
 from grid_fakes import STEP_COST, fake_deps, fake_locator, fake_spec
+from test_runner import fixed_peaks  # noqa: F401  (autouse: fixed machine peaks)
 
 SPEC = fake_spec("plantest", test=["test", "test+refs"], ar_decoders=["greedy"], padir_iterations=[1, 4],
                  max_test_sentences=20, length_hyps=[3])
 MACHINE = {"cpu_model": "Test CPU", "threads": 2}
 PADIR = "padir fake_task positional_attention True recipe reference stages 2 unmask_rate"
-
-
-@pytest.fixture(autouse=True)
-def fixed_peaks(monkeypatch):
-    peaks = MachinePeaks("test", 1e11, 1e10, "2024-01-01T00:00:00+00:00", 8, 8)
-    monkeypatch.setattr("bench.costs.machine_peaks", lambda: peaks)
 
 
 @pytest.fixture
