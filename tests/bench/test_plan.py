@@ -88,7 +88,12 @@ def test_plan_command_prints_json_and_leaves_other_machines_out(measured, monkey
     assert main(args + ["--format", "json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert {c["state"] for c in out["cells"]} == {"cached"} and out["distillations"][0]["state"] == "cached"
-    assert out["estimate"]["training_seconds"] == 0.0 and out["estimate"]["timing_seconds"] > 0
+    # Everything cached: no training left; the timing estimate is the sum of each system's, from the fake run's rows.
+    split = out["test_sets"][0]
+    assert out["estimate"]["training_seconds"] == 0.0
+    assert all(s["how"] == "measured (1 run)" for s in split["systems"])
+    assert out["estimate"]["timing_seconds"] == pytest.approx(split["seconds"])
+    assert split["seconds"] == pytest.approx(sum(s["seconds"] for s in split["systems"]))
     assert out["estimate"]["sources"]["runs"] == [f"plantest/{run.run_id}"]
     assert [s["system"] for s in out["test_sets"][0]["systems"]][:2] == ["ar-greedy", "padir-s1-u0.15-k3"]
     assert main(args + ["--leave-out", f"plantest/{run.run_id}"]) == 0
