@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from bench import families
-from bench.families.base import Context, Family, System, TrainCell
+from bench.families.base import Context, Family, System, TrainCell, search_words
 from bench.columns import Column
 from narbench_core import defaults
 from narbench_core.errors import UserError
@@ -102,11 +102,6 @@ class ARFamily(Family):
         return [("decoder", search_words(row.decoder or ""), True),
                 ("layers", f", {row.layers} layers" if row.layers else "", False),
                 ("distill", ", distilled" if row.distill else "", False)]
-
-
-def search_words(decoder: str) -> str:
-    """``greedy`` -> "greedy", ``beam:5`` -> "beam 5" (the search of an AR decoder spec, in words)."""
-    return decoder.replace(":", " ")
 
 
 families.register(ARFamily())

@@ -62,6 +62,11 @@ class Context:
     shapes: Mapping[str, Any]                  # decoder shape options every system shares
 
 
+def search_words(decoder: str) -> str:
+    """``greedy`` -> "greedy", ``beam:5`` -> "beam 5" (an AR search spec in words, for display names)."""
+    return decoder.replace(":", " ")
+
+
 class Family:
     """Base class of a system family; subclasses set the class attributes and override ``parse``,
     ``expand`` and, for trained models, ``model_kind`` and ``axes_configs``."""

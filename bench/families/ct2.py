@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from bench import families
-from bench.families.base import Context, Family, System
+from bench.families.base import Context, Family, System, search_words
 from narbench_core import defaults
 from suites.spec import integer, list_of, number, string
 
@@ -103,7 +103,7 @@ class CT2Family(Family):
         if m is None:
             return super().name_parts(row)
         threads = row.engine_threads
-        return [("decoder", "greedy" if m[2] == "greedy" else f"beam {m[3]}", True),
+        return [("decoder", search_words(m[2]), True),
                 ("quantization", ", int8" if m[1] else ", float32", False),
                 ("threads", "" if threads is None else f", {threads} thread{'s' * (threads != 1)}", False)]
 
