@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,7 +24,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from bench import families
+from bench import executors, families
+from bench.executors.local import LocalExecutor
 from bench.measure import learning
 from bench.families import System, TrainCell
 from bench.plan import Plan, expand, needed_cells
@@ -176,6 +178,7 @@ class Runner:
     progress: bool = True
     checkpoints: dict = field(default_factory=dict)   # TrainCell -> checkpoint dir
     trained: dict = field(default_factory=dict)       # TrainCell -> the training columns of its systems' rows
+    executor: Any = field(default_factory=LocalExecutor)   # where training jobs run (bench.executors)
     _matched: dict = field(default_factory=dict)      # resolved match budgets when there is no store
 
     def run(self, plan: Plan | None = None) -> list[dict]:
@@ -184,62 +187,124 @@ class Runner:
         plan = plan or expand(self.spec)
         done = self.store.done_keys() if self.store is not None else set()
         todo = [c for c in plan.eval_cells if c.key not in done]
-        needed = needed_cells(plan, todo)
-        bar = tqdm(total=len(needed) + len(todo), unit="cell", desc=self.spec.name,
+        jobs = self.training_jobs(needed_cells(plan, todo))
+        # Test sets reading the same (task, split) share one timed measurement.
+        splits = list(dict.fromkeys((ts.task, ts.split) for ts in self.spec.test_sets()))
+        groups = [((task, split), [c for c in todo if (c.test_set.task, c.test_set.split) == (task, split)])
+                  for task, split in splits]
+        groups = [(f"time+score {task}:{split}", group) for (task, split), group in groups if group]
+        bar = tqdm(total=len(jobs) + len(todo), unit="cell", desc=self.spec.name,
                    disable=not self.progress, dynamic_ncols=True)
+
+        def trained(summary: str) -> None:
+            bar.n = sum(c.state == executors.DONE for c in board.cells.values() if c.kind != "evaluate")
+            bar.set_postfix_str(f"train: {summary}")
+
+        board = executors.Board(self.executor.name, save=self.store.save_board if self.store is not None else
+                                (lambda cells: None), on_change=trained)
+        board.add([executors.Job(j.key, j.kind, j.build) for j in jobs])
+        board.add([executors.Job(key, "evaluate", lambda results: None) for key, _ in groups])
         rows: list[dict] = []
         try:
-            for cell in needed:
-                bar.set_postfix_str(f"train {cell.label}")
-                self.train_cell(cell)
-                bar.update(1)
-            # Test sets reading the same (task, split) share one timed measurement.
-            splits = list(dict.fromkeys((ts.task, ts.split) for ts in self.spec.test_sets()))
-            for task, split in splits:
-                group = [c for c in todo if (c.test_set.task, c.test_set.split) == (task, split)]
-                if not group:
-                    continue
-                bar.set_postfix_str(f"time+score {task}:{split} ({len(group)} cells)")
-                sets = list(dict.fromkeys(c.test_set for c in group))
-                data = load_test_data(self.spec, self.deps, task, split, any(ts.multi_ref for ts in sets))
-                targets = [Target(ts.name, len(data.references) if ts.multi_ref else 1,
-                                  frozenset(c.system.name for c in group if c.test_set == ts)) for ts in sets]
-                systems = list(dict.fromkeys(c.system for c in group))
-                rows.extend(self.evaluate([(s, self.checkpoints[s.cell]) for s in systems], data, targets))
-                bar.update(len(group))
+            self.executor.run(jobs, board)
+            board.on_change = lambda summary: None
+            bar.n = len(jobs)
+            with self.executor.quiet_host() as timing_host:
+                self._record_env(executor=timing_host)
+                for key, group in groups:
+                    task, split = group[0].test_set.task, group[0].test_set.split
+                    bar.set_postfix_str(f"time+score {task}:{split} ({len(group)} cells)")
+                    board.set(key, executors.RUNNING, host=executors.this_host(), attempt=1)
+                    sets = list(dict.fromkeys(c.test_set for c in group))
+                    data = load_test_data(self.spec, self.deps, task, split, any(ts.multi_ref for ts in sets))
+                    targets = [Target(ts.name, len(data.references) if ts.multi_ref else 1,
+                                      frozenset(c.system.name for c in group if c.test_set == ts)) for ts in sets]
+                    systems = list(dict.fromkeys(c.system for c in group))
+                    rows.extend(self.evaluate([(s, self.checkpoints[s.cell]) for s in systems], data, targets))
+                    board.set(key, executors.DONE)
+                    bar.update(len(group))
         finally:
             bar.close()
         return rows
 
-    def train_cell(self, cell: TrainCell) -> Path:
-        if cell in self.checkpoints:
-            return self.checkpoints[cell]
-        task, record = cell.task, None
-        if cell.teacher is not None:
-            teacher_dir = self.train_cell(cell.teacher)
-            task, record = self.deps.distill(teacher_dir, cell.task, **self.spec.distill.kwargs(), seed=cell.seed,
-                                             progress=self.progress)
-            self._save_distillation(cell, record)
-        init_from = self.train_cell(cell.warm_start) if cell.warm_start is not None else None
-        model_config, train_config = self.deps.configs(self._budgeted(cell, task), cell)
-        path = Path(self.deps.train(task, model_config, train_config, progress=self.progress, init_from=init_from))
-        self.checkpoints[cell] = path
-        self.trained[cell] = self._training_columns(cell, path, record)
-        return path
+    # ---------------------------------------------------------------------------------- training jobs
+
+    def training_jobs(self, cells: list[TrainCell]) -> list[executors.Job]:
+        """The jobs that train ``cells`` (and their sources: teachers, distillations, warm-start models, and
+        a ``match`` budget's baseline when its resolution is not yet in ``run.json``), in dependency order."""
+        jobs: dict[str, executors.Job] = {}
+        progress = self.progress and self.executor.shows_progress
+
+        def visit(cell: TrainCell) -> str:
+            key = f"train {cell.label}"
+            if key in jobs:
+                return key
+            needs = []
+            distilled = None
+            if cell.teacher is not None:
+                teacher = visit(cell.teacher)
+                distilled = f"distill {cell.teacher.label}"
+                if distilled not in jobs:
+                    jobs[distilled] = executors.Job(
+                        distilled, "distill", needs=(teacher,),
+                        build=lambda results, c=cell: functools.partial(
+                            _distill_call, self.deps.distill, c.task, self.spec.distill.kwargs(), c.seed, progress),
+                        done=lambda result, results, c=cell: self._save_distillation(c, result[1]))
+                needs.append(distilled)
+            if cell.warm_start is not None:
+                needs.append(visit(cell.warm_start))
+            after = (*needs, visit(self._baseline(cell))) if self._unresolved_match(cell) else ()
+
+            def build(results, cell=cell, distilled=distilled) -> Callable:
+                task = results[distilled][0] if distilled in results else cell.task   # a match budget waits for it
+                model_config, train_config = self.deps.configs(self._budgeted(cell, task), cell)
+                return functools.partial(_train_call, self.deps.train, cell.task, model_config, train_config,
+                                         progress, distilled is not None, cell.warm_start is not None)
+
+            def done(path, results, cell=cell, distilled=distilled) -> None:
+                self.checkpoints[cell] = Path(path)
+                self.trained[cell] = self._training_columns(cell, Path(path), results[distilled][1] if distilled else None)
+
+            jobs[key] = executors.Job(key, "train", build, needs=tuple(needs), after=after, done=done)
+            return key
+
+        for cell in cells:
+            visit(cell)
+        return list(jobs.values())
+
+    @staticmethod
+    def _baseline(cell: TrainCell) -> TrainCell:
+        return TrainCell(cell.task, families.BASELINE, cell.seed)
+
+    def _match_budget(self, cell: TrainCell):
+        budget = self.spec.budget(cell.family) if families.get(cell.family).trains else None
+        return budget if budget is not None and budget.match is not None else None
+
+    def _resolution(self, cell: TrainCell) -> dict | None:
+        """A ``match`` budget's resolution kept for ``cell`` (``run.json``), if it is still this budget's."""
+        budget = self._match_budget(cell)
+        matched = dict(self.store.info.get("matched_budgets", {})) if self.store is not None else self._matched
+        resolved = matched.get(cell.label)
+        if budget is None or resolved is None or resolved["match"] != budget.match or resolved["cap"] != budget.steps:
+            return None
+        return resolved
+
+    def _unresolved_match(self, cell: TrainCell) -> bool:
+        return self._match_budget(cell) is not None and self._resolution(cell) is None
 
     def _budgeted(self, cell: TrainCell, task: str) -> SuiteSpec:
         """The spec with ``cell``'s budget resolved: a ``match`` budget trains as many steps (at most its
         ``steps``) as the baseline model's FLOPs or seconds buy at the cell's own mean cost per step (on
         ``task``, its training data). The resolution is kept in ``run.json`` so a resumed run (and a
-        measured seconds-per-step) trains the same model."""
-        budget = self.spec.budget(cell.family) if families.get(cell.family).trains else None
-        if budget is None or budget.match is None:
+        measured seconds-per-step) trains the same model. An unresolved budget's job runs after the
+        baseline's (``training_jobs``)."""
+        budget = self._match_budget(cell)
+        if budget is None:
             return self.spec
-        matched = dict(self.store.info.get("matched_budgets", {})) if self.store is not None else self._matched
-        resolved = matched.get(cell.label)
-        if resolved is None or resolved["match"] != budget.match or resolved["cap"] != budget.steps:
-            base = TrainCell(cell.task, families.BASELINE, cell.seed)
-            have = (self.deps.train_record(self.train_cell(base)) or {}).get(MATCHED[budget.match])
+        resolved = self._resolution(cell)
+        if resolved is None:
+            base = self._baseline(cell)
+            have = (self.deps.train_record(self.checkpoints[base]) or {}).get(MATCHED[budget.match])
             if not have:
                 raise UserError(f"the {base.label} checkpoint records no {MATCHED[budget.match]} (trained before "
                                 f"narbench recorded it); delete {self.checkpoints[base]} to retrain it, or drop "
@@ -251,9 +316,12 @@ class Runner:
                                 f"the {have:.3g} of {base.label}; train the baseline longer")
             resolved = {"match": budget.match, "cap": budget.steps, "baseline": float(have), "per_step": per_step,
                         "steps": steps}
+            matched = dict(self.store.info.get("matched_budgets", {})) if self.store is not None else self._matched
             matched[cell.label] = resolved
             if self.store is not None:
                 self.store.update_info(matched_budgets=matched)
+            else:
+                self._matched = matched
         budgets = tuple((f, dataclasses.replace(b, steps=resolved["steps"]) if f == cell.family else b)
                         for f, b in self.spec.budgets)
         return self.spec.replace(budgets=budgets)
@@ -391,6 +459,12 @@ class Runner:
             yield [workers.Local(self.deps.load_decoder(s.family, ckpt, s.decoder, name=s.name, **dict(s.options)))
                    for s, ckpt in systems]
 
+    def _record_env(self, **fields: Any) -> None:
+        """Add ``fields`` to the run's environment (``env.json``), e.g. where and how it timed."""
+        self.env = {**self.env, **fields}
+        if self.store is not None:
+            self.store.write_env({**self.store.env(), **fields})
+
     def _record_workers(self, where: dict[str, dict]) -> None:
         """env.json's ``workers``: per system, its process's threads, environment and peak memory."""
         if self.store is None:
@@ -452,6 +526,22 @@ class Runner:
                 "tpu_v4_projection_p50_ms": costs.project(c, "tpu-v4").p50_bound_ms,
             }
         return out
+
+
+def _train_call(train: Callable[..., Path], task: str, model_config: Any, train_config: Any, progress: bool,
+                distilled: bool, warm: bool, *needs: Any) -> Path:
+    """A training job's call: ``needs`` are its distillation's (task, record), then its warm-start checkpoint."""
+    needs_left = list(needs)
+    if distilled:
+        task = needs_left.pop(0)[0]
+    init_from = needs_left.pop(0) if warm else None
+    return Path(train(task, model_config, train_config, progress=progress, init_from=init_from))
+
+
+def _distill_call(distill: Callable[..., tuple[str, dict]], task: str, kwargs: dict, seed: int, progress: bool,
+                  teacher_dir: Path) -> tuple[str, dict]:
+    """A distillation job's call: the teacher's outputs on ``task``'s training sources, as a new task."""
+    return distill(teacher_dir, task, **kwargs, seed=seed, progress=progress)
 
 
 @dataclass(frozen=True)

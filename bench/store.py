@@ -11,6 +11,9 @@ Layout (docs/results_format.md, the public contract)::
                           /curves.jsonl  one object per learning-curve point of each trained model
                           /distill.json  the distillation record (models.distill), keyed by task when
                                          the run distils several tasks (or seeds)
+                          /cells.json    the last session's jobs (trainings, distillations, evaluations)
+                                         and their states, host, attempt (`narbench status`)
+                          /logs/         with --executor ray: each job's output, <job>.<attempt>.log
 
 ``run_id`` is the UTC date-time plus the first 8 hex digits of the spec hash. Re-running the same
 spec reuses the newest *unfinished* run folder of that hash (so it resumes); a run is finished once
@@ -41,6 +44,8 @@ from narbench_core.io import read_jsonl, write_bytes, write_json, write_jsonl, w
 from narbench_core.runs import LATEST, check_name, make_run_id, utc_now
 
 CURVES = "curves.jsonl"
+CELLS = "cells.json"           # the driver's view of the run's jobs (bench.executors.Board; `narbench status`)
+LOGS = "logs"                  # a Ray run's job logs, <job>.<attempt>.log (bench.executors.raycluster)
 SAMPLE_FIELDS = ("system", "test_set", "index", "source", "reference", "hypothesis", "latency_ms", "passes")
 
 ROWS, SAMPLES, ENV, SPEC, RUN, DISTILL = (
@@ -149,6 +154,17 @@ class RunStore:
         if self.finished and not self.allow_finished:
             raise UserError(f"run {self.path} is finished and is never modified; start a new run")
         write_jsonl(self.path / CURVES, [r for r in self.curves() if r["model"] != model] + list(records))
+
+    def save_board(self, board: dict) -> None:
+        """Set ``cells.json``: every job of this session and its state (``bench.executors.Board``)."""
+        write_json(self.path / CELLS, board)
+
+    def board(self) -> dict | None:
+        """``cells.json`` (None before a run has one)."""
+        try:
+            return json.loads((self.path / CELLS).read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            return None
 
     def update_info(self, **changes: Any) -> None:
         write_json(self.path / RUN, {**self.info, **changes, "updated": utc_now().isoformat()})

@@ -50,6 +50,12 @@ CURVE_LENGTH_HYPS = 1          # ... and one length hypothesis: a curve shows th
 CURVE_RISE = 0.5               # "still improving": dev BLEU rose by more than this ...
 CURVE_TAIL = 0.2               # ... over this last share of the training steps
 
+# -- executors (`narbench run --executor`, bench.executors) ----------------------------------------------
+EXECUTOR = "local"             # local: every training in this process; ray: on a Ray cluster
+RAY_MAX_RETRIES = 3            # a Ray job is run again this many times when its worker or node is lost
+RAY_CPUS_PER_JOB = 1           # the CPUs Ray reserves for one training or distillation job
+RAY_OBJECT_STORE_BYTES = 200 * 2**20   # a local Ray instance's object store: jobs pass paths and records only
+
 # -- significance (sacrebleu's paired tests of BLEU against the baseline, bench.measure.quality) --------
 AR_TRIALS = 10_000             # approximate randomization trials (sacrebleu's default; the paired bootstrap's
                                # resamples are the suite's `bootstrap_resamples`, default 1000 as sacrebleu's)

@@ -65,3 +65,12 @@ def second_process():
     yield lambda mode, target: started.append(SecondProcess(mode, target)) or started[-1]
     for p in started:
         p.stop()
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Ray's start-up time and memory in the Ray executor's tests (tests/bench/test_ray_executor.py), for CI's log."""
+    notes = getattr(sys.modules.get("test_ray_executor"), "RAY_NOTES", None)
+    if notes:
+        terminalreporter.section("Ray")
+        for line in notes:
+            terminalreporter.write_line(line)

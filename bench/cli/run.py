@@ -14,6 +14,7 @@ from narbench_core import defaults
 from narbench_core.errors import UserError
 from narbench_core.io import read_lines, write_jsonl
 
+EXECUTORS = ("local", "ray")      # bench.executors.EXECUTORS (not imported here: --help stays fast)
 SUITE_HELP = "built-in suite name (smoke, quick, default, anchors, ablation, paper) or a path to a .toml spec"
 
 
@@ -29,7 +30,19 @@ def register(sub) -> None:
     p.add_argument("--refuse-damaged", action="store_true", help=REFUSE_DAMAGED_HELP)
     p.add_argument("--force", action="store_true", help="start a fresh run folder instead of resuming")
     p.add_argument("--bleurt-checkpoint", help="BLEURT checkpoint folder (default: $NARBENCH_BLEURT; none: no BLEURT)")
+    p.add_argument("--executor", choices=EXECUTORS, help=f"where the trainings run: local (in this process, one "
+                   f"after another) or ray (on a Ray cluster; pip install 'narbench[ray]'); timing always runs "
+                   f"here (default: {defaults.EXECUTOR})")
+    p.add_argument("--address", help="with --executor ray: the Ray cluster to join (HOST:PORT of `ray start --head`; "
+                   "default: start Ray on this machine)")
     p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("status", help="print the jobs of a run and their state (trained, running where, failed)",
+                       description="Read a run folder's cells.json, written by the `narbench run` that drives it: "
+                       "every training, distillation and evaluation job of its last session, its state, host, "
+                       "attempt and time, and whether a process still drives the run.")
+    p.add_argument("run_dir", help="run folder (results/<suite>/<run_id>) or suite folder (latest)")
+    p.set_defaults(func=cmd_status)
 
     p = sub.add_parser("plan", help="print what a suite expands to, what is cached and an estimate of its time",
                        description="Expand a suite without training or timing anything: its training cells (and "
@@ -184,17 +197,28 @@ def cmd_run(args) -> int:
     spec = _spec(args)
     platform = _setup(args.platform)
     refuse_bad_data(spec)          # the suite's own data files, checked before any result is written
-    command = _command(args, ("suite", "out", "batch_size", "max_test_sentences", "platform", "bleurt_checkpoint"))
+    from bench import executors
+
+    executor_name = args.executor or defaults.EXECUTOR
+    if args.address and executor_name != "ray":
+        raise UserError("--address joins a Ray cluster; add --executor ray")
+    command = _command(args, ("suite", "out", "batch_size", "max_test_sentences", "platform", "bleurt_checkpoint",
+                              "executor", "address"))
     run, resumed = store.open_run(Path(args.out), spec.name, spec.spec_hash(), spec.to_toml, command,
                                   force=args.force)
     try:
         print(f"narbench: {'resuming' if resumed else 'starting'} {spec.name} in {run.path}", file=sys.stderr)
         env = {**benv.capture(seeds=_seeds(spec), platform=platform),
                **{k: v for k, v in run.env().items() if k == benv.CONCURRENT}}
+        benv.check_same_cpu(run.env(), env, timed=bool(run.rows()))
         run.write_env(env)
         start = time.perf_counter()
-        suite = runner.Runner(spec, runner.real_deps(retrain_damaged=not args.refuse_damaged), run, env, platform,
-                              load_scorer(args.bleurt_checkpoint), progress=not args.no_progress)
+        options = {"address": args.address, "run_id": run.run_id, "logs_to": run.path / store.LOGS} \
+            if executor_name == "ray" else {}
+        executor = executors.make(executor_name, **options)
+        deps = runner.real_deps(retrain_damaged=not args.refuse_damaged, wait_for_lease=executor_name == "ray")
+        suite = runner.Runner(spec, deps, run, env, platform, load_scorer(args.bleurt_checkpoint),
+                              progress=not args.no_progress, executor=executor)
         suite.run()
         run.update_info(last_session_s=round(time.perf_counter() - start, 1))
         return _finish(run.path, lambda: store.finish_run(run))   # finished only once its report is written
@@ -296,6 +320,37 @@ def cmd_eval(args) -> int:
         print(truncation_note(cut, len(sources), None, f" of test set {name!r} (per system: rows.jsonl's "
                               "truncated_sources)"), file=sys.stderr)
     return _finish(run.path)
+
+
+def cmd_status(args) -> int:
+    from bench import store
+    from narbench_core import lock
+    from narbench_core.markdown import table
+
+    run = store.RunStore(store.resolve_run_dir(args.run_dir), allow_finished=True)
+    info, board = run.info, run.board()
+    holder = lock.read_holder(run.path)
+    if info.get("status") == "finished":
+        state = f"finished {info.get('finished', '')}".strip()
+    elif holder is not None and holder.alive() is not False:
+        state = f"running: {holder.describe()}"
+    else:
+        state = "stopped before it finished; re-run its command to resume: " + str(info.get("command", "narbench run"))
+    lines = [f"{run.path}: {state}", f"rows: {len(run.rows())} (system, test set) cells timed and scored"]
+    if board is None:
+        lines.append("no cells.json: this run was started before narbench recorded its jobs")
+    else:
+        cells = board["cells"]
+        counts = {s: sum(c["state"] == s for c in cells) for s in ("done", "running", "pending", "failed")}
+        lines.append(f"jobs ({board['executor']} executor, updated {board['updated']}): "
+                     + ", ".join(f"{n} {s}" for s, n in counts.items() if n))
+        lines.append("")
+        lines += table(("job", "kind", "state", "host", "attempt", "seconds", "error"),
+                       [(c["cell"], c["kind"], c["state"], c.get("host") or "", c.get("attempt") or "",
+                         "" if c.get("seconds") is None else f"{c['seconds']:g}", c.get("error") or "")
+                        for c in cells])
+    sys.stdout.write("\n".join(lines) + "\n")
+    return 0
 
 
 def cmd_plan(args) -> int:

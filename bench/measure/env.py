@@ -131,6 +131,7 @@ def capture(seeds: Mapping[str, int] | None = None, platform: str | None = None,
     return {
         **device_info(platform),
         "cpu_model": cpu_model(),
+        "cpu_signature": cpu_signature(),
         "cpu": cpu_details(),
         "threads": thread_count(),
         "cores": core_count(),
@@ -141,6 +142,18 @@ def capture(seeds: Mapping[str, int] | None = None, platform: str | None = None,
         "date_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "seeds": dict(seeds or {}),
     }
+
+
+def check_same_cpu(stored: Mapping[str, Any], now: Mapping[str, Any], timed: bool) -> None:
+    """Refuse (one line) to go on timing a run on another CPU than the one it has timed on: speedups and
+    latencies of one run are compared with each other. ``timed``: the run has rows already."""
+    from narbench_core.errors import UserError
+
+    key = "cpu_signature" if stored.get("cpu_signature") else "cpu_model"    # runs from before the signature
+    if not timed or not stored.get(key) or stored.get(key) == now.get(key):
+        return
+    raise UserError(f"this run was timed on {stored[key]} and this machine is {now.get(key)}: latencies measured "
+                    "on two CPUs are not comparable; resume it on that machine, or start a new run with --force")
 
 
 def concurrent(seen: Iterable[Any]) -> list[dict[str, Any]]:

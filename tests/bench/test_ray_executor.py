@@ -1,0 +1,227 @@
+"""The Ray executor (``narbench run --executor ray``) on a Ray cluster on this machine: a head that runs
+no task and two 1-CPU worker nodes (``ray.cluster_utils.Cluster``), with fake trainings that sleep
+(``ray_fakes``). Ray's start-up time and memory are printed in pytest's summary."""
+from __future__ import annotations
+
+import functools
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import ray
+from ray.cluster_utils import Cluster
+
+import ray_fakes
+from bench import executors, store as st
+from bench.executors.raycluster import RayExecutor, slug
+from bench.families import load_suite
+from bench.runner import Runner
+from grid_fakes import fake_spec
+from narbench_core.errors import UserError
+
+HERE = Path(__file__).resolve().parent
+OBJECT_STORE = 80 * 2**20
+RAY_NOTES: list[str] = []           # printed by tests/conftest.py's pytest_terminal_summary
+
+ray.cloudpickle.register_pickle_by_value(ray_fakes)
+
+
+def _ray_rss_mb() -> float:
+    """Resident memory of every Ray process of this machine (raylets, GCS, workers), in MB."""
+    total = 0
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+            if b"ray" not in cmd or int(pid) == os.getpid():
+                continue
+            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    total += int(line.split()[1])
+        except OSError:
+            continue
+    return total / 1024
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    start = time.perf_counter()
+    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "object_store_memory": OBJECT_STORE,
+                                                      "include_dashboard": False})
+    for _ in range(2):
+        c.add_node(num_cpus=1, object_store_memory=OBJECT_STORE)
+    c.wait_for_nodes()
+    RAY_NOTES.append(f"Ray {ray.__version__} test cluster (head + two 1-CPU nodes): up in "
+                     f"{time.perf_counter() - start:.1f} s, Ray processes {_ray_rss_mb():.0f} MB resident")
+    yield c
+    if ray.is_initialized():
+        ray.shutdown()
+    c.shutdown()
+
+
+@pytest.fixture
+def root(tmp_path, monkeypatch):
+    """A fresh data root, passed to the Ray workers by the executor (NARBENCH_DATA)."""
+    monkeypatch.setenv("NARBENCH_DATA", str(tmp_path / "data"))
+    return tmp_path / "data"
+
+
+def _executor(cluster, **kw) -> RayExecutor:
+    return RayExecutor(address=cluster.address, poll_s=0.2, **kw)
+
+
+def _interval(events: list[dict], job: str) -> tuple[float, float]:
+    start = next(e["time"] for e in events if e["job"] == job and e["kind"] == "start")
+    end = next(e["time"] for e in events if e["job"] == job and e["kind"] == "end")
+    return start, end
+
+
+def test_needs_come_first_and_independent_jobs_run_in_parallel(cluster, root):
+    def job(name, needs=()):
+        return executors.Job(name, "train", lambda results, n=name: functools.partial(ray_fakes.sleep_job, n, 1.0),
+                             needs=tuple(needs))
+
+    def together(name):            # ends only once two of the four have started: they must run at the same time
+        return executors.Job(name, "train", lambda results: functools.partial(ray_fakes.together_job, name, 2, 300))
+
+    jobs = [job("teacher"), job("distill", ["teacher"]), job("student", ["distill"]),
+            *(together(f"together{i}") for i in range(4))]
+    saved = []
+    board = executors.Board("ray", save=saved.append)
+    executor = _executor(cluster)
+    start = time.perf_counter()
+    try:
+        results = executor.run(jobs, board)
+    finally:
+        executor.shutdown()
+    elapsed = time.perf_counter() - start
+    assert results["student"] == "teacher>distill>student"       # each got its needs' results, in order
+    events = ray_fakes.events(root)
+    t, d, s = (_interval(events, n) for n in ("teacher", "distill", "student"))
+    assert t[1] <= d[0] and d[1] <= s[0]                           # a job starts once its needs have ended
+    assert all(results[f"together{i}"] == f"together{i}" for i in range(4))   # two at a time at least
+    starts = [e for e in events if e["kind"] == "start"]
+    assert len({e["node"] for e in starts}) == 2                   # on both worker nodes
+    assert len({e["pid"] for e in starts}) == len(jobs)            # each in a fresh worker process
+    assert saved[-1]["executor"] == "ray" and {c["state"] for c in saved[-1]["cells"]} == {"done"}
+    busy = sum(b - a for a, b in (_interval(events, e["job"]) for e in starts))
+    RAY_NOTES.append(f"7 jobs (a chain of 3 sleeping 1 s, 4 that wait for each other) on two 1-CPU nodes: "
+                     f"{elapsed:.1f} s in all, {busy:.1f} s inside the jobs, the rest starting a worker per job")
+
+
+def test_a_user_error_is_not_retried_and_reaches_the_user(cluster, root):
+    job = executors.Job("refusing", "train",
+                        lambda results: functools.partial(ray_fakes.refuse_job, "the spec is wrong; fix it"))
+    board = executors.Board("ray")
+    executor = _executor(cluster, max_retries=3)
+    with pytest.raises(UserError) as err:
+        executor.run([job], board)
+    assert str(err.value) == "refusing: the spec is wrong; fix it"
+    assert len(ray_fakes.events(root, "start")) == 1               # one attempt: never retried
+    assert board.cells["refusing"].state == "failed"
+    assert not ray.is_initialized()                                # the driver let the cluster go
+
+
+def test_a_worker_that_does_not_see_the_data_root_refuses(cluster, root, monkeypatch, tmp_path):
+    """The marker check: a worker whose data root lacks the driver's marker stops the run in one line."""
+    job = executors.Job("x", "train", lambda results: functools.partial(ray_fakes.sleep_job, "x", 0))
+    executor = _executor(cluster, init_options={"runtime_env": {"env_vars": {"NARBENCH_DATA": str(tmp_path / "elsewhere")}}})
+    with pytest.raises(UserError, match="does not see the driver's data root"):
+        executor.run([job], executors.Board("ray"))
+    assert ray_fakes.events(root) == []
+
+
+SPEC = fake_spec("raygrid", test=["test"], ar_decoders=["greedy"], padir_iterations=[2], max_test_sentences=8)
+
+
+def _spec(tmp_path):
+    path = tmp_path / "raygrid.toml"
+    path.write_text(SPEC)
+    return load_suite(path)
+
+
+STABLE = ("system", "test_set", "bleu", "chrf", "n_sentences", "passes_mean", "checkpoint", "train_steps", "distill",
+          "stutter_per_1k_words")
+
+
+def _stable(rows) -> list[dict]:
+    return sorted(({k: r.get(k) for k in STABLE} for r in rows), key=lambda r: (r["system"], r["test_set"]))
+
+
+def test_a_lost_node_is_retried_elsewhere(cluster, root, tmp_path, monkeypatch):
+    monkeypatch.setenv(ray_fakes.SLEEP_ENV, "4")
+    spec = _spec(tmp_path)
+    run = st.open_run(tmp_path / "results", spec.name, spec.spec_hash(), spec.to_toml(), "narbench run")[0]
+    removed = []
+
+    def remove_a_busy_node():                      # the first node a training starts on goes away
+        while not removed:
+            started = ray_fakes.events(root, "start") if (root / "fake-events").is_dir() else []
+            node = next((n for n in cluster.worker_nodes for e in started if e["node"] == n.node_id), None)
+            if node is not None:
+                cluster.remove_node(node)
+                removed.append(node.node_id)
+            time.sleep(0.1)
+
+    killer = threading.Thread(target=remove_a_busy_node, daemon=True)
+    killer.start()
+    try:
+        executor = _executor(cluster, run_id=run.run_id, logs_to=run.path / st.LOGS)
+        Runner(spec, ray_fakes.deps(), run, progress=False, executor=executor).run()
+    finally:
+        run.release()
+        removed.append(None)
+        cluster.add_node(num_cpus=1, object_store_memory=OBJECT_STORE)    # back to two nodes for the next tests
+        cluster.wait_for_nodes()
+    assert removed[0] is not None
+    board = json.loads((run.path / st.CELLS).read_text())
+    assert max(c["attempt"] for c in board["cells"]) >= 2          # the lost job ran again
+    assert {c["state"] for c in board["cells"]} == {"done"}
+    trained = sorted(p.name for p in (root / "fake-checkpoints").iterdir())
+    assert len(trained) == 3                                       # one checkpoint per hash: AR, PaDIR, distilled PaDIR
+    keys = [(r["system"], r["test_set"]) for r in run.rows()]
+    assert len(keys) == len(set(keys)) == 3
+    logs = sorted(p.name for p in (run.path / st.LOGS).iterdir())
+    assert any(name.endswith(".2.log") for name in logs)           # each attempt's log reached the run folder
+
+
+def _driver(cluster, out: Path, spec_path: Path) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, str(HERE / "ray_driver.py"), cluster.address, str(out), str(spec_path)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=dict(os.environ))
+
+
+def test_a_killed_driver_resumes_without_retraining(cluster, tmp_path, monkeypatch):
+    spec = _spec(tmp_path)
+    spec_path = tmp_path / "raygrid.toml"
+    monkeypatch.setenv(ray_fakes.SLEEP_ENV, "2")
+    # Uninterrupted, on its own data root.
+    monkeypatch.setenv("NARBENCH_DATA", str(tmp_path / "data-whole"))
+    whole = _driver(cluster, tmp_path / "whole", spec_path)
+    out, err = whole.communicate(timeout=600)
+    assert whole.returncode == 0, err
+    whole_rows = st.RunStore(Path(out.strip())).rows()
+    # Killed (SIGKILL) once the first training has ended, then started again.
+    root = tmp_path / "data"
+    monkeypatch.setenv("NARBENCH_DATA", str(root))
+    first = _driver(cluster, tmp_path / "results", spec_path)
+    while not ((root / "fake-events").is_dir() and ray_fakes.events(root, "end")):
+        assert first.poll() is None, first.communicate()[1]
+        time.sleep(0.05)
+    first.send_signal(signal.SIGKILL)
+    first.communicate()
+    ended = {e["job"] for e in ray_fakes.events(root, "end")}
+    runs = list((tmp_path / "results" / spec.name).iterdir())
+    again = _driver(cluster, tmp_path / "results", spec_path)
+    out, err = again.communicate(timeout=600)
+    assert again.returncode == 0, err
+    assert [p for p in (tmp_path / "results" / spec.name).iterdir() if p.is_dir()] == [p for p in runs if p.is_dir()]
+    assert Path(out.strip()) in runs                               # the same run id
+    ends = [e["job"] for e in ray_fakes.events(root, "end") if not e["job"].startswith("distill")]
+    assert len(ends) == len(set(ends)) == 3                        # no model trained twice ...
+    assert ended <= set(ends)                                      # ... the one finished before the kill included
+    assert _stable(st.RunStore(Path(out.strip())).rows()) == _stable(whole_rows)
