@@ -69,13 +69,14 @@ def real_configs(spec: SuiteSpec, cell: TrainCell) -> tuple[Any, Any]:
                                              dict(cell.axes))
 
 
-def real_deps(retrain_damaged: bool = defaults.RETRAIN_DAMAGED) -> Deps:
+def real_deps(retrain_damaged: bool = defaults.RETRAIN_DAMAGED, wait_for_lease: bool = False) -> Deps:
     """The real trainer, distiller, decoder factory and tasks (imported on first use); a damaged cached
-    checkpoint is retrained, or with ``retrain_damaged=False`` refused (``models.train.train``)."""
+    checkpoint is retrained, or with ``retrain_damaged=False`` refused; a checkpoint folder another
+    process trains is refused, or with ``wait_for_lease=True`` waited for (``models.train.train``)."""
     def train(task, model_config, train_config, progress=True, init_from=None):
         from models.train import train as _train
         return _train(task, model_config, train_config, progress=progress, init_from=init_from,
-                      retrain_damaged=retrain_damaged)
+                      retrain_damaged=retrain_damaged, wait_for_lease=wait_for_lease)
 
     def distill(teacher_dir, task, **kwargs):
         from models.distill import distill as _distill

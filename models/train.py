@@ -347,7 +347,7 @@ def _all_finite(tree) -> jax.Array:
 def train(task: str, model_config: ModelConfig, train_config: TrainConfig, out_dir: Path | None = None,
           progress: bool = True, *, data: TokenPairs | None = None, mesh=None,
           on_step: Callable[[int, dict], None] | None = None, init_from: Path | None = None,
-          dev=None, retrain_damaged: bool = defaults.RETRAIN_DAMAGED) -> Path:
+          dev=None, retrain_damaged: bool = defaults.RETRAIN_DAMAGED, wait_for_lease: bool = False) -> Path:
     """Train ``model_config`` on ``task``'s train split; returns the checkpoint folder.
 
     Skips when the folder holds a finished run, resumes an interrupted one from its last checkpoint
@@ -360,10 +360,12 @@ def train(task: str, model_config: ModelConfig, train_config: TrainConfig, out_d
     ``dev``: a ``curves.DevSet``, default the task's dev sample; evaluation time is not training
     time). ``narbench.json`` records ``train_flops``: per step, XLA's cost analysis of the compiled
     step of that step's batch shape (``step_flops``), summed. One process at a time trains into a folder
-    (``narbench_core.lock``: another gets a one-line refusal naming it) and it is registered as busy
-    while it trains, so a run timing meanwhile on this machine says so. A folder whose files cannot be
-    read whole (``checkpoint.DamagedCheckpoint``) has its contents moved aside and is trained afresh, or
-    with ``retrain_damaged=False`` is refused (``_whole_record``).
+    (``narbench_core.lock``: another gets a one-line refusal naming it, or with ``wait_for_lease`` waits
+    until the folder is released or its lock stale, and returns without training if the folder was
+    finished meanwhile) and it is registered as busy while it trains, so a run timing meanwhile on this
+    machine says so. A folder whose files cannot be read whole (``checkpoint.DamagedCheckpoint``) has its
+    contents moved aside and is trained afresh, or with ``retrain_damaged=False`` is refused
+    (``_whole_record``).
     """
     cfg = effective_config(model_config, train_config)
     data, identity = _training_data(task, data, out_dir)
@@ -374,7 +376,8 @@ def train(task: str, model_config: ModelConfig, train_config: TrainConfig, out_d
             return out_dir
     except checkpoint.DamagedCheckpoint:
         pass                                           # moved aside (or refused) below, holding the folder
-    with lock.hold(out_dir, f"training {out_dir.name}"), lock.busy(f"training {out_dir.name}"):
+    what = f"training {out_dir.name}"
+    with lock.hold(out_dir, what, wait=wait_for_lease), lock.busy(what):
         meta = _whole_record(out_dir, model_config, cfg, retrain_damaged)
         if meta and meta.get("complete"):             # by the process that held the folder a moment ago
             return out_dir

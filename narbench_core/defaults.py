@@ -42,6 +42,12 @@ LR_SCHEDULES = ("cosine", "wsd")      # after warm-up: cosine to the floor at `s
 RETRAIN_DAMAGED = True         # a damaged checkpoint narbench is asked to train (truncated files): moved aside
                                # to <folder>.damaged and retrained; False (--refuse-damaged): a one-line error
 
+# -- folder locks (narbench_core/lock.py) -------------------------------------------------------------
+LEASE_HEARTBEAT_S = 10         # a process holding a folder refreshes its lock file's mtime this often (s) ...
+LEASE_STALE_S = 120            # ... and a lock from another host with no refresh for this long is stale: taken
+                               # over (the hosts' and the file server's clocks must agree to well within it)
+LEASE_POLL_S = 2               # a process waiting for a held folder (wait=True) looks at its lock this often (s)
+
 # -- learning curves (every training evaluates on the dev split at regular intervals) -----------------
 CURVE_POINTS = 5               # a suite's default: evaluate every steps // CURVE_POINTS steps
 CURVE_SENTENCES = 200          # dev sentences per point (a seeded sample of the dev split)

@@ -1,14 +1,23 @@
 """Who may write a folder, and which narbench processes are busy on this machine.
 
-- ``hold(folder, what)``: hold ``folder`` (a run folder, a training checkpoint) for this process. The lock
-  is the file ``<folder>/.narbench.lock`` holding the holder's host, pid, process start and since when.
-  It is created whole and atomically by hard-linking a written temp file to that name (``link`` fails if
-  the name exists, also over NFS, where ``O_EXCL`` was not always atomic), so it survives ``kill -9``
-  as a stale file: a lock whose holder is a dead process on this host (the pid is gone, a zombie, or
-  now a different process) is taken over; a lock from another host is respected (its liveness cannot be
-  checked from here) until someone deletes the file, as the refusal says. A second holder gets a
-  ``Locked`` error: one line naming the holder (exit code 2 in the CLI). The same process may hold a
-  folder again (nested holds count); the lock is removed when the outermost hold ends.
+- ``hold(folder, what, wait=False)``: hold ``folder`` (a run folder, a training checkpoint) for this
+  process. The lock is the file ``<folder>/.narbench.lock`` holding the holder's host, pid, process start
+  and since when. It is created whole and atomically by hard-linking a written temp file to that name
+  (``link`` fails if the name exists, also over NFS, where ``O_EXCL`` was not always atomic), so it
+  survives ``kill -9`` as a stale file.
+- The lock is a lease: while a folder is held, a daemon thread of the holder refreshes the lock file's
+  mtime every ``defaults.LEASE_HEARTBEAT_S`` seconds (``refresh``), as long as the file names this
+  process. A lock is stale, and taken over with one stderr line naming the old holder, when its holder
+  is a dead process on this host (the pid is gone, a zombie, or now a different process; whatever the
+  mtime), or, for a lock from another host (whose pid cannot be checked from here), when its heartbeat
+  is older than ``defaults.LEASE_STALE_S`` (the hosts' clocks must agree to well within that). A
+  takeover renames the stale file aside (one taker wins) and puts back what it moved if that was no
+  longer the stale lock. A live holder of this host, or a fresh one of another host, is respected: a
+  second process gets a ``Locked`` error, one line naming the holder (exit code 2 in the CLI), or with
+  ``wait=True`` says once on stderr that it waits and looks again every ``defaults.LEASE_POLL_S``
+  seconds until the lock is released or stale, then holds the folder. The same process may hold a
+  folder again (nested holds count and share the heartbeat); the lock is removed, and its heartbeat
+  stopped, when the outermost hold ends.
 - ``busy(what)``: register this process as busy (timing, training) under the data root's ``locks/``
   folder while the block runs; ``others()`` lists the other live registered processes of this host, so
   a timing run can say that another narbench competed for the machine.
@@ -20,13 +29,16 @@ import errno
 import json
 import os
 import socket
+import sys
 import tempfile
 import threading
+import time
 import uuid
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Iterator
 
+from narbench_core import defaults
 from narbench_core.errors import UserError
 from narbench_core.runs import utc_now
 
@@ -113,7 +125,10 @@ def _instance(pid: int) -> str | None:
 
 # ------------------------------------------------------------------------------------------ folder locks
 
-_held: dict[Path, list] = {}         # lock file -> [Holder, depth] of this process's holds
+_now = time.time            # the clock a foreign lock's heartbeat age is read against (tests replace it)
+_pause = time.sleep         # how a waiting ``acquire`` waits between looks (tests replace it)
+
+_held: dict[Path, list] = {}         # lock file -> [Holder, depth, _Heartbeat] of this process's holds
 _held_guard = threading.Lock()
 
 
@@ -123,6 +138,60 @@ def read_holder(folder: str | os.PathLike) -> Holder | None:
         return Holder.load((Path(folder) / LOCK_FILE).read_text(encoding="utf-8"))
     except OSError:
         return None
+
+
+def _read_lock(path: Path) -> tuple[Holder | None, float | None] | None:
+    """The holder in the lock file ``path`` (None: unreadable) and the file's mtime, read from one open
+    (which revalidates NFS's cached attributes); None when there is no such file."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return Holder.load(f.read()), os.fstat(f.fileno()).st_mtime
+    except FileNotFoundError:
+        return None
+    except OSError:
+        return None, None
+
+
+def refresh(folder: str | os.PathLike, holder: Holder) -> bool:
+    """Renew ``holder``'s lease of ``folder``: set its lock file's mtime to now, if the file still names
+    that process; False if it does not (taken over or removed). A passing file-system error counts as
+    renewed: the next heartbeat tries again."""
+    path = Path(folder) / LOCK_FILE
+    try:
+        on_disk = Holder.load(path.read_text(encoding="utf-8"))
+        if on_disk is None or not on_disk.same_process(holder):
+            return False
+        os.utime(path)
+    except FileNotFoundError:
+        return False
+    except OSError:
+        pass
+    return True
+
+
+class _Heartbeat:
+    """The daemon thread that calls ``refresh`` for one held folder every ``interval`` seconds until
+    ``stop``, or until the lock no longer names this process (said once on stderr)."""
+
+    def __init__(self, folder: Path, holder: Holder, interval: float):
+        self.folder, self.holder, self.interval = folder, holder, interval
+        self.stopped = threading.Event()
+        self.thread = threading.Thread(target=self._run, name=f"narbench lease {folder}", daemon=True)
+
+    def _run(self) -> None:
+        while not self.stopped.wait(self.interval):
+            if not refresh(self.folder, self.holder):
+                if not self.stopped.is_set():
+                    now = read_holder(self.folder)
+                    print(f"narbench: {self.folder}: its lock no longer names this process "
+                          f"({'now ' + now.describe() if now else 'removed'}); stopped refreshing it",
+                          file=sys.stderr)
+                return
+
+    def stop(self) -> None:
+        self.stopped.set()
+        if self.thread is not threading.current_thread():
+            self.thread.join()
 
 
 def _create(path: Path, holder: Holder) -> bool:
@@ -155,7 +224,7 @@ def _create(path: Path, holder: Holder) -> bool:
 
 @contextlib.contextmanager
 def _takeover_guard() -> Iterator[None]:
-    """One stale-lock takeover at a time on this host (only this host's processes take a lock over)."""
+    """One stale-lock takeover at a time on this host (across hosts, ``_take_over``'s rename decides)."""
     import fcntl
 
     uid = os.getuid() if hasattr(os, "getuid") else 0
@@ -175,20 +244,65 @@ def _takeover_guard() -> Iterator[None]:
         os.close(fd)
 
 
-def _refusal(folder: Path, holder: Holder | None, alive: bool | None) -> Locked:
+def _stale(holder: Holder, mtime: float) -> str | None:
+    """Why ``holder``'s lock may be taken over (None: it is live). This host's: its process is gone,
+    whatever the mtime; another host's: its heartbeat (the mtime) is older than ``LEASE_STALE_S``."""
+    if holder.host == socket.gethostname():
+        return None if holder.alive() else "that process is gone"
+    age = _now() - mtime
+    return f"no heartbeat for {int(age)} s" if age > defaults.LEASE_STALE_S else None
+
+
+def _take_over(folder: Path, stale: Holder) -> bool:
+    """Remove the lock file if it is still ``stale``'s; whether this call removed it. The file is renamed
+    aside (atomic: of several takers of one stale lock, one moves it); what was moved is put back if it
+    was no longer ``stale``'s lock (another taker's new one)."""
+    path = folder / LOCK_FILE
+    aside = path.with_name(f"{path.name}.stale.{uuid.uuid4().hex[:8]}")
+    with _takeover_guard():
+        try:
+            os.rename(path, aside)
+        except FileNotFoundError:
+            return False
+        try:
+            moved = Holder.load(aside.read_text(encoding="utf-8"))
+            if moved == stale:
+                return True
+            with contextlib.suppress(OSError):  # exists again: a third process holds it now
+                os.link(aside, path)
+            return False
+        finally:
+            aside.unlink()
+
+
+def _refusal(folder: Path, holder: Holder | None, mtime: float | None) -> Locked:
     lock = folder / LOCK_FILE
     if holder is None:
         return Locked(f"{folder} is locked by an unreadable {lock}; if no narbench process uses that folder, "
                       "delete the file and re-run")
-    if alive:
+    if holder.host == socket.gethostname():
         return Locked(f"{folder} is in use by {holder.describe()}; wait for it to finish (or stop it), "
                       "then re-run")
-    return Locked(f"{folder} is in use by {holder.describe()}; wait for it to finish, or if that process is "
-                  f"gone, delete {lock} and re-run")
+    return Locked(f"{folder} is in use by {holder.describe()}, last heartbeat {max(0, int(_now() - mtime))} s "
+                  f"ago; wait for it to finish (a lock without a heartbeat for {defaults.LEASE_STALE_S} s is "
+                  f"taken over), or if that process is gone, delete {lock} and re-run")
 
 
-def acquire(folder: str | os.PathLike, what: str) -> Holder:
-    """Lock ``folder`` for this process (see the module's doc); raises ``Locked`` naming the holder."""
+def _register(key: Path, folder: Path, me: Holder) -> None:
+    """Record this process's new hold of ``folder`` and start its heartbeat."""
+    beat = _Heartbeat(folder, me, defaults.LEASE_HEARTBEAT_S)
+    with _held_guard:
+        old = _held.get(key)                # a hold of this process whose lock was taken over meanwhile
+        _held[key] = [me, 1, beat]
+    if old is not None:
+        old[2].stop()
+    beat.thread.start()
+
+
+def acquire(folder: str | os.PathLike, what: str, wait: bool = False) -> Holder:
+    """Lock ``folder`` for this process (see the module's doc). A live holder (this host's) or a fresh
+    one (another host's): raises ``Locked`` naming it, or with ``wait`` says so once on stderr and looks
+    again every ``defaults.LEASE_POLL_S`` seconds until the lock is released or stale."""
     folder = Path(folder)
     path = folder / LOCK_FILE
     key = path.absolute()
@@ -197,28 +311,38 @@ def acquire(folder: str | os.PathLike, what: str) -> Holder:
             _held[key][1] += 1
             return _held[key][0]
     me = Holder.me(what)
-    for _ in range(20):                     # each round: create, or judge the holder and maybe take over
+    waiting, rounds = False, 0
+    while True:                             # each round: create, or judge the holder: take over, refuse or wait
         if _create(path, me):
-            with _held_guard:
-                _held[key] = [me, 1]
+            _register(key, folder, me)
             return me
-        holder = read_holder(folder)
-        if holder is None:
-            if not path.exists():
-                continue                    # released meanwhile
-            raise _refusal(folder, None, None)
-        alive = True if holder.same_process(me) else holder.alive()
-        if alive is not False and not holder.same_process(me):
-            raise _refusal(folder, holder, alive)
-        with _takeover_guard():             # the holder is dead (or this process): replace its lock
-            if read_holder(folder) == holder:
-                with contextlib.suppress(FileNotFoundError):
-                    path.unlink()
-    raise _refusal(folder, read_holder(folder), None)
+        found = _read_lock(path)
+        if found is not None:               # (else released meanwhile)
+            holder, mtime = found
+            if holder is None:
+                raise _refusal(folder, None, None)
+            why = None if holder.same_process(me) else _stale(holder, mtime)
+            if holder.same_process(me) or why is not None:
+                if _take_over(folder, holder) and why:
+                    print(f"narbench: {folder}: took over the lease of narbench pid {holder.pid} on "
+                          f"{holder.host} ({why})", file=sys.stderr)
+            elif not wait:
+                raise _refusal(folder, holder, mtime)
+            else:
+                if not waiting:
+                    print(f"narbench: waiting for {folder}: in use by {holder.describe()}", file=sys.stderr)
+                waiting, rounds = True, 0
+                _pause(defaults.LEASE_POLL_S)
+                continue
+        rounds += 1
+        if rounds >= 20:                    # created and taken over by others in turn all along
+            found = _read_lock(path) or (None, None)
+            raise _refusal(folder, found[0], found[1])
 
 
 def release(folder: str | os.PathLike) -> None:
-    """End one hold of ``folder``; the outermost removes the lock file (if it is still this process's)."""
+    """End one hold of ``folder``; the outermost stops its heartbeat and removes the lock file (if it is
+    still this process's)."""
     folder = Path(folder)
     key = (folder / LOCK_FILE).absolute()
     with _held_guard:
@@ -229,6 +353,7 @@ def release(folder: str | os.PathLike) -> None:
         if entry[1] > 0:
             return
         del _held[key]
+    entry[2].stop()
     on_disk = read_holder(folder)
     if on_disk is not None and on_disk.same_process(entry[0]):
         with contextlib.suppress(FileNotFoundError):
@@ -236,9 +361,9 @@ def release(folder: str | os.PathLike) -> None:
 
 
 @contextlib.contextmanager
-def hold(folder: str | os.PathLike, what: str) -> Iterator[Holder]:
+def hold(folder: str | os.PathLike, what: str, wait: bool = False) -> Iterator[Holder]:
     """Hold ``folder`` while the block runs (``acquire`` ... ``release``)."""
-    holder = acquire(folder, what)
+    holder = acquire(folder, what, wait)
     try:
         yield holder
     finally:

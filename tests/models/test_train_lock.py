@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 
 import pytest
 
@@ -50,3 +51,27 @@ def test_training_holds_its_folder_and_is_registered_busy(tmp_path, ar_config, c
     assert [e["what"] for e in busy if e["pid"] == os.getpid()] == ["training ckpt"]
     assert lock.read_holder(out) is None and all(e["pid"] != os.getpid() for e in busy_entries())
     assert checkpoint.read_meta(out)["complete"]
+
+
+def test_a_driver_waiting_for_a_checkpoint_another_process_trains_reuses_it_once_finished(
+        tmp_path, ar_config, copy_data, monkeypatch, capsys):
+    out, finished = tmp_path / "ckpt", tmp_path / "finished"
+    train("toy", ar_config, config(1), out, progress=False, data=copy_data)
+    record = checkpoint.read_meta(out)
+    out.rename(finished)                          # the other driver's training, finished at the first pause
+    out.mkdir()
+    other = lock.Holder("elsewhere.example", 1, "training ckpt", "2020-01-01T00:00:00+00:00")
+    (out / lock.LOCK_FILE).write_text(other.dumps())            # ... which holds the folder now
+
+    def other_finishes(seconds):
+        shutil.rmtree(out)
+        finished.rename(out)
+
+    monkeypatch.setattr(lock, "_pause", other_finishes)
+    capsys.readouterr()
+    steps = []
+    assert train("toy", ar_config, config(1), out, progress=False, data=copy_data, wait_for_lease=True,
+                 on_step=lambda step, metrics: steps.append(step)) == out
+    assert steps == [] and checkpoint.read_meta(out) == record   # reused, not trained again
+    assert capsys.readouterr().err == f"narbench: waiting for {out}: in use by {other.describe()}\n"
+    assert lock.read_holder(out) is None
