@@ -8,11 +8,12 @@ import os
 from pathlib import Path
 
 
-def data_root() -> Path:
-    """The root folder for all downloaded and generated artefacts."""
+def data_root(create: bool = True) -> Path:
+    """The root folder for all downloaded and generated artefacts (made if missing, unless ``create=False``)."""
     root = os.environ.get("NARBENCH_DATA") or os.path.join(Path.home(), ".cache", "narbench")
     path = Path(root).expanduser()
-    path.mkdir(parents=True, exist_ok=True)
+    if create:
+        path.mkdir(parents=True, exist_ok=True)
     return path
 
 

@@ -5,7 +5,7 @@ import contextlib
 import time
 from typing import Any, Iterator
 
-from bench.executors import DONE, FAILED, RUNNING, Board, Job, check_order, first_line, this_host
+from bench.executors.base import DONE, FAILED, RUNNING, Board, Job, check_order, first_line, this_host
 
 
 class LocalExecutor:

@@ -32,13 +32,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from bench.executors import DONE, FAILED, RUNNING, Board, Job, check_order, first_line, this_host
+from bench.executors.base import DONE, FAILED, RUNNING, Board, Job, check_order, first_line, this_host
 from narbench_core import defaults
 from narbench_core.errors import UserError
 
 RAY_DIR = "ray"                 # under the data root: the driver's markers and the jobs' logs
 MARKER_PREFIX = "driver-"
-PASS_ENV = ("NARBENCH_", "XLA_FLAGS", "JAX_", "TF_CPP_MIN_LOG_LEVEL", "PYTHONPATH")   # the driver's settings jobs get
+PASS_ENV = ("NARBENCH_", "XLA_FLAGS", "JAX_", "TF_CPP_MIN_LOG_LEVEL")   # the driver's settings every job gets
 
 
 def slug(key: str) -> str:
@@ -49,9 +49,13 @@ def slug(key: str) -> str:
 
 # ------------------------------------------------------------------------------------ on the workers
 
-def check_marker(root: str, token: str) -> None:
-    """Refuse (one line) when this process does not see the driver's data root ``root``."""
-    marker = Path(root) / RAY_DIR / f"{MARKER_PREFIX}{token}"
+def check_marker(token: str) -> None:
+    """Refuse (one line) when this process's data root (``NARBENCH_DATA``, the driver's path) does not hold
+    the driver's marker ``token``: this node does not see the driver's files."""
+    from narbench_core.paths import data_root
+
+    root = data_root(create=False)
+    marker = root / RAY_DIR / f"{MARKER_PREFIX}{token}"
     try:
         seen = marker.read_text(encoding="utf-8").strip()
     except OSError:
@@ -96,17 +100,23 @@ def _output_to(path: Path) -> Iterator[None]:
             os.close(saved[1])
 
 
-def run_job(root: str, token: str, log_dir: str, key: str, call: Callable, *needs: Any) -> tuple[Any, dict]:
-    """What a Ray task runs: check the data root, claim this attempt's log, run the job's call with its
-    needs' results, logging its output (and a failure's traceback) there. Returns (result, where it ran)."""
-    check_marker(root, token)
+def run_job(token: str, env: dict[str, str], log_dir: str, key: str, call: bytes, *needs: Any) -> tuple[Any, dict]:
+    """What a Ray task runs, in a fresh worker process: take the driver's settings (``env``: its data root,
+    ``NARBENCH_*``, ``XLA_FLAGS`` ...; set here, not as Ray's runtime_env, which cold-starts every worker),
+    check the data root, claim this attempt's log, then unpickle the job's call (only now: it may import
+    JAX, which reads ``XLA_FLAGS`` once) and run it with its needs' results, its output (and a failure's
+    traceback) going to the log. Returns (result, where it ran)."""
+    os.environ.update(env)
+    check_marker(token)
     attempt, log = _claim_log(Path(log_dir), slug(key))
     where = {"host": this_host(), "pid": os.getpid(), "attempt": attempt}
     start = time.perf_counter()
     with _output_to(log):
         print(json.dumps({"job": key, **where}), flush=True)      # the first line: `narbench status` reads it
         try:
-            result = call(*needs)
+            from ray import cloudpickle
+
+            result = cloudpickle.loads(call)(*needs)
         except BaseException:
             traceback.print_exc()
             raise
@@ -145,18 +155,14 @@ class RayExecutor:
         ray = _import_ray()
         if ray.is_initialized():
             return
-        env = {k: v for k, v in os.environ.items() if k.startswith(PASS_ENV)}
-        from narbench_core.paths import data_root
-
-        env["NARBENCH_DATA"] = str(data_root().absolute())
         options: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False, "namespace": "narbench",
-                                   "runtime_env": {"env_vars": env}, **self.init_options}
+                                   **self.init_options}
         if self.address is None:
             options.setdefault("num_cpus", self.num_cpus or os.cpu_count())
             options.setdefault("object_store_memory", defaults.RAY_OBJECT_STORE_BYTES)
         start = time.perf_counter()
         try:
-            ray.init(address=self.address, **options)
+            ray.init(address=self.address or "local", **options)    # "local": a new instance, never another
         except ConnectionError as err:
             raise UserError(f"cannot join the Ray cluster at {self.address}: {first_line(err)}; start it with "
                             "`ray start --head` and pass its address") from None
@@ -180,13 +186,14 @@ class RayExecutor:
         ray = _import_ray()
         from narbench_core.paths import subdir
 
-        root = str(subdir(RAY_DIR).parent.absolute())
         token = uuid.uuid4().hex
         marker = subdir(RAY_DIR) / f"{MARKER_PREFIX}{token}"
         from narbench_core.io import write_text
 
         write_text(marker, token + "\n")
         log_dir = subdir(RAY_DIR) / "logs" / self.run_id
+        env = {k: v for k, v in os.environ.items() if k.startswith(PASS_ENV)}
+        env["NARBENCH_DATA"] = str(marker.parents[1].absolute())
         task = ray.remote(max_calls=1)(run_job).options(num_cpus=self.cpus_per_job, max_retries=self.max_retries,
                                                         retry_exceptions=False, num_returns=2)
         results: dict[str, Any] = {}
@@ -197,7 +204,7 @@ class RayExecutor:
             while waiting or inflight:
                 for job in [j for j in waiting if all(k in results for k in j.after) and all(k in refs for k in j.needs)]:
                     call = job.build(results)
-                    result_ref, where_ref = task.remote(root, token, str(log_dir), job.key, call,
+                    result_ref, where_ref = task.remote(token, env, str(log_dir), job.key, ray.cloudpickle.dumps(call),
                                                         *(refs[k] for k in job.needs))
                     refs[job.key] = result_ref
                     inflight[where_ref] = job

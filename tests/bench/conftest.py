@@ -1,6 +1,9 @@
 """Fixtures for bench/ tests. Fake decoders live in ``fakes.py`` (import them: ``from fakes import ...``)."""
 from __future__ import annotations
 
+import contextlib
+import io
+
 import pytest
 
 from fakes import FakeClock, JittedDecoder
@@ -26,3 +29,16 @@ def fake_clock() -> FakeClock:
 def jitted_pair() -> list[JittedDecoder]:
     """An "ar"-like (8 passes) and a "nar"-like (2 passes) jitted decoder sharing shapes."""
     return [JittedDecoder("ar-fake", passes=8, family="ar"), JittedDecoder("nar-fake", passes=2, family="nar")]
+
+
+@pytest.fixture(scope="session")
+def smoke_run(tmp_path_factory):
+    """`narbench run --suite smoke` once per session, on the session's data root: (exit code, stderr, the
+    results root). The end-to-end test checks it; the Ray executor's test compares its own run with it."""
+    from bench.cli import main
+
+    out = tmp_path_factory.mktemp("smoke") / "results"
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        code = main(["run", "--suite", "smoke", "--out", str(out), "--no-progress"])
+    return code, err.getvalue(), out

@@ -40,7 +40,9 @@ def _event(kind: str, job: str, **more) -> None:
     except ImportError:
         pass
     record = {"kind": kind, "job": job, "pid": os.getpid(), "node": node, "time": time.time(), **more}
-    (folder / f"{kind}-{uuid.uuid4().hex}.json").write_text(json.dumps(record))
+    name = f"{kind}-{uuid.uuid4().hex}.json"
+    (folder / f".{name}").write_text(json.dumps(record))
+    (folder / f".{name}").rename(folder / name)          # whole: the tests read events while jobs write them
 
 
 def events(root: Path, kind: str | None = None) -> list[dict]:
@@ -55,21 +57,25 @@ def checkpoint_name(task: str, model_config: dict, train_config: dict, init_from
 
 
 def train(task: str, model_config: dict, train_config: dict, progress: bool = True, init_from=None) -> Path:
-    """Train (sleep), or return the finished folder of these settings as the real trainer does."""
+    """Train (sleep), or return the finished folder of these settings, holding the folder's lease as the real
+    trainer does (``models.train.train(wait_for_lease=True)``)."""
+    from narbench_core import lock
+
     out = _root() / "fake-checkpoints" / checkpoint_name(task, model_config, train_config, init_from)
-    if (out / "narbench.json").is_file():
-        return out
     if os.environ.get(FAIL_ENV) == model_config["family"]:
         raise UserError(f"fake {model_config['family']} training refused: set a smaller learning rate")
-    _event("start", out.name)
-    time.sleep(float(os.environ.get(SLEEP_ENV, "0")))
     out.mkdir(parents=True, exist_ok=True)
-    meta = {"task": task, "distill": task.endswith("_distilled"), **model_config, "train_config": train_config,
-            "init_from": None if init_from is None else str(init_from), "complete": True}
-    tmp = out / f".narbench.json.{os.getpid()}"
-    tmp.write_text(json.dumps(meta))
-    tmp.rename(out / "narbench.json")
-    _event("end", out.name)
+    with lock.hold(out, f"training {out.name}", wait=True):
+        if (out / "narbench.json").is_file():
+            return out
+        _event("start", out.name)
+        time.sleep(float(os.environ.get(SLEEP_ENV, "0")))
+        meta = {"task": task, "distill": task.endswith("_distilled"), **model_config, "train_config": train_config,
+                "init_from": None if init_from is None else str(init_from), "complete": True}
+        tmp = out / f".narbench.json.{os.getpid()}"
+        tmp.write_text(json.dumps(meta))
+        tmp.rename(out / "narbench.json")
+        _event("end", out.name)
     return out
 
 
@@ -111,9 +117,14 @@ def refuse_job(message: str) -> None:
 
 
 def deps():
-    """``grid_fakes.fake_deps`` with this module's trainer and distiller (which run in Ray workers)."""
+    """``grid_fakes.fake_deps`` with this module's trainer and distiller (which run in Ray workers) and text
+    seeded by a stable hash (``grid_fakes``' ``hash()`` differs between processes): every driver process
+    times the same sentences."""
     import dataclasses
 
-    from grid_fakes import fake_deps
+    from grid_fakes import fake_deps, fake_text
 
-    return dataclasses.replace(fake_deps(_root() / "unused"), train=train, distill=distill)
+    def load_text(task: str, split: str):
+        return fake_text(30, seed=int(hashlib.sha1(f"{task}:{split}".encode()).hexdigest()[:6], 16) % 1000)
+
+    return dataclasses.replace(fake_deps(_root() / "unused"), train=train, distill=distill, load_text=load_text)

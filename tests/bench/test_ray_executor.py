@@ -19,7 +19,7 @@ from ray.cluster_utils import Cluster
 
 import ray_fakes
 from bench import executors, store as st
-from bench.executors.raycluster import RayExecutor, slug
+from bench.executors.raycluster import RayExecutor
 from bench.families import load_suite
 from bench.runner import Runner
 from grid_fakes import fake_spec
@@ -127,12 +127,15 @@ def test_a_user_error_is_not_retried_and_reaches_the_user(cluster, root):
     assert not ray.is_initialized()                                # the driver let the cluster go
 
 
-def test_a_worker_that_does_not_see_the_data_root_refuses(cluster, root, monkeypatch, tmp_path):
-    """The marker check: a worker whose data root lacks the driver's marker stops the run in one line."""
+def test_a_worker_that_does_not_see_the_data_root_refuses(cluster, root, monkeypatch):
+    """The marker check, in the workers: a driver whose marker the workers cannot find (here: it writes it
+    under another name, as if its data root were a disk of its own) stops the run in one line."""
+    from bench.executors import raycluster
+
+    monkeypatch.setattr(raycluster, "MARKER_PREFIX", "not-shared-")     # the driver's side only
     job = executors.Job("x", "train", lambda results: functools.partial(ray_fakes.sleep_job, "x", 0))
-    executor = _executor(cluster, init_options={"runtime_env": {"env_vars": {"NARBENCH_DATA": str(tmp_path / "elsewhere")}}})
-    with pytest.raises(UserError, match="does not see the driver's data root"):
-        executor.run([job], executors.Board("ray"))
+    with pytest.raises(UserError, match="does not see the driver's data root .*NARBENCH_DATA on a filesystem"):
+        _executor(cluster).run([job], executors.Board("ray"))
     assert ray_fakes.events(root) == []
 
 
@@ -198,16 +201,15 @@ def _driver(cluster, out: Path, spec_path: Path) -> subprocess.Popen:
 def test_a_killed_driver_resumes_without_retraining(cluster, tmp_path, monkeypatch):
     spec = _spec(tmp_path)
     spec_path = tmp_path / "raygrid.toml"
-    monkeypatch.setenv(ray_fakes.SLEEP_ENV, "2")
-    # Uninterrupted, on its own data root.
+    # Uninterrupted, in this process with the local executor, on its own data root.
     monkeypatch.setenv("NARBENCH_DATA", str(tmp_path / "data-whole"))
-    whole = _driver(cluster, tmp_path / "whole", spec_path)
-    out, err = whole.communicate(timeout=600)
-    assert whole.returncode == 0, err
-    whole_rows = st.RunStore(Path(out.strip())).rows()
+    whole = st.open_run(tmp_path / "whole", spec.name, spec.spec_hash(), spec.to_toml(), "narbench run")[0]
+    Runner(spec, ray_fakes.deps(), whole, progress=False).run()
+    whole.release()
     # Killed (SIGKILL) once the first training has ended, then started again.
     root = tmp_path / "data"
     monkeypatch.setenv("NARBENCH_DATA", str(root))
+    monkeypatch.setenv(ray_fakes.SLEEP_ENV, "2")
     first = _driver(cluster, tmp_path / "results", spec_path)
     while not ((root / "fake-events").is_dir() and ray_fakes.events(root, "end")):
         assert first.poll() is None, first.communicate()[1]
@@ -215,13 +217,47 @@ def test_a_killed_driver_resumes_without_retraining(cluster, tmp_path, monkeypat
     first.send_signal(signal.SIGKILL)
     first.communicate()
     ended = {e["job"] for e in ray_fakes.events(root, "end")}
-    runs = list((tmp_path / "results" / spec.name).iterdir())
+    runs = [p for p in (tmp_path / "results" / spec.name).iterdir() if p.is_dir()]
     again = _driver(cluster, tmp_path / "results", spec_path)
     out, err = again.communicate(timeout=600)
     assert again.returncode == 0, err
-    assert [p for p in (tmp_path / "results" / spec.name).iterdir() if p.is_dir()] == [p for p in runs if p.is_dir()]
-    assert Path(out.strip()) in runs                               # the same run id
+    assert [p for p in (tmp_path / "results" / spec.name).iterdir() if p.is_dir()] == runs
+    assert Path(out.strip()) == runs[0]                            # the same run id
     ends = [e["job"] for e in ray_fakes.events(root, "end") if not e["job"].startswith("distill")]
     assert len(ends) == len(set(ends)) == 3                        # no model trained twice ...
     assert ended <= set(ends)                                      # ... the one finished before the kill included
-    assert _stable(st.RunStore(Path(out.strip())).rows()) == _stable(whole_rows)
+    assert _stable(st.RunStore(runs[0]).rows()) == _stable(whole.rows())
+
+
+SHARED = ("corpora", "vocab", "tokens", "jax_cache", "machine", "files")   # data, not trained models
+
+
+@pytest.mark.slow
+def test_the_smoke_suite_through_ray_matches_the_local_executor(cluster, smoke_run, tmp_path, monkeypatch):
+    """The real trainer and distiller in Ray workers: the same checkpoints (hashes) and, on this machine, the
+    same hypotheses as the local executor's run (``smoke_run``), and every figure verifies."""
+    from bench.cli import main
+    from narbench_core.paths import data_root
+
+    code, err, local_out = smoke_run
+    assert code == 0, err
+    root = tmp_path / "data"                   # the session's data and compiled programs, no checkpoint
+    root.mkdir()
+    for name in SHARED:
+        if (data_root() / name).exists():
+            (root / name).symlink_to(data_root() / name)
+    monkeypatch.setenv("NARBENCH_DATA", str(root))
+    start = time.perf_counter()
+    assert main(["run", "--suite", "smoke", "--out", str(tmp_path / "results"), "--no-progress",
+                 "--executor", "ray", "--address", cluster.address]) == 0
+    RAY_NOTES.append(f"the smoke suite through the Ray executor: {time.perf_counter() - start:.0f} s")
+    local, remote = (st.RunStore(st.resolve_run_dir(out / "smoke")) for out in (local_out, tmp_path / "results"))
+    assert sorted((r.system, r.checkpoint) for r in remote.rows()) == sorted((r.system, r.checkpoint)
+                                                                             for r in local.rows())
+    assert {c.name for c in (root / "checkpoints").iterdir()} >= {r.checkpoint.split("/")[-1] for r in remote.rows()}
+    hyps = lambda run: sorted((s["system"], s["test_set"], s["index"], s["hypothesis"]) for s in run.samples())
+    assert hyps(remote) == hyps(local)
+    board = json.loads((remote.path / st.CELLS).read_text())
+    assert board["executor"] == "ray" and {c["state"] for c in board["cells"]} == {"done"}
+    assert {c["kind"] for c in board["cells"]} == {"train", "distill", "evaluate"}
+    assert json.loads((remote.path / "env.json").read_text())["executor"]["executor"] == "ray"

@@ -8,7 +8,6 @@ import pytest
 import models.distill  # noqa: F401  (the real distiller: an import error fails this test, never skips it)
 import suites.tasks  # noqa: F401
 from bench import store as st
-from bench.cli import main
 from bench.report import PLOTS
 from bench.rows import CORE
 from bench.verify import verify_run
@@ -16,10 +15,8 @@ from bench.families import load_suite as load_spec
 
 
 @pytest.mark.slow
-def test_smoke_suite_end_to_end(tmp_path, capsys):
-    out = tmp_path / "results"
-    code = main(["run", "--suite", "smoke", "--out", str(out), "--no-progress"])
-    err = capsys.readouterr().err
+def test_smoke_suite_end_to_end(smoke_run):
+    code, err, out = smoke_run
     assert code == 0, err
     run_dir = st.resolve_run_dir(out / "smoke")
     for name in ("spec.toml", "env.json", "rows.jsonl", "samples.jsonl", "table.md", "leaderboard.md", *PLOTS):

@@ -1,0 +1,165 @@
+"""The executor seam without Ray: the runner's training jobs (a DAG), the local executor, cells.json and
+`narbench status`, and the refusal to resume a run's timing on another CPU."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from bench import executors, store as st
+from bench.cli import main
+from bench.costs import MachinePeaks
+from bench.families import load_suite
+from bench.plan import expand
+from bench.runner import Runner
+from grid_fakes import FakeFactory, fake_deps, fake_spec
+from narbench_core.errors import UserError
+
+SPEC = fake_spec("exectest", test=["test"], ar_decoders=["greedy"], padir_iterations=[1, 2], max_test_sentences=6)
+
+
+@pytest.fixture
+def spec(tmp_path):
+    path = tmp_path / "exectest.toml"
+    path.write_text(SPEC)
+    return load_suite(path)
+
+
+def test_training_jobs_are_a_dag_with_one_distillation_per_teacher(spec, tmp_path):
+    text = SPEC.replace("iterations = [1, 2]", "iterations = [1, 2]\nunmask_rate = [0.15, 0.3]")
+    path = tmp_path / "two.toml"
+    path.write_text(text)
+    spec = load_suite(path)
+    runner = Runner(spec, fake_deps(tmp_path / "ckpt"), progress=False)
+    jobs = runner.training_jobs(list(expand(spec).train_cells))
+    keys = [j.key for j in jobs]
+    assert keys[0] == "train ar fake_task seed 0" and keys[1] == "distill ar fake_task seed 0"
+    distilled = [j for j in jobs if j.needs == ("distill ar fake_task seed 0",)]
+    assert len(distilled) == 2 and keys.count("distill ar fake_task seed 0") == 1   # two students, one distillation
+    assert {j.kind for j in jobs} == {"train", "distill"} and len(jobs) == 6        # AR, 1 distillation, 4 PaDIR
+    executors.check_order(jobs)                                                    # needs come first
+    with pytest.raises(ValueError, match="needs"):
+        executors.check_order(jobs[2:])
+
+
+def test_a_match_budget_job_is_built_once_its_baseline_is_done(tmp_path):
+    text = SPEC.replace("[train.padir]\nsteps = 5", "[train.padir]\nsteps = 5\nmatch = \"flops\"")
+    path = tmp_path / "match.toml"
+    path.write_text(text)
+    spec = load_suite(path)
+    jobs = Runner(spec, fake_deps(tmp_path / "ckpt"), progress=False).training_jobs(list(expand(spec).train_cells))
+    raw = next(j for j in jobs if j.kind == "train" and "padir" in j.key and "distill" not in j.key)
+    assert raw.after == ("train ar fake_task seed 0",) and raw.needs == ()
+    student = next(j for j in jobs if "distill" in j.key and j.kind == "train")
+    assert student.after == ("distill ar fake_task seed 0", "train ar fake_task seed 0")
+
+
+def test_the_local_executor_runs_jobs_in_order_and_records_their_states(spec, tmp_path):
+    run = st.open_run(tmp_path / "results", spec.name, spec.spec_hash(), spec.to_toml(), "narbench run")[0]
+    deps = fake_deps(tmp_path / "ckpt")
+    Runner(spec, deps, run, progress=False).run()
+    board = json.loads((run.path / st.CELLS).read_text())
+    assert board["executor"] == "local"
+    ar, student, raw = expand(spec).train_cells
+    assert [(c["cell"], c["kind"], c["state"]) for c in board["cells"]] == [
+        (f"train {ar.label}", "train", "done"), (f"distill {ar.label}", "distill", "done"),
+        (f"train {student.label}", "train", "done"), (f"train {raw.label}", "train", "done"),
+        ("time+score fake_task:test", "evaluate", "done")]
+    assert all(c["host"] and c["attempt"] == 1 and c["seconds"] is not None for c in board["cells"][:4])
+    assert json.loads((run.path / st.ENV).read_text())["executor"] == {"executor": "local"}
+    run.release()
+
+
+def test_a_failing_job_is_marked_failed_and_raises(spec, tmp_path):
+    def broken(*args, **kwargs):
+        raise UserError("the fake trainer is broken; fix it")
+
+    run = st.open_run(tmp_path / "results", spec.name, spec.spec_hash(), spec.to_toml(), "narbench run")[0]
+    deps = fake_deps(tmp_path / "ckpt")
+    deps.train = broken
+    with pytest.raises(UserError, match="broken"):
+        Runner(spec, deps, run, progress=False).run()
+    cells = {c["cell"]: c for c in json.loads((run.path / st.CELLS).read_text())["cells"]}
+    assert cells["train ar fake_task seed 0"]["state"] == "failed"
+    assert cells["train ar fake_task seed 0"]["error"] == "the fake trainer is broken; fix it"
+    assert [c["state"] for c in cells.values()] == ["failed"] + ["pending"] * 4   # nothing after it ran
+    run.release()
+
+
+@pytest.fixture
+def cli(tmp_path, monkeypatch):
+    monkeypatch.setattr("bench.runner.real_deps", lambda **_: fake_deps(tmp_path / "ckpt", FakeFactory()))
+    monkeypatch.setattr("bench.costs.machine_peaks", lambda: MachinePeaks("t", 1e11, 1e10, "x", 8, 8))
+    path = tmp_path / "exectest.toml"
+    path.write_text(SPEC)
+    return path, tmp_path / "results"
+
+
+def test_status_prints_the_jobs_and_whether_the_run_is_driven(cli, capsys, tmp_path):
+    path, out = cli
+    assert main(["run", "--suite", str(path), "--out", str(out), "--no-progress"]) == 0
+    capsys.readouterr()
+    assert main(["status", str(out / "exectest")]) == 0
+    text = capsys.readouterr().out
+    assert "finished" in text.splitlines()[0] and "rows: 5 " in text
+    assert "jobs (local executor" in text and "5 done" in text
+    assert "| train ar fake_task seed 0 | train | done |" in text
+    # A run stopped half-way (its process gone): status says so and how to resume.
+    run_dir = st.resolve_run_dir(out / "exectest")
+    info = json.loads((run_dir / st.RUN).read_text())
+    (run_dir / st.RUN).write_text(json.dumps({**info, "status": "running"}))
+    assert main(["status", str(run_dir)]) == 0
+    assert "stopped before it finished; re-run its command to resume: narbench run" in capsys.readouterr().out
+
+
+def test_status_of_a_run_from_before_cells_json(cli, capsys):
+    path, out = cli
+    assert main(["run", "--suite", str(path), "--out", str(out), "--no-progress"]) == 0
+    run_dir = st.resolve_run_dir(out / "exectest")
+    (run_dir / st.CELLS).unlink()
+    capsys.readouterr()
+    assert main(["status", str(run_dir)]) == 0
+    assert "no cells.json: this run was started before narbench recorded its jobs" in capsys.readouterr().out
+
+
+def test_address_needs_the_ray_executor(cli, capsys):
+    path, out = cli
+    assert main(["run", "--suite", str(path), "--out", str(out), "--address", "h:6379"]) == 2
+    assert "--address joins a Ray cluster; add --executor ray" in capsys.readouterr().err
+    assert not out.exists()                                        # refused before any run folder
+
+
+def test_the_ray_executor_without_ray_says_how_to_install_it(monkeypatch):
+    import sys
+
+    from bench.executors import raycluster
+
+    monkeypatch.setitem(sys.modules, "ray", None)                 # `import ray` raises ImportError
+    with pytest.raises(UserError, match=r"pip install 'narbench\[ray\]'"):
+        raycluster.RayExecutor().run([executors.Job("x", "train", lambda r: print)], executors.Board("ray"))
+
+
+def test_timing_a_run_on_another_cpu_is_refused(cli, capsys, monkeypatch):
+    path, out = cli
+    code = main(["run", "--suite", str(path), "--out", str(out), "--no-progress"])
+    assert code == 0
+    run_dir = st.resolve_run_dir(out / "exectest")
+    info = json.loads((run_dir / st.RUN).read_text())
+    (run_dir / st.RUN).write_text(json.dumps({**info, "status": "running"}))   # as if stopped half-way
+    env = json.loads((run_dir / st.ENV).read_text())
+    (run_dir / st.ENV).write_text(json.dumps({**env, "cpu_signature": "Another CPU (family 6 model 85; avx2)"}))
+    capsys.readouterr()
+    assert main(["run", "--suite", str(path), "--out", str(out), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "this run was timed on Another CPU (family 6 model 85; avx2) and this machine is" in err
+    assert "--force" in err and len(err.strip().splitlines()) == 2     # "resuming ..." and the one error line
+    assert json.loads((run_dir / st.ENV).read_text())["cpu_signature"].startswith("Another CPU")   # untouched
+
+
+def test_a_run_with_nothing_timed_yet_may_move_to_another_cpu():
+    from bench.measure import env as benv
+
+    benv.check_same_cpu({"cpu_signature": "A"}, {"cpu_signature": "B"}, timed=False)
+    benv.check_same_cpu({"cpu_model": "A"}, {"cpu_signature": "A (family 1)", "cpu_model": "A"}, timed=True)
+    with pytest.raises(UserError):
+        benv.check_same_cpu({"cpu_model": "A"}, {"cpu_signature": "B (x)", "cpu_model": "B"}, timed=True)
