@@ -57,6 +57,9 @@ class Deps:
     worker_factory: Callable[..., Any] | None = None
     # (task, split) -> every correct output of each source (tasks that know them), or None
     valid_targets: Callable[[str, str], list[list[str]] | None] = lambda task, split: None
+    # (spec, distilled: [(teacher dir, task, distill kwargs)]) -> None: make the suite's own-data tasks and
+    # these distilled tasks known in this process (a Ray worker starts with the built-in tasks only)
+    prepare: Callable[[SuiteSpec, list], None] = lambda spec, distilled: None
 
 
 def real_configs(spec: SuiteSpec, cell: TrainCell) -> tuple[Any, Any]:
@@ -108,8 +111,16 @@ def real_deps(retrain_damaged: bool = defaults.RETRAIN_DAMAGED, wait_for_lease: 
         from suites.tasks import valid_targets as _valid
         return _valid(task, split)
 
+    def prepare(spec, distilled):
+        from suites.tasks import distilled_name, known_tasks
+
+        families.register_file_tasks(spec)
+        for teacher_dir, task, kwargs in distilled:
+            if distilled_name(task) not in known_tasks():
+                distill(teacher_dir, task, **kwargs, progress=False)     # cached: registers <task>_distilled
+
     return Deps(train, distill, families.load_decoder, load_text, target_lang, real_configs, train_record, train_curve,
-                step_cost, worker_factory=families.load_decoder, valid_targets=valid_targets)
+                step_cost, worker_factory=families.load_decoder, valid_targets=valid_targets, prepare=prepare)
 
 
 MATCHED = {"flops": "train_flops", "seconds": "train_seconds"}   # a budget's match -> the record it equals
@@ -180,10 +191,13 @@ class Runner:
     checkpoints: dict = field(default_factory=dict)   # TrainCell -> checkpoint dir
     trained: dict = field(default_factory=dict)       # TrainCell -> the training columns of its systems' rows
     executor: Any = field(default_factory=LocalExecutor)   # where training jobs run (bench.executors)
+    timed_env: dict | None = None       # the env.json of a run with timed cells: resuming must time on its CPU
     _matched: dict = field(default_factory=dict)      # resolved match budgets when there is no store
 
     def run(self, plan: Plan | None = None) -> list[dict]:
         from tqdm.auto import tqdm
+
+        from bench.measure import env as benv
 
         plan = plan or expand(self.spec)
         done = self.store.done_keys() if self.store is not None else set()
@@ -210,18 +224,33 @@ class Runner:
             self.executor.run(jobs, board)
             board.on_change = lambda summary: None
             bar.n = len(jobs)
-            with self.executor.quiet_host() as timing_host:
-                self._record_env(executor=timing_host)
+            with self.executor.quiet_host() as host:
+                if not host.remote:
+                    benv.check_same_cpu(self.timed_env or {}, self.env, timed=self.timed_env is not None)
+                    self._record_env(**self.env, executor=host.info)
+                elif self.bleurt is not None:
+                    raise UserError("BLEURT is scored where the systems are timed, and this run times them on "
+                                    "the cluster's narbench_timing node; drop --bleurt-checkpoint")
                 for key, group in groups:
                     task, split = group[0].test_set.task, group[0].test_set.split
                     bar.set_postfix_str(f"time+score {task}:{split} ({len(group)} cells)")
-                    board.set(key, executors.RUNNING, host=executors.this_host(), attempt=1)
+                    board.set(key, executors.RUNNING, host=host.name, attempt=1)
                     sets = list(dict.fromkeys(c.test_set for c in group))
                     data = load_test_data(self.spec, self.deps, task, split, any(ts.multi_ref for ts in sets))
                     targets = [Target(ts.name, len(data.references) if ts.multi_ref else 1,
                                       frozenset(c.system.name for c in group if c.test_set == ts)) for ts in sets]
-                    systems = list(dict.fromkeys(c.system for c in group))
-                    rows.extend(self.evaluate([(s, self.checkpoints[s.cell]) for s in systems], data, targets))
+                    systems = [(s, self.checkpoints[s.cell]) for s in dict.fromkeys(c.system for c in group)]
+                    if host.remote:             # on the cluster's timing node, which checks its CPU itself
+                        measured = host.run(key, functools.partial(
+                            _measure_call, self.spec, self.deps, self.env.get("seeds", {}), self.platform,
+                            self.score, self.trained, self.timed_env, systems, data, targets,
+                            self._stored_for(systems, data, targets)))
+                        self.timed_env = measured.env
+                        self._record_env(**{k: v for k, v in measured.env.items() if k != benv.CONCURRENT},
+                                         executor=host.info)
+                        rows.extend(self.save(measured))
+                    else:
+                        rows.extend(self.evaluate(systems, data, targets))
                     board.set(key, executors.DONE)
                     bar.update(len(group))
         finally:
@@ -249,7 +278,8 @@ class Runner:
                     jobs[distilled] = executors.Job(
                         distilled, "distill", needs=(teacher,),
                         build=lambda results, c=cell: functools.partial(
-                            _distill_call, self.deps.distill, c.task, self.spec.distill.kwargs(), c.seed, progress),
+                            _distill_call, self.deps.distill, self.deps.prepare, self.spec, c.task,
+                            {**self.spec.distill.kwargs(), "seed": c.seed}, progress),
                         done=lambda result, results, c=cell: self._save_distillation(c, result[1]))
                 needs.append(distilled)
             if cell.warm_start is not None:
@@ -259,8 +289,9 @@ class Runner:
             def build(results, cell=cell, distilled=distilled) -> Callable:
                 task = results[distilled][0] if distilled in results else cell.task   # a match budget waits for it
                 model_config, train_config = self.deps.configs(self._budgeted(cell, task), cell)
-                return functools.partial(_train_call, self.deps.train, cell.task, model_config, train_config,
-                                         progress, distilled is not None, cell.warm_start is not None)
+                return _TrainCall(self.deps.train, self.deps.prepare, self.spec, cell.task, model_config, train_config,
+                                  progress, {**self.spec.distill.kwargs(), "seed": cell.seed} if distilled else None,
+                                  cell.warm_start is not None)
 
             def done(path, results, cell=cell, distilled=distilled) -> None:
                 self.checkpoints[cell] = Path(path)
@@ -359,19 +390,37 @@ class Runner:
         """Warm up and time the systems interleaved on ``data`` once (each in its own worker process
         unless the spec says ``isolate = false``), with the solo check's rounds, then score and save every
         target."""
+        return self.save(self.measure(systems, data, targets, self._stored_for(systems, data, targets)))
+
+    def measure(self, systems: list[tuple[System, Path]], data: TestData, targets: list[Target],
+                stored: dict[str, dict[str, tuple]]) -> "Measured":
+        """Time and score (writing nothing): every target's rows and samples, where each system ran and
+        which other narbench processes competed. ``stored``: per test set, the baselines timed earlier
+        (``_stored_for``)."""
         timed = self._time(systems, data)
         target_lang = self.deps.target_lang(data.task)
         rows, samples = [], []
         for target in targets:
             chosen = [(s, ckpt) for s, ckpt in systems if s.name in target.systems]
-            stored = self._stored_baselines(target.name, data,
-                                            {s.baseline for s, _ in chosen} - set(timed.m.systems))
             for system, ckpt in chosen:
-                rows.append(self._row(system, ckpt, target, data, timed, stored, target_lang))
+                rows.append(self._row(system, ckpt, target, data, timed, stored.get(target.name, {}), target_lang))
                 samples.extend(_samples(system.name, target, data, timed.m))
+        return Measured(rows, samples, timed.where, timed.seen, self.env)
+
+    def save(self, measured: "Measured") -> list[Row]:
+        """Record where the systems ran and who competed (env.json), and save the rows and samples."""
+        self._record_workers(measured.where)
+        self._record_concurrent(measured.seen)
         if self.store is not None:
-            self.store.save_cells(rows, samples)
-        return rows
+            self.store.save_cells(measured.rows, measured.samples)
+        return measured.rows
+
+    def _stored_for(self, systems: list[tuple[System, Path]], data: TestData,
+                    targets: list[Target]) -> dict[str, dict[str, tuple]]:
+        """Per test set, the baselines of its systems that are not timed now (finished in an earlier session)."""
+        timed = {s.name for s, _ in systems}
+        return {t.name: self._stored_baselines(t.name, data, {s.baseline for s, _ in systems
+                                                              if s.name in t.systems} - timed) for t in targets}
 
     def _time(self, systems: list[tuple[System, Path]], data: TestData) -> "_Timed":
         """Start, warm up and time the systems (one schedule, with the solo check); their costs and where
@@ -402,9 +451,7 @@ class Runner:
                 seen += lock.others()
         finally:
             bar.close()
-        self._record_workers(where)
-        self._record_concurrent(seen)
-        return _Timed(m, compile_s, costs, where, truncated)
+        return _Timed(m, compile_s, costs, where, truncated, seen)
 
     def _row(self, system: System, ckpt: Path, target: "Target", data: TestData, timed: "_Timed",
              stored: dict[str, tuple], target_lang: str) -> Row:
@@ -529,20 +576,56 @@ class Runner:
         return out
 
 
-def _train_call(train: Callable[..., Path], task: str, model_config: Any, train_config: Any, progress: bool,
-                distilled: bool, warm: bool, *needs: Any) -> Path:
-    """A training job's call: ``needs`` are its distillation's (task, record), then its warm-start checkpoint."""
-    needs_left = list(needs)
-    if distilled:
-        task = needs_left.pop(0)[0]
-    init_from = needs_left.pop(0) if warm else None
-    return Path(train(task, model_config, train_config, progress=progress, init_from=init_from))
+def _measure_call(spec: SuiteSpec, deps: Deps, seeds: dict, platform: str | None, score: bool, trained: dict,
+                  timed_env: dict | None, systems: list[tuple[System, Path]], data: TestData, targets: list[Target],
+                  stored: dict) -> "Measured":
+    """An evaluation group timed on a cluster's timing host: this machine's environment (its CPU must be
+    the one the run has timed on), then ``Runner.measure``."""
+    from bench.measure import env as benv
+    from bench.measure.timing import resolve_platform
+    from narbench_core.paths import enable_compilation_cache
+
+    enable_compilation_cache()
+    deps.prepare(spec, [])                               # the suite's own-data tasks (their target language)
+    platform = resolve_platform(platform)
+    env = benv.capture(seeds=seeds, platform=platform)
+    benv.check_same_cpu(timed_env or {}, env, timed=timed_env is not None)
+    runner = Runner(spec, deps, None, env, platform, None, score, progress=False, trained=dict(trained))
+    return runner.measure(systems, data, targets, stored)
 
 
-def _distill_call(distill: Callable[..., tuple[str, dict]], task: str, kwargs: dict, seed: int, progress: bool,
-                  teacher_dir: Path) -> tuple[str, dict]:
-    """A distillation job's call: the teacher's outputs on ``task``'s training sources, as a new task."""
-    return distill(teacher_dir, task, **kwargs, seed=seed, progress=progress)
+@dataclass(frozen=True)
+class _TrainCall:
+    """A training job's call (it pickles: Ray runs it in a worker). Its needs: the distillation job's
+    result if ``distill`` is set (the distillation's settings), then the warm-start checkpoint if ``warm``."""
+
+    train: Callable[..., Path]
+    prepare: Callable[[SuiteSpec, list], None]
+    spec: SuiteSpec
+    task: str                                # the spec's task (its distilled one comes from the need)
+    model_config: Any
+    train_config: Any
+    progress: bool
+    distill: dict | None
+    warm: bool
+
+    def __call__(self, *needs: Any) -> Path:
+        needs_left, task, distilled = list(needs), self.task, []
+        if self.distill is not None:
+            task, _, teacher_dir = needs_left.pop(0)
+            distilled = [(teacher_dir, self.task, self.distill)]
+        self.prepare(self.spec, distilled)              # the tasks it trains on, known in this process
+        init_from = needs_left.pop(0) if self.warm else None
+        return Path(self.train(task, self.model_config, self.train_config, progress=self.progress, init_from=init_from))
+
+
+def _distill_call(distill: Callable[..., tuple[str, dict]], prepare: Callable[[SuiteSpec, list], None],
+                  spec: SuiteSpec, task: str, kwargs: dict, progress: bool, teacher_dir: Path) -> tuple[str, dict, Path]:
+    """A distillation job's call: the teacher's outputs on ``task``'s training sources, as a new task;
+    returns (that task, the distillation's record, the teacher's checkpoint)."""
+    prepare(spec, [])
+    distilled, record = distill(teacher_dir, task, **kwargs, progress=progress)
+    return distilled, record, teacher_dir
 
 
 @dataclass(frozen=True)
@@ -553,6 +636,18 @@ class _Timed:
     costs: dict[str, dict]                   # system -> cost-model columns
     where: dict[str, dict]                   # system -> its process: threads, env, peak RSS, isolated
     truncated: dict[str, int | None]         # system -> test sources it cut to its maximum source length
+    seen: list                               # other narbench processes busy on this machine meanwhile
+
+
+@dataclass(frozen=True)
+class Measured:
+    """What timing and scoring one group of systems gave, before anything is saved (it may come from the
+    timing host of a Ray cluster)."""
+    rows: list[Row]
+    samples: list[dict]
+    where: dict[str, dict]                   # system -> its process (env.json's workers)
+    seen: list                               # other narbench processes busy on the timing machine meanwhile
+    env: dict                                # the timing machine's environment
 
 
 def _samples(system: str, target: "Target", data: TestData, m: Any) -> list[dict]:

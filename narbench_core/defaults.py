@@ -61,6 +61,7 @@ EXECUTOR = "local"             # local: every training in this process; ray: on 
 RAY_MAX_RETRIES = 3            # a Ray job is run again this many times when its worker or node is lost
 RAY_CPUS_PER_JOB = 1           # the CPUs Ray reserves for one training or distillation job
 RAY_OBJECT_STORE_BYTES = 200 * 2**20   # a local Ray instance's object store: jobs pass paths and records only
+RAY_TIMING_RESOURCE = "narbench_timing"  # a Ray node offering this custom resource times the suite's systems
 
 # -- significance (sacrebleu's paired tests of BLEU against the baseline, bench.measure.quality) --------
 AR_TRIALS = 10_000             # approximate randomization trials (sacrebleu's default; the paired bootstrap's

@@ -210,15 +210,18 @@ def cmd_run(args) -> int:
         print(f"narbench: {'resuming' if resumed else 'starting'} {spec.name} in {run.path}", file=sys.stderr)
         env = {**benv.capture(seeds=_seeds(spec), platform=platform),
                **{k: v for k, v in run.env().items() if k == benv.CONCURRENT}}
-        benv.check_same_cpu(run.env(), env, timed=bool(run.rows()))
-        run.write_env(env)
+        timed_env = run.env() if run.rows() else None      # it has timed cells: it must time on their CPU
+        if executor_name == "local":                        # this machine will time: refuse before training
+            benv.check_same_cpu(timed_env or {}, env, timed=timed_env is not None)
+        if timed_env is None:
+            run.write_env(env)
         start = time.perf_counter()
         options = {"address": args.address, "run_id": run.run_id, "logs_to": run.path / store.LOGS} \
             if executor_name == "ray" else {}
         executor = executors.make(executor_name, **options)
         deps = runner.real_deps(retrain_damaged=not args.refuse_damaged, wait_for_lease=executor_name == "ray")
         suite = runner.Runner(spec, deps, run, env, platform, load_scorer(args.bleurt_checkpoint),
-                              progress=not args.no_progress, executor=executor)
+                              progress=not args.no_progress, executor=executor, timed_env=timed_env)
         suite.run()
         run.update_info(last_session_s=round(time.perf_counter() - start, 1))
         return _finish(run.path, lambda: store.finish_run(run))   # finished only once its report is written

@@ -8,11 +8,11 @@ from __future__ import annotations
 from typing import Any
 
 from bench.executors.base import (DONE, EXECUTORS, FAILED, PENDING, RUNNING, Board, CellState, Executor, Job,
-                                  check_order, first_line, this_host)
+                                  TimingHost, check_order, first_line, this_host)
 from narbench_core.errors import UserError
 
 __all__ = ["DONE", "EXECUTORS", "FAILED", "PENDING", "RUNNING", "Board", "CellState", "Executor", "Job",
-           "check_order", "first_line", "make", "this_host"]
+           "TimingHost", "check_order", "first_line", "make", "this_host"]
 
 
 def make(name: str, **options: Any) -> Executor:

@@ -113,6 +113,17 @@ class Board:
         self.on_change(self.summary())
 
 
+@dataclass
+class TimingHost:
+    """Where the runner times and scores: this process (``remote=False``), or a cluster node that
+    ``run(key, call)`` sends each evaluation group's call to."""
+
+    name: str                                         # the host's name (cells.json)
+    info: dict                                        # env.json's ``executor``
+    remote: bool = False
+    run: Callable[[str, Callable], Any] | None = None
+
+
 class Executor(Protocol):
     name: str
     shows_progress: bool          # whether a job's own progress bars reach the user (jobs run in this process)
@@ -121,9 +132,9 @@ class Executor(Protocol):
         """Run ``jobs`` (in dependency order); returns every job's result by key. A job that fails raises
         (a ``UserError`` with its one line); the jobs done before stay done."""
 
-    def quiet_host(self) -> "contextlib.AbstractContextManager[dict]":
-        """A context in which this machine runs nothing of the executor's (the runner times in it); it
-        yields what ``env.json`` records as ``executor``."""
+    def quiet_host(self) -> "contextlib.AbstractContextManager[TimingHost]":
+        """The context the runner times in, on a host where nothing of the executor's runs meanwhile; it
+        yields that ``TimingHost``."""
 
 
 def this_host() -> str:

@@ -5,7 +5,7 @@ import contextlib
 import time
 from typing import Any, Iterator
 
-from bench.executors.base import DONE, FAILED, RUNNING, Board, Job, check_order, first_line, this_host
+from bench.executors.base import DONE, FAILED, RUNNING, Board, Job, TimingHost, check_order, first_line, this_host
 
 
 class LocalExecutor:
@@ -13,9 +13,9 @@ class LocalExecutor:
     shows_progress = True            # jobs run here: their own progress bars are the user's
 
     @contextlib.contextmanager
-    def quiet_host(self) -> Iterator[dict]:
-        """Nothing to stop: every job ran in this process and is done. Yields what env.json records."""
-        yield {"executor": self.name}
+    def quiet_host(self) -> Iterator[TimingHost]:
+        """This process: nothing to stop, every job ran here and is done."""
+        yield TimingHost(this_host(), {"executor": self.name})
 
     def run(self, jobs: list[Job], board: Board) -> dict[str, Any]:
         check_order(jobs)

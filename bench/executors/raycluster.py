@@ -12,9 +12,10 @@
   under the data root (checkpoints, distillations, and their logs under ``ray/logs/<run id>/``); the
   driver copies each job's logs into the run folder (``<run>/logs/<job>.<attempt>.log``) and writes
   everything else there.
-- Timing stays on the driver's machine: before the runner times, ``quiet_host`` stops the Ray instance
-  this driver started, or, on a cluster, keeps a placeholder actor holding every CPU of the driver's
-  node, so no training task is scheduled there while it times.
+- Timing stays on one machine (``quiet_host``): the driver's, once the Ray instance it started is
+  stopped; on a cluster, a node offering the ``narbench_timing`` resource if there is one (each
+  evaluation group is a Ray task there; its CPU must be the one the run has timed on), else the driver's
+  node. A placeholder actor holds every CPU of that node while it times, so no training lands there.
 """
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from bench.executors.base import DONE, FAILED, RUNNING, Board, Job, check_order, first_line, this_host
+from bench.executors.base import DONE, FAILED, RUNNING, Board, Job, TimingHost, check_order, first_line, this_host
 from narbench_core import defaults
 from narbench_core.errors import UserError
 
@@ -147,14 +148,16 @@ class RayExecutor:
     num_cpus: int | None = None                       # a local instance's CPUs (default: this machine's)
     poll_s: float = 1.0
     init_options: dict = field(default_factory=dict)  # more ray.init keywords (tests)
-    _started: bool = False
+    _started: bool = False                            # this driver started the Ray instance
+    _session: "_Session | None" = None
 
     # ---------------------------------------------------------------------------------- connection
 
-    def _connect(self) -> None:
+    def _connect(self) -> "_Session":
+        """Join (or start) Ray, write the data root's marker: what every job of this driver gets."""
+        if self._session is not None:
+            return self._session
         ray = _import_ray()
-        if ray.is_initialized():
-            return
         options: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False, "namespace": "narbench",
                                    **self.init_options}
         if self.address is None:
@@ -169,11 +172,36 @@ class RayExecutor:
         self._started = self.address is None
         print(f"narbench: Ray {'started on this machine' if self._started else f'cluster {self.address} joined'} "
               f"in {time.perf_counter() - start:.1f} s ({_describe(ray)})", file=sys.stderr)
+        from narbench_core.io import write_text
+        from narbench_core.paths import subdir
+
+        token = uuid.uuid4().hex
+        marker = subdir(RAY_DIR) / f"{MARKER_PREFIX}{token}"
+        write_text(marker, token + "\n")
+        env = {k: v for k, v in os.environ.items() if k.startswith(PASS_ENV)}
+        env["NARBENCH_DATA"] = str(marker.parents[1].absolute())
+        self._session = _Session(token, marker, env, subdir(RAY_DIR) / "logs" / self.run_id)
+        return self._session
 
     def shutdown(self) -> None:
+        """Leave Ray (stopping it if this driver started it) and remove the marker."""
+        if self._session is not None:
+            with contextlib.suppress(OSError):
+                self._session.marker.unlink()
+            self._session = None
         ray = sys.modules.get("ray")
         if ray is not None and ray.is_initialized():
             ray.shutdown()
+
+    def _task(self, **options: Any):
+        ray = _import_ray()
+        return ray.remote(max_calls=1)(run_job).options(max_retries=self.max_retries, retry_exceptions=False,
+                                                        num_returns=2, **options)
+
+    def _submit(self, task, key: str, call: Callable, needs: list) -> tuple[Any, Any]:
+        ray = _import_ray()
+        s = self._connect()
+        return task.remote(s.token, s.env, str(s.log_dir), key, ray.cloudpickle.dumps(call), *needs)
 
     # ----------------------------------------------------------------------------------------- run
 
@@ -182,20 +210,9 @@ class RayExecutor:
         board.add(jobs)
         if not jobs:
             return {}
-        self._connect()
+        session = self._connect()
         ray = _import_ray()
-        from narbench_core.paths import subdir
-
-        token = uuid.uuid4().hex
-        marker = subdir(RAY_DIR) / f"{MARKER_PREFIX}{token}"
-        from narbench_core.io import write_text
-
-        write_text(marker, token + "\n")
-        log_dir = subdir(RAY_DIR) / "logs" / self.run_id
-        env = {k: v for k, v in os.environ.items() if k.startswith(PASS_ENV)}
-        env["NARBENCH_DATA"] = str(marker.parents[1].absolute())
-        task = ray.remote(max_calls=1)(run_job).options(num_cpus=self.cpus_per_job, max_retries=self.max_retries,
-                                                        retry_exceptions=False, num_returns=2)
+        task = self._task(num_cpus=self.cpus_per_job)
         results: dict[str, Any] = {}
         refs: dict[str, Any] = {}               # job key -> object ref of its result (what its dependents get)
         inflight: dict[Any, Job] = {}           # object ref of (where it ran) -> job
@@ -203,29 +220,27 @@ class RayExecutor:
         try:
             while waiting or inflight:
                 for job in [j for j in waiting if all(k in results for k in j.after) and all(k in refs for k in j.needs)]:
-                    call = job.build(results)
-                    result_ref, where_ref = task.remote(token, env, str(log_dir), job.key, ray.cloudpickle.dumps(call),
-                                                        *(refs[k] for k in job.needs))
-                    refs[job.key] = result_ref
+                    refs[job.key], where_ref = self._submit(task, job.key, job.build(results),
+                                                            [refs[k] for k in job.needs])
                     inflight[where_ref] = job
                     waiting.remove(job)
                 if not inflight:
                     raise RuntimeError(f"jobs {[j.key for j in waiting]} wait for jobs that never run")
                 ready, _ = ray.wait(list(inflight), num_returns=1, timeout=self.poll_s)
-                self._show_running(board, log_dir, inflight.values())
+                self._show_running(board, session.log_dir, inflight.values())
                 for where_ref in ready:
                     job = inflight.pop(where_ref)
                     try:
                         where = ray.get(where_ref)
                         result = ray.get(refs[job.key])
                     except Exception as err:         # noqa: BLE001 - every failure becomes one line
-                        self._collect_logs(log_dir, job)
-                        message = self._failure(job, err, log_dir)
+                        self._collect_logs(job.key)
+                        message = self._failure(job.key, err)
                         board.set(job.key, FAILED, error=message)
                         raise UserError(message) from None
                     results[job.key] = result
                     job.done(result, results)
-                    self._collect_logs(log_dir, job)
+                    self._collect_logs(job.key)
                     board.set(job.key, DONE, host=where["host"], attempt=where["attempt"], seconds=where["seconds"])
         except BaseException:
             for ref in inflight:
@@ -233,9 +248,6 @@ class RayExecutor:
                     ray.cancel(refs[inflight[ref].key], force=True)
             self.shutdown()
             raise
-        finally:
-            with contextlib.suppress(OSError):
-                marker.unlink()
         return results
 
     def _show_running(self, board: Board, log_dir: Path, jobs) -> None:
@@ -246,53 +258,100 @@ class RayExecutor:
             if head and (cell.state, cell.host, cell.attempt) != (RUNNING, head["host"], head["attempt"]):
                 board.set(job.key, RUNNING, host=head["host"], attempt=head["attempt"])
 
-    def _collect_logs(self, log_dir: Path, job: Job) -> None:
+    def _collect_logs(self, key: str) -> None:
         """Copy the job's attempts' logs into the run folder's logs/ (the driver writes the run folder)."""
-        if self.logs_to is None:
+        if self.logs_to is None or self._session is None:
             return
         self.logs_to.mkdir(parents=True, exist_ok=True)
-        for log in sorted(log_dir.glob(f"{slug(job.key)}.*.log")):
+        for log in sorted(self._session.log_dir.glob(f"{slug(key)}.*.log")):
             shutil.copyfile(log, self.logs_to / log.name)
 
-    def _failure(self, job: Job, err: BaseException, log_dir: Path) -> str:
+    def _failure(self, key: str, err: BaseException) -> str:
         """The one line a failed job gives: its own ``UserError``'s message, or what Ray says was lost."""
         ray = _import_ray()
         cause = getattr(err, "cause", None) if isinstance(err, ray.exceptions.RayTaskError) else None
         if isinstance(cause, UserError):
-            return f"{job.key}: {cause}"
-        logs = f"{self.logs_to or log_dir}/{slug(job.key)}.<attempt>.log"
+            return f"{key}: {cause}"
+        logs = f"{self.logs_to or (self._session.log_dir if self._session else RAY_DIR)}/{slug(key)}.<attempt>.log"
         if cause is not None:
-            return f"{job.key} failed: {type(cause).__name__}: {first_line(cause)} (traceback in {logs})"
-        return (f"{job.key} failed after {self.max_retries + 1} attempt(s): {type(err).__name__}: {first_line(err)} "
+            return f"{key} failed: {type(cause).__name__}: {first_line(cause)} (traceback in {logs})"
+        return (f"{key} failed after {self.max_retries + 1} attempt(s): {type(err).__name__}: {first_line(err)} "
                 f"(logs: {logs}); re-run the same command to resume, finished cells are kept")
 
     # -------------------------------------------------------------------------------------- timing
 
     @contextlib.contextmanager
-    def quiet_host(self) -> Iterator[dict]:
-        """While the runner times: no Ray on this machine if this driver started it; on a cluster, every CPU
-        of the driver's node held by a placeholder actor (it waits for the node's running tasks to end).
-        Yields what env.json records of it."""
+    def quiet_host(self) -> Iterator[TimingHost]:
+        """Where the runner times, with no training there meanwhile:
+        - Ray started by this driver: stopped; the driver times.
+        - a cluster with a node offering the ``narbench_timing`` resource: that node times (each evaluation
+          group a Ray task there), every CPU it offers held by a placeholder actor meanwhile;
+        - another cluster: the driver times, every CPU of its own node held by a placeholder meanwhile."""
+        if self.address is not None:
+            self._connect()                 # (nothing to train: it has not joined yet) its timing node, if any
         ray = sys.modules.get("ray")
         if ray is None or not ray.is_initialized() or self._started:
             self.shutdown()
-            yield {"executor": self.name, "ray_during_timing": "stopped"}
+            yield TimingHost(this_host(), {"executor": self.name, "ray_during_timing": "stopped"})
             return
-        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-        node = ray.get_runtime_context().get_node_id()
-        cpus = next((n["Resources"].get("CPU", 0) for n in ray.nodes() if n["NodeID"] == node and n["Alive"]), 0)
-        holder = None
-        if cpus:
-            holder = ray.remote(_Placeholder).options(num_cpus=cpus, scheduling_strategy=NodeAffinitySchedulingStrategy(
-                node, soft=False)).remote()
-            ray.get(holder.ready.remote())
+        alive = [n for n in ray.nodes() if n["Alive"]]
+        timing = [n for n in alive if n["Resources"].get(defaults.RAY_TIMING_RESOURCE)]
+        node = timing[0] if timing else next((n for n in alive
+                                              if n["NodeID"] == ray.get_runtime_context().get_node_id()), None)
+        holder = self._hold_cpus(ray, node) if node is not None else None
         try:
-            yield {"executor": self.name, "ray_during_timing": f"connected; {cpus:g} CPUs of this node held"}
+            cpus = node["Resources"].get("CPU", 0) if node else 0
+            if timing:
+                info = {"executor": self.name, "timing_node": node["NodeID"], "timing_host": node["NodeManagerHostname"],
+                        "ray_during_timing": f"{defaults.RAY_TIMING_RESOURCE} node; its {cpus:g} CPUs held"}
+                task = self._task(num_cpus=0, resources={defaults.RAY_TIMING_RESOURCE: 1},
+                                  scheduling_strategy=_on_node(node["NodeID"]))
+                yield TimingHost(node["NodeManagerHostname"], info, remote=True,
+                                 run=lambda key, call: self._run_there(task, key, call))
+            else:
+                yield TimingHost(this_host(), {"executor": self.name,
+                                               "ray_during_timing": f"connected; this node's {cpus:g} CPUs held"})
         finally:
             if holder is not None:
-                ray.kill(holder)
+                with contextlib.suppress(Exception):
+                    ray.kill(holder)
             self.shutdown()
+
+    def _hold_cpus(self, ray, node: dict):
+        """A placeholder actor holding every CPU ``node`` offers (waits for the tasks running there), or None."""
+        cpus = node["Resources"].get("CPU", 0)
+        if not cpus:
+            return None
+        holder = ray.remote(_Placeholder).options(num_cpus=cpus, scheduling_strategy=_on_node(node["NodeID"])).remote()
+        ray.get(holder.ready.remote())
+        return holder
+
+    def _run_there(self, task, key: str, call: Callable) -> Any:
+        """Run ``call`` as a job on the timing node; its result (a failure: one ``UserError`` line)."""
+        ray = _import_ray()
+        result_ref, where_ref = self._submit(task, key, call, [])
+        try:
+            ray.get(where_ref)
+            return ray.get(result_ref)
+        except Exception as err:                      # noqa: BLE001 - every failure becomes one line
+            raise UserError(self._failure(key, err)) from None
+        finally:
+            self._collect_logs(key)
+
+
+@dataclass
+class _Session:
+    """What every job of one connected driver gets: the marker's token and file, the settings, the log folder."""
+    token: str
+    marker: Path
+    env: dict[str, str]
+    log_dir: Path
+
+
+def _on_node(node_id: str):
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    return NodeAffinitySchedulingStrategy(node_id, soft=False)
 
 
 def _newest_log_head(log_dir: Path, name: str) -> dict | None:
@@ -309,7 +368,8 @@ def _newest_log_head(log_dir: Path, name: str) -> dict | None:
 def _describe(ray) -> str:
     nodes = [n for n in ray.nodes() if n.get("Alive")]
     cpus = sum(n["Resources"].get("CPU", 0) for n in nodes)
-    return f"{len(nodes)} node(s), {cpus:g} CPUs"
+    timing = sum(1 for n in nodes if n["Resources"].get(defaults.RAY_TIMING_RESOURCE))
+    return f"{len(nodes)} node(s), {cpus:g} CPUs" + (f", {timing} timing node(s)" if timing else "")
 
 
 class _Placeholder:

@@ -73,7 +73,7 @@ def parse_suite(data: dict, source: str = "<spec>", base_dir=None):
     ``base_dir``, default the working directory); the suite's own data tasks are registered."""
     from suites.spec import parse_spec
 
-    return _register_file_tasks(parse_spec(data, source, {f.name: f for f in all_families()}, base_dir=base_dir))
+    return register_file_tasks(parse_spec(data, source, {f.name: f for f in all_families()}, base_dir=base_dir))
 
 
 def load_suite(name_or_path):
@@ -81,11 +81,12 @@ def load_suite(name_or_path):
     are registered."""
     from suites.spec import load_spec
 
-    return _register_file_tasks(load_spec(name_or_path, {f.name: f for f in all_families()}))
+    return register_file_tasks(load_spec(name_or_path, {f.name: f for f in all_families()}))
 
 
-def _register_file_tasks(spec):
-    """Register each ``[[tasks]]`` on the suite's own files as a seqio Task (built-ins already are)."""
+def register_file_tasks(spec):
+    """Register each ``[[tasks]]`` on the suite's own files as a seqio Task (built-ins already are), in this
+    process; returns ``spec``."""
     from suites import tasks
 
     for task in spec.tasks:

@@ -17,6 +17,7 @@ import pytest
 import ray
 from ray.cluster_utils import Cluster
 
+import grid_fakes
 import ray_fakes
 from bench import executors, store as st
 from bench.executors.raycluster import RayExecutor
@@ -30,6 +31,7 @@ OBJECT_STORE = 80 * 2**20
 RAY_NOTES: list[str] = []           # printed by tests/conftest.py's pytest_terminal_summary
 
 ray.cloudpickle.register_pickle_by_value(ray_fakes)
+ray.cloudpickle.register_pickle_by_value(grid_fakes)     # fake decoders go to a timing node with the deps
 
 
 def _ray_rss_mb() -> float:
@@ -191,6 +193,29 @@ def test_a_lost_node_is_retried_elsewhere(cluster, root, tmp_path, monkeypatch):
     assert len(keys) == len(set(keys)) == 3
     logs = sorted(p.name for p in (run.path / st.LOGS).iterdir())
     assert any(name.endswith(".2.log") for name in logs)           # each attempt's log reached the run folder
+
+
+def test_a_timing_node_times_every_system_and_trains_nothing(cluster, root, tmp_path):
+    from bench.verify import verify_run
+
+    node = cluster.add_node(num_cpus=0, resources={"narbench_timing": 1}, object_store_memory=OBJECT_STORE)
+    cluster.wait_for_nodes()
+    spec = _spec(tmp_path)
+    run = st.open_run(tmp_path / "results", spec.name, spec.spec_hash(), spec.to_toml(), "narbench run")[0]
+    try:
+        executor = _executor(cluster, run_id=run.run_id, logs_to=run.path / st.LOGS)
+        Runner(spec, ray_fakes.deps(), run, progress=False, executor=executor).run()
+    finally:
+        run.release()
+        cluster.remove_node(node)
+    env = json.loads((run.path / st.ENV).read_text())
+    assert env["executor"]["timing_node"] == node.node_id and env["cpu_signature"]
+    assert node.node_id not in {e["node"] for e in ray_fakes.events(root, "start")}   # it trained nothing
+    board = {c["cell"]: c for c in json.loads((run.path / st.CELLS).read_text())["cells"]}
+    assert board["time+score fake_task:test"]["state"] == "done"
+    timing_log = next((run.path / st.LOGS).glob("time-score-fake_task-test-*.1.log"))
+    assert json.loads(timing_log.read_text().splitlines()[0])["pid"] != os.getpid()     # timed in a Ray worker
+    assert len(run.rows()) == 3 and verify_run(run.path) == []
 
 
 def _driver(cluster, out: Path, spec_path: Path) -> subprocess.Popen:
