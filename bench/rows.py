@@ -336,6 +336,10 @@ class Row(Mapping[str, Any]):
     def __setattr__(self, name, value):
         raise AttributeError("rows are immutable")
 
+    def __reduce__(self):
+        """Pickled as its values (a Ray timing node sends its rows to the driver)."""
+        return _restore_row, (dict(self._values),)
+
     def __getitem__(self, name: str) -> Any:
         return self._values[name]
 
@@ -351,6 +355,12 @@ class Row(Mapping[str, Any]):
     @property
     def key(self) -> tuple[str, str]:
         return self.system, self.test_set
+
+
+def _restore_row(values: dict[str, Any]) -> Row:
+    row = Row.__new__(Row)
+    object.__setattr__(row, "_values", values)
+    return row
 
 
 # ------------------------------------------------------------------------------------------ figures

@@ -158,10 +158,20 @@ def _stable(rows) -> list[dict]:
     return sorted(({k: r.get(k) for k in STABLE} for r in rows), key=lambda r: (r["system"], r["test_set"]))
 
 
-def test_a_lost_node_is_retried_elsewhere(cluster, root, tmp_path, monkeypatch):
-    monkeypatch.setenv(ray_fakes.SLEEP_ENV, "4")
+def _run_through(cluster, tmp_path) -> st.RunStore:
+    """The fake suite run by the Ray executor on the test cluster; its run folder, released."""
     spec = _spec(tmp_path)
     run = st.open_run(tmp_path / "results", spec.name, spec.spec_hash(), spec.to_toml(), "narbench run")[0]
+    try:
+        executor = _executor(cluster, run_id=run.run_id, logs_to=run.path / st.LOGS)
+        Runner(spec, ray_fakes.deps(), run, progress=False, executor=executor).run()
+    finally:
+        run.release()
+    return run
+
+
+def test_a_lost_node_is_retried_elsewhere(cluster, root, tmp_path, monkeypatch):
+    monkeypatch.setenv(ray_fakes.SLEEP_ENV, "4")
     removed = []
 
     def remove_a_busy_node():                      # the first node a training starts on goes away
@@ -176,10 +186,8 @@ def test_a_lost_node_is_retried_elsewhere(cluster, root, tmp_path, monkeypatch):
     killer = threading.Thread(target=remove_a_busy_node, daemon=True)
     killer.start()
     try:
-        executor = _executor(cluster, run_id=run.run_id, logs_to=run.path / st.LOGS)
-        Runner(spec, ray_fakes.deps(), run, progress=False, executor=executor).run()
+        run = _run_through(cluster, tmp_path)
     finally:
-        run.release()
         removed.append(None)
         cluster.add_node(num_cpus=1, object_store_memory=OBJECT_STORE)    # back to two nodes for the next tests
         cluster.wait_for_nodes()
@@ -196,17 +204,11 @@ def test_a_lost_node_is_retried_elsewhere(cluster, root, tmp_path, monkeypatch):
 
 
 def test_a_timing_node_times_every_system_and_trains_nothing(cluster, root, tmp_path):
-    from bench.verify import verify_run
-
     node = cluster.add_node(num_cpus=0, resources={"narbench_timing": 1}, object_store_memory=OBJECT_STORE)
     cluster.wait_for_nodes()
-    spec = _spec(tmp_path)
-    run = st.open_run(tmp_path / "results", spec.name, spec.spec_hash(), spec.to_toml(), "narbench run")[0]
     try:
-        executor = _executor(cluster, run_id=run.run_id, logs_to=run.path / st.LOGS)
-        Runner(spec, ray_fakes.deps(), run, progress=False, executor=executor).run()
+        run = _run_through(cluster, tmp_path)
     finally:
-        run.release()
         cluster.remove_node(node)
     env = json.loads((run.path / st.ENV).read_text())
     assert env["executor"]["timing_node"] == node.node_id and env["cpu_signature"]
@@ -215,7 +217,8 @@ def test_a_timing_node_times_every_system_and_trains_nothing(cluster, root, tmp_
     assert board["time+score fake_task:test"]["state"] == "done"
     timing_log = next((run.path / st.LOGS).glob("time-score-fake_task-test-*.1.log"))
     assert json.loads(timing_log.read_text().splitlines()[0])["pid"] != os.getpid()     # timed in a Ray worker
-    assert len(run.rows()) == 3 and verify_run(run.path) == []
+    assert sorted(r.system for r in run.rows()) == ["ar-greedy", "padir-s2-u0.15", "padir-s2-u0.15-distill"]
+    assert len(run.samples()) == 3 * 8 and all(s["hypothesis"] for s in run.samples())
 
 
 def _driver(cluster, out: Path, spec_path: Path) -> subprocess.Popen:
@@ -254,35 +257,42 @@ def test_a_killed_driver_resumes_without_retraining(cluster, tmp_path, monkeypat
     assert _stable(st.RunStore(runs[0]).rows()) == _stable(whole.rows())
 
 
-SHARED = ("corpora", "vocab", "tokens", "jax_cache", "machine", "files")   # data, not trained models
-
-
 @pytest.mark.slow
-def test_the_smoke_suite_through_ray_matches_the_local_executor(cluster, smoke_run, tmp_path, monkeypatch):
-    """The real trainer and distiller in Ray workers: the same checkpoints (hashes) and, on this machine, the
-    same hypotheses as the local executor's run (``smoke_run``), and every figure verifies."""
+def test_the_smoke_suite_through_ray_matches_the_local_executor(cluster, smoke_run, tmp_path):
+    """The real trainer and distiller in Ray workers: the same checkpoints (hashes) as the local executor's
+    run (``smoke_run``), trained again (the local run's checkpoints and distillation are moved aside first)
+    and, on this machine, the same hypotheses; every figure verifies."""
+    import shutil
+
     from bench.cli import main
-    from narbench_core.paths import data_root
+    from narbench_core.paths import data_root, resolve
 
     code, err, local_out = smoke_run
     assert code == 0, err
-    root = tmp_path / "data"                   # the session's data and compiled programs, no checkpoint
-    root.mkdir()
-    for name in SHARED:
-        if (data_root() / name).exists():
-            (root / name).symlink_to(data_root() / name)
-    monkeypatch.setenv("NARBENCH_DATA", str(root))
-    start = time.perf_counter()
-    assert main(["run", "--suite", "smoke", "--out", str(tmp_path / "results"), "--no-progress",
-                 "--executor", "ray", "--address", cluster.address]) == 0
-    RAY_NOTES.append(f"the smoke suite through the Ray executor: {time.perf_counter() - start:.0f} s")
-    local, remote = (st.RunStore(st.resolve_run_dir(out / "smoke")) for out in (local_out, tmp_path / "results"))
+    local = st.RunStore(st.resolve_run_dir(local_out / "smoke"))
+    trained = sorted({resolve(r.checkpoint) for r in local.rows()})
+    distilled = sorted((data_root() / "distill").glob("synthetic_d0-*"))
+    aside = {path: tmp_path / "aside" / path.parent.name / path.name for path in [*trained, *distilled]}
+    for path, to in aside.items():
+        to.parent.mkdir(parents=True, exist_ok=True)
+        shutil.move(path, to)
+    try:
+        start = time.perf_counter()
+        assert main(["run", "--suite", "smoke", "--out", str(tmp_path / "results"), "--no-progress",
+                     "--executor", "ray", "--address", cluster.address]) == 0
+        RAY_NOTES.append(f"the smoke suite through the Ray executor: {time.perf_counter() - start:.0f} s")
+    finally:
+        for path, to in aside.items():
+            if not path.exists():
+                shutil.move(to, path)
+    remote = st.RunStore(st.resolve_run_dir(tmp_path / "results" / "smoke"))
     assert sorted((r.system, r.checkpoint) for r in remote.rows()) == sorted((r.system, r.checkpoint)
                                                                              for r in local.rows())
-    assert {c.name for c in (root / "checkpoints").iterdir()} >= {r.checkpoint.split("/")[-1] for r in remote.rows()}
+    assert all((path / "narbench.json").is_file() for path in trained)      # trained again, by the workers
     hyps = lambda run: sorted((s["system"], s["test_set"], s["index"], s["hypothesis"]) for s in run.samples())
     assert hyps(remote) == hyps(local)
     board = json.loads((remote.path / st.CELLS).read_text())
     assert board["executor"] == "ray" and {c["state"] for c in board["cells"]} == {"done"}
     assert {c["kind"] for c in board["cells"]} == {"train", "distill", "evaluate"}
+    assert len(list((remote.path / st.LOGS).glob("train-*.1.log"))) == len(trained)
     assert json.loads((remote.path / "env.json").read_text())["executor"]["executor"] == "ray"

@@ -263,3 +263,15 @@ def test_own_data_paths_in_the_run_folder_spec_are_relative_to_it(tmp_path):
     assert str(tmp_path) not in text and '"../../../data/train.tsv"' in text
     again = parse_spec(tomllib.loads(text), str(run.path / st.SPEC), sections, base_dir=run.path)
     assert again.spec_hash() == spec.spec_hash() and again.tasks == spec.tasks
+
+
+def test_a_row_pickles_whole(tmp_path):
+    """A Ray timing node sends its rows to the driver pickled: a row (also one read back with columns of
+    its own) comes back equal, still immutable."""
+    import pickle
+
+    row = fake_row("ar-greedy", bleu=12.5)
+    back = pickle.loads(pickle.dumps(row))
+    assert dict(back) == dict(row) and back.bleu == 12.5 and back.key == ("ar-greedy", "t")
+    with pytest.raises(AttributeError):
+        back.bleu = 1.0
