@@ -11,6 +11,7 @@ from pathlib import Path
 # the Bible wheel and vocabularies there between steps).
 os.environ.setdefault("NARBENCH_DATA", os.environ.get("NARBENCH_TEST_DATA", "/tmp/narbench-test-data"))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")     # the Ray executor's tests report nothing to Ray
 
 import pytest  # noqa: E402
 

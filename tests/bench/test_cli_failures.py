@@ -200,7 +200,7 @@ def test_refuse_damaged_reaches_the_suite_trainer(env, capsys, monkeypatch):
     monkeypatch.setattr("bench.runner.real_deps", real_deps)
     assert main(["run", "--suite", str(spec), "--out", str(out), "--no-progress", "--refuse-damaged"]) == 0
     assert main(["latency", "--suite", str(spec), "--no-progress"]) == 0
-    assert seen == [{"retrain_damaged": False}, {"retrain_damaged": True}]
+    assert seen == [{"retrain_damaged": False, "wait_for_lease": False}, {"retrain_damaged": True}]
 
 
 def test_a_reader_that_leaves_early_is_not_an_error(monkeypatch, capsys):
