@@ -113,7 +113,7 @@ def run_job(token: str, env: dict[str, str], log_dir: str, key: str, call: bytes
     where = {"host": this_host(), "pid": os.getpid(), "attempt": attempt}
     start = time.perf_counter()
     with _output_to(log):
-        print(json.dumps({"job": key, **where}), flush=True)      # the first line: `narbench status` reads it
+        print(json.dumps({"job": key, **where}), flush=True)      # the first line: the driver reads where it runs
         try:
             from ray import cloudpickle
 
