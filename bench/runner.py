@@ -217,8 +217,9 @@ class Runner:
 
         board = executors.Board(self.executor.name, save=self.store.save_board if self.store is not None else
                                 (lambda cells: None), on_change=trained)
-        board.add([executors.Job(j.key, j.kind, j.build) for j in jobs])
-        board.add([executors.Job(key, "evaluate", lambda results: None) for key, _ in groups])
+        board.add(jobs)
+        for key, _ in groups:
+            board.add_cell(key, "evaluate")
         rows: list[dict] = []
         try:
             self.executor.run(jobs, board)
@@ -315,11 +316,14 @@ class Runner:
     def _resolution(self, cell: TrainCell) -> dict | None:
         """A ``match`` budget's resolution kept for ``cell`` (``run.json``), if it is still this budget's."""
         budget = self._match_budget(cell)
-        matched = dict(self.store.info.get("matched_budgets", {})) if self.store is not None else self._matched
-        resolved = matched.get(cell.label)
+        resolved = self._matched_budgets().get(cell.label)
         if budget is None or resolved is None or resolved["match"] != budget.match or resolved["cap"] != budget.steps:
             return None
         return resolved
+
+    def _matched_budgets(self) -> dict:
+        """The resolved ``match`` budgets by cell label: ``run.json``'s, or this runner's without a store."""
+        return dict(self.store.info.get("matched_budgets", {})) if self.store is not None else dict(self._matched)
 
     def _unresolved_match(self, cell: TrainCell) -> bool:
         return self._match_budget(cell) is not None and self._resolution(cell) is None
@@ -348,8 +352,7 @@ class Runner:
                                 f"the {have:.3g} of {base.label}; train the baseline longer")
             resolved = {"match": budget.match, "cap": budget.steps, "baseline": float(have), "per_step": per_step,
                         "steps": steps}
-            matched = dict(self.store.info.get("matched_budgets", {})) if self.store is not None else self._matched
-            matched[cell.label] = resolved
+            matched = {**self._matched_budgets(), cell.label: resolved}
             if self.store is not None:
                 self.store.update_info(matched_budgets=matched)
             else:

@@ -10,11 +10,11 @@ import unicodedata
 from pathlib import Path
 
 from bench.cli.checkpoints import REFUSE_DAMAGED_HELP
+from bench.executors.base import EXECUTORS
 from narbench_core import defaults
 from narbench_core.errors import UserError
 from narbench_core.io import read_lines, write_jsonl
 
-EXECUTORS = ("local", "ray")      # bench.executors.EXECUTORS (not imported here: --help stays fast)
 SUITE_HELP = "built-in suite name (smoke, quick, default, anchors, ablation, paper) or a path to a .toml spec"
 
 

@@ -18,8 +18,6 @@ __all__ = ["DONE", "EXECUTORS", "FAILED", "PENDING", "RUNNING", "Board", "CellSt
 def make(name: str, **options: Any) -> Executor:
     """The executor called ``name`` (``EXECUTORS``)."""
     if name == "local":
-        if options.get("address"):
-            raise UserError("--address joins a Ray cluster; add --executor ray")
         from bench.executors.local import LocalExecutor
         return LocalExecutor()
     if name == "ray":

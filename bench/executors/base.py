@@ -15,6 +15,7 @@ run folder: a job's ``done`` callback runs there, and every change of a job's st
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import socket
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Protocol
@@ -61,7 +62,7 @@ class CellState:
     error: str | None = None
 
     def to_dict(self) -> dict:
-        return {k: v for k, v in self.__dict__.items()}
+        return dataclasses.asdict(self)
 
 
 @dataclass
@@ -76,7 +77,11 @@ class Board:
 
     def add(self, jobs: list[Job]) -> None:
         for job in jobs:
-            self.cells.setdefault(job.key, CellState(job.key, job.kind))
+            self.add_cell(job.key, job.kind)
+
+    def add_cell(self, key: str, kind: str) -> None:
+        """A job of ``kind`` (also one no executor runs: an evaluation), pending unless known."""
+        self.cells.setdefault(key, CellState(key, kind))
         self._changed()
 
     def set(self, key: str, state: str, **fields: Any) -> None:

@@ -251,12 +251,21 @@ class RayExecutor:
         return results
 
     def _show_running(self, board: Board, log_dir: Path, jobs) -> None:
-        """Mark the in-flight jobs whose newest attempt has started (its log's first line) as running there."""
+        """Mark the in-flight jobs whose newest attempt has started (its log, one listing of the folder per
+        poll; a new attempt's first line says where) as running there."""
+        newest: dict[str, int] = {}
+        for name in os.listdir(log_dir) if log_dir.is_dir() else ():
+            job, _, attempt = name.removesuffix(".log").rpartition(".")
+            if attempt.isdigit():
+                newest[job] = max(newest.get(job, 0), int(attempt))
         for job in jobs:
-            head = _newest_log_head(log_dir, slug(job.key))
-            cell = board.cells[job.key]
-            if head and (cell.state, cell.host, cell.attempt) != (RUNNING, head["host"], head["attempt"]):
-                board.set(job.key, RUNNING, host=head["host"], attempt=head["attempt"])
+            name, cell = slug(job.key), board.cells[job.key]
+            attempt = newest.get(name)
+            if attempt is None or (cell.state, cell.attempt) == (RUNNING, attempt):
+                continue
+            head = _log_head(log_dir / f"{name}.{attempt}.log")
+            if head:
+                board.set(job.key, RUNNING, host=head["host"], attempt=attempt)
 
     def _collect_logs(self, key: str) -> None:
         """Copy the job's attempts' logs into the run folder's logs/ (the driver writes the run folder)."""
@@ -354,12 +363,10 @@ def _on_node(node_id: str):
     return NodeAffinitySchedulingStrategy(node_id, soft=False)
 
 
-def _newest_log_head(log_dir: Path, name: str) -> dict | None:
-    logs = sorted(log_dir.glob(f"{name}.*.log"), key=lambda p: int(p.name.rsplit(".", 2)[1]))
-    if not logs:
-        return None
+def _log_head(log: Path) -> dict | None:
+    """A job log's first line (where the attempt runs); None until it is written whole."""
     try:
-        with open(logs[-1], encoding="utf-8") as f:
+        with open(log, encoding="utf-8") as f:
             return json.loads(f.readline())
     except (OSError, ValueError):
         return None
