@@ -20,13 +20,30 @@ import pytest  # noqa: E402
 
 
 # -- two workers ----------------------------------------------------------------------------------------
-# `python -m pytest` runs the tests in two pytest-xdist processes (pyproject's addopts: `-n auto`, and the
-# worker count below): most of a test's time is JAX compiling on one core, so two fill a 2-core machine. A
-# module's tests stay in one worker (its module fixtures are made once), and so do the modules that share
-# a costly session fixture, named here with their group. The smoke group, the longest, starts first.
+# `python -m pytest` runs the tests in two pytest-xdist processes (pyproject's addopts `-n auto`; the count is
+# `pytest_xdist_auto_num_workers` below), each pinned to a core of its own: most of a test's time is JAX
+# compiling on one core, so two workers fill a 2-core machine, and pinned, their thread pools do not slow
+# each other. A worker runs whole groups: a module (its module fixtures are made once), or the modules of
+# one of GROUPS, which share a costly session fixture (SHARED_FIXTURES). The longest group starts first.
+GROUPS = {
+    "smoke": ("tests/bench/test_smoke_e2e.py", "tests/bench/test_ray_executor.py"),
+    "bible": ("tests/data/test_bible_corpus.py", "tests/data/test_cli_data.py", "tests/data/test_seqio_tasks.py",
+              "tests/data/test_vocab_spm.py"),
+}
 SHARED_FIXTURES = {"smoke_run": "smoke", "bible_prepared": "bible", "bible_de_vocab": "bible"}
 FIRST_GROUP = "smoke"
 WORKERS = 2
+_GROUP_OF = {module: group for group, modules in GROUPS.items() for module in modules}
+
+if _WORKER and hasattr(os, "sched_setaffinity"):
+    _cpus = sorted(os.sched_getaffinity(0))
+    os.sched_setaffinity(0, {_cpus[int(_WORKER.removeprefix("gw")) % len(_cpus)]})
+
+
+def group_of(nodeid: str) -> str:
+    """The group a test runs in: its module's, unless GROUPS puts the module in a named one."""
+    module = nodeid.split("::")[0]
+    return _GROUP_OF.get(module, module)
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -37,19 +54,28 @@ def pytest_xdist_auto_num_workers(config):
     return WORKERS
 
 
-@pytest.hookimpl(tryfirst=True)             # before pytest-xdist reads the groups (its --dist loadgroup)
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """`--dist loadscope` (pyproject's addopts) with our groups for scopes."""
+    if config.getoption("dist") != "loadscope":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class GroupScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return group_of(nodeid)
+
+    return GroupScheduling(config, log)
+
+
 def pytest_collection_modifyitems(config, items):
-    groups: dict[str, str] = {}                  # module -> its group
     for item in items:
         module = item.nodeid.split("::")[0]
-        shared = next((g for name, g in SHARED_FIXTURES.items() if name in item.fixturenames), None)
-        if shared is not None:
-            groups[module] = shared
-        else:
-            groups.setdefault(module, module)
-    for item in items:
-        item.add_marker(pytest.mark.xdist_group(groups[item.nodeid.split("::")[0]]))
-    items.sort(key=lambda item: groups[item.nodeid.split("::")[0]] != FIRST_GROUP)     # stable
+        for name, group in SHARED_FIXTURES.items():
+            if name in item.fixturenames and _GROUP_OF.get(module) != group:
+                raise pytest.UsageError(f"{module} uses the fixture {name}: add it to GROUPS[{group!r}] in "
+                                        f"tests/conftest.py, so that one worker makes {name} once")
+    items.sort(key=lambda item: group_of(item.nodeid) != FIRST_GROUP)          # stable: the rest keep their order
 
 
 @pytest.fixture(scope="session", autouse=True)
