@@ -333,18 +333,21 @@ def cmd_status(args) -> int:
     run = store.RunStore(store.resolve_run_dir(args.run_dir), allow_finished=True)
     info, board = run.info, run.board()
     holder = lock.read_holder(run.path)
+    stopped = False
     if info.get("status") == "finished":
         state = f"finished {info.get('finished', '')}".strip()
     elif holder is not None and holder.alive() is not False:
         state = f"running: {holder.describe()}"
     else:
+        stopped = True
         state = "stopped before it finished; re-run its command to resume: " + str(info.get("command", "narbench run"))
     lines = [f"{run.path}: {state}", f"rows: {len(run.rows())} (system, test set) cells timed and scored"]
     if board is None:
         lines.append("no cells.json: this run was started before narbench recorded its jobs")
     else:
-        cells = board["cells"]
-        counts = {s: sum(c["state"] == s for c in cells) for s in ("done", "running", "pending", "failed")}
+        # A job the board last saw running, in a run no process drives, was stopped with it.
+        cells = [dict(c, state="stopped") if stopped and c["state"] == "running" else c for c in board["cells"]]
+        counts = {s: sum(c["state"] == s for c in cells) for s in ("done", "running", "stopped", "pending", "failed")}
         lines.append(f"jobs ({board['executor']} executor, updated {board['updated']}): "
                      + ", ".join(f"{n} {s}" for s, n in counts.items() if n))
         lines.append("")

@@ -104,12 +104,19 @@ def test_status_prints_the_jobs_and_whether_the_run_is_driven(cli, capsys, tmp_p
     assert "finished" in text.splitlines()[0] and "rows: 5 " in text
     assert "jobs (local executor" in text and "5 done" in text
     assert "| train ar fake_task seed 0 | train | done |" in text
-    # A run stopped half-way (its process gone): status says so and how to resume.
+    # A run stopped half-way (its process gone): status says so and how to resume, and the job it was
+    # running when it stopped is "stopped", not "running".
     run_dir = st.resolve_run_dir(out / "exectest")
     info = json.loads((run_dir / st.RUN).read_text())
     (run_dir / st.RUN).write_text(json.dumps({**info, "status": "running"}))
+    board = json.loads((run_dir / st.CELLS).read_text())
+    board["cells"][-1]["state"] = "running"
+    (run_dir / st.CELLS).write_text(json.dumps(board))
     assert main(["status", str(run_dir)]) == 0
-    assert "stopped before it finished; re-run its command to resume: narbench run" in capsys.readouterr().out
+    text = capsys.readouterr().out
+    assert "stopped before it finished; re-run its command to resume: narbench run" in text
+    assert "4 done, 1 stopped" in text and "| running |" not in text
+    assert f"| {board['cells'][-1]['cell']} | {board['cells'][-1]['kind']} | stopped |" in text
 
 
 def test_status_of_a_run_from_before_cells_json(cli, capsys):
