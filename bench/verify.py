@@ -5,6 +5,7 @@ import math
 from typing import Any, Mapping
 
 from bench import store as st
+from bench.measure.quality import ar_trials_of
 from bench.rows import CORE, compute_figures
 
 
@@ -27,7 +28,8 @@ def verify_run(run_dir) -> list[str]:
 
     BLEU, chrF, stutter, latency percentiles and CIs, passes, the paired speedup, and the BLEU delta
     and sacrebleu's paired tests against the row's baseline are all recomputed with ``compute_figures``
-    (the tests only for rows that carry them: older rows get them in the report, ``RunStore.report_rows``).
+    (the tests only for rows that carry them: older rows get them in the report, ``RunStore.report_rows``;
+    with the trials the row's ``bleu_ar_signature`` names, so a row keeps verifying if the default changes).
     """
     run = st.RunStore(st.resolve_run_dir(run_dir))
     rows, groups = run.rows(), run.cells()
@@ -56,7 +58,7 @@ def verify_run(run_dir) -> list[str]:
             host_syncs=[s["host_syncs"] for s in g] if all("host_syncs" in s for s in g) else None,
             solo_ms=[s.get("solo_latency_ms") for s in g],
             valid_targets=[s["valid_targets"] for s in g] if all("valid_targets" in s for s in g) else None,
-            tests=row.bleu_p_ar is not None)
+            tests=row.bleu_p_ar is not None, ar_trials=ar_trials_of(row.bleu_ar_signature))
         for name, value in recomputed.items():
             if row[name] is None and name in predates:      # a figure added after the row was written
                 continue

@@ -158,8 +158,8 @@ def pytest_terminal_summary(terminalreporter, config):
         terminalreporter.section("Ray")
         for line in notes:
             terminalreporter.write_line(line)
-    ran = [r.nodeid for reports in terminalreporter.stats.values() for r in reports if hasattr(r, "nodeid")]
-    if getattr(config, "workerinput", None) is None and getattr(config.option, "numprocesses", 0) and any(
-            nodeid.startswith("tests/benchmarks/") for nodeid in ran):
+    if getattr(config.option, "numprocesses", 0) and any(
+            getattr(r, "nodeid", "").startswith("tests/benchmarks/")
+            for reports in terminalreporter.stats.values() for r in reports):
         terminalreporter.write_line("narbench latency of tests/benchmarks: not printed when two test workers share "
                                     "the CPU; python -m pytest tests/benchmarks -n 0 prints it")

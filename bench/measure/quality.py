@@ -192,6 +192,16 @@ def paired_tests(system: Sequence[str], baseline: Sequence[str], references: Seq
                        bs_signature=bs_signature)
 
 
+def ar_trials_of(ar_signature: str | None) -> int | None:
+    """The trials an approximate-randomization test ran, from its signature (``...|ar:10000|...``); None when
+    the signature names none."""
+    for part in (ar_signature or "").split("|"):
+        name, _, value = part.partition(":")
+        if name == "ar" and value.isdigit():
+            return int(value)
+    return None
+
+
 # ---------------------------------------------------------------------------------- one-stop score
 
 @dataclass(frozen=True)

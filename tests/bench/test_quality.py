@@ -187,6 +187,7 @@ def test_paired_tests_are_seeded_and_give_identical_hypotheses_p_one(monkeypatch
     assert "SACREBLEU_SEED" not in os.environ
     assert quality.paired_tests(good, bad, [refs], ar_trials=300, bs_resamples=100, seed=8) != first
     assert "|ar:300|seed:12345|" in first.ar_signature and "|bs:100|seed:12345|" in first.bs_signature
+    assert quality.ar_trials_of(first.ar_signature) == 300 and quality.ar_trials_of(first.bs_signature) is None
     same = quality.paired_tests(good, good, [refs], ar_trials=300, bs_resamples=100)
     assert same.p_ar == same.p_bs == 1.0                        # sacrebleu would say 1 / (trials + 1)
     assert abs(same.bs_mean - quality.corpus_bleu(good, [refs]).score) < same.bs_ci

@@ -219,6 +219,8 @@ def test_a_timing_node_times_every_system_and_trains_nothing(cluster, root, tmp_
     assert json.loads(timing_log.read_text().splitlines()[0])["pid"] != os.getpid()     # timed in a Ray worker
     assert sorted(r.system for r in run.rows()) == ["ar-greedy", "padir-s2-u0.15", "padir-s2-u0.15-distill"]
     assert len(run.samples()) == 3 * 8 and all(s["hypothesis"] for s in run.samples())
+    from bench.verify import verify_run
+    assert verify_run(run.path) == []
 
 
 def _driver(cluster, out: Path, spec_path: Path) -> subprocess.Popen:

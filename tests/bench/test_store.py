@@ -266,8 +266,7 @@ def test_own_data_paths_in_the_run_folder_spec_are_relative_to_it(tmp_path):
 
 
 def test_a_row_pickles_whole(tmp_path):
-    """A Ray timing node sends its rows to the driver pickled: a row (also one read back with columns of
-    its own) comes back equal, still immutable."""
+    """A Ray timing node sends its rows to the driver pickled: a row comes back equal, still immutable."""
     import pickle
 
     row = fake_row("ar-greedy", bleu=12.5)
