@@ -190,13 +190,16 @@ RUN = (
     C("baseline_timed_together", doc="the baseline was timed in the same schedule (the speedups are paired)"),
     C("checkpoint", doc="the checkpoint folder under the data root"),
     C("decoder_options", doc="the options the system's decoder was built with (shape buckets, threads ...)"),
-    C("isolated", doc="timed in a worker process of its own (bench.measure.workers)", optional=True),
+    C("isolated", doc="timed in a worker process apart from the driver (bench.measure.workers)", optional=True),
     C("turn", doc="batches the system decoded back to back, after one untimed call, each time its turn came "
                   "in the interleaved schedule (absent: 1, no untimed call)", optional=True),
     C("engine_threads", "threads", doc="intra-op threads of the system's engine (XLA's pool or CTranslate2's)",
       optional=True),
     C("worker_peak_rss_mb", "worker MB", fixed(0), doc="peak resident memory of the system's worker process",
       optional=True),
+    C("worker_systems", "systems in worker", count, optional=True,
+      doc="systems timed in the system's worker process: 1, or its model's systems where the family shares one "
+          "(None: rows written before workers were shared, each in a process of its own)"),
 )
 COSTS = (                                            # XLA systems only (None for CTranslate2)
     C("flops_per_sentence", doc="XLA's cost analysis: encoder + passes x one decoder pass, mean per sentence"),

@@ -485,6 +485,7 @@ class Runner:
             "checkpoint": portable(ckpt), "decoder_options": dict(system.options),
             "isolated": where["isolated"], "engine_threads": where["threads"],
             "worker_peak_rss_mb": where["peak_rss_mb"] if self._isolated else None,
+            "worker_systems": where.get("systems") if self._isolated else None,
             **self._training(system.cell, ckpt),
             **timed.costs.get(system.name, {}), **_env_fields(self.env),
         })
@@ -495,14 +496,16 @@ class Runner:
 
     @contextlib.contextmanager
     def _timed_systems(self, systems: list[tuple[System, Path]]):
-        """The systems as ``bench.measure.timing.TimedSystem``s: one worker process each (``bench.measure.workers``), or
+        """The systems as ``bench.measure.timing.TimedSystem``s in worker processes (``bench.measure.workers``: one
+        per system, or per model where the family shares one), or
         decoders of this process when the spec says ``isolate = false`` or the deps have no worker factory."""
         from bench.measure import workers
 
         if self._isolated:
             specs = [workers.WorkerSpec(s.name, self.deps.worker_factory, (s.family, str(ckpt), s.decoder),
                                         {"name": s.name, **dict(s.options)},
-                                        families.get(s.family).worker_env(dict(s.options)), self.platform)
+                                        families.get(s.family).worker_env(dict(s.options)), self.platform,
+                                        group=f"{s.family} {ckpt}" if families.get(s.family).shares_worker else None)
                      for s, ckpt in systems]
             with workers.WorkerPool(specs) as pool:
                 yield pool.workers

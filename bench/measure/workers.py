@@ -1,22 +1,28 @@
-"""Each timed system in a process of its own, so systems sharing a run never share a process.
+"""The timed systems in worker processes apart from the driver, so systems of different engines or models
+never share a process.
 
-Systems loaded into one process slow each other: their thread pools, allocators and caches are
+Systems loaded into one process can slow each other: their thread pools, allocators and caches are
 shared, and an engine whose pool spin-waits after a call keeps the cores busy while the next system
-runs. So ``Runner.evaluate`` starts one *worker* per system (``python -m bench.measure.workers``: a fresh
-interpreter, not a fork, that imports only what its decoder needs), with the environment its family
-asks for (``Family.worker_env``: thread counts, the OpenMP wait policy), set before any library loads.
+runs. So ``Runner.evaluate`` starts *workers* (``python -m bench.measure.workers``: a fresh interpreter,
+not a fork, that imports only what its decoders need), with the environment their family asks for
+(``Family.worker_env``: thread counts, the OpenMP wait policy), set before any library loads. A system
+has a worker of its own, unless its family lets the systems on one model share one
+(``Family.shares_worker``: the JAX families, whose decoders of one checkpoint share one XLA runtime and,
+for PaDIR, one compiled refinement loop for every T): one process per system made the 78-system grid's
+workers need more memory than a 24 GB machine has.
 
-The driver keeps the schedule (``bench.measure.timing.measure_systems``): it hands each batch to the worker
-whose turn it is and waits on its pipe; the worker times its own call with the one protocol
+The driver keeps the schedule (``bench.measure.timing.measure_systems``): it hands each batch to the system
+whose turn it is and waits on its worker's pipe; the worker times that system's call with the one protocol
 (``bench.measure.timing.time_call``) and sends back the outputs and timings. Idle workers block on their pipe
 and compute nothing. A worker's stdout and stderr go to a log file of its own, never to the command's output;
 it inherits the driver's environment (``TF_CPP_MIN_LOG_LEVEL`` too when the command is quiet:
-``narbench_core.quiet``). A worker that
-dies gives a one-line ``UserError`` naming its system and the last line it wrote to stderr that is not a
-library's log line; nothing of that timed group is saved, so re-running the command resumes.
+``narbench_core.quiet``). A worker that dies gives a one-line ``UserError`` naming its system and the last
+line it wrote to stderr that is not a library's log line; nothing of that timed group is saved, so
+re-running the command resumes. Timing stops with one line, before memory runs out (``check_memory``),
+when the workers leave less than ``MEMORY_FLOOR`` of the machine's memory free.
 
-Messages are ``(op, args)`` tuples answered by ``("ok", value)`` or ``("error", kind, text)``; the
-first message is the ``WorkerSpec``, answered by the worker's ``info``.
+Messages are ``(op, system, args)`` tuples answered by ``("ok", value)`` or ``("error", system, kind, text)``;
+the first message is the list of ``WorkerSpec``s, answered by their ``info``s.
 """
 from __future__ import annotations
 
@@ -40,7 +46,7 @@ from narbench_core.quiet import is_library_log
 
 @dataclass(frozen=True)
 class WorkerSpec:
-    """How a worker builds its one decoder: ``factory(*args, **kwargs)``. ``factory`` must pickle by
+    """How a worker builds one system's decoder: ``factory(*args, **kwargs)``. ``factory`` must pickle by
     reference (a module-level function, or an instance of a module-level class)."""
 
     name: str                                   # the system's name (error messages, the decoder's name)
@@ -49,6 +55,8 @@ class WorkerSpec:
     kwargs: dict = field(default_factory=dict)
     env: dict = field(default_factory=dict)     # environment variables set before the interpreter starts
     platform: str | None = None                 # JAX platform to time on (None: JAX's default)
+    group: str | None = None                    # systems of one group (with one env and platform) share a
+                                                # worker process (``Family.shares_worker``); None: one of its own
 
 
 def _jax_cache_env() -> dict[str, str]:
@@ -76,16 +84,41 @@ def _peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024      # Linux: KiB
 
 
-class Worker:
-    """The driver's handle on one system's worker process (a ``bench.measure.timing.TimedSystem``)."""
+def meminfo_mb() -> tuple[float, float] | None:
+    """The machine's ``(total, available)`` memory in MB (``/proc/meminfo``), None where it cannot say."""
+    try:
+        fields = dict(line.split(":", 1) for line in Path("/proc/meminfo").read_text().splitlines() if ":" in line)
+        return int(fields["MemTotal"].split()[0]) / 1024, int(fields["MemAvailable"].split()[0]) / 1024
+    except (OSError, KeyError, ValueError):
+        return None
 
-    def __init__(self, spec: WorkerSpec, log_dir: Path):
-        self.spec, self.name = spec, spec.name
+
+def check_memory(done: str) -> None:
+    """Stop timing with one line before the workers exhaust the machine's memory (with no swap, the kernel
+    then evicts every process's code pages and the timing crawls): less than ``MEMORY_FLOOR`` of the total
+    is left after ``done`` (what the workers have loaded so far)."""
+    info = meminfo_mb()
+    if info is None:
+        return
+    total, available = info
+    if available < MEMORY_FLOOR * total:
+        raise UserError(f"timing stopped before memory ran out: {available:,.0f} of {total:,.0f} MB left after {done}; "
+                        "time fewer systems at once (split the suite's systems over two runs with `exclude`)")
+
+
+MEMORY_FLOOR = 0.05   # the share of the machine's memory the workers must leave free (check_memory)
+
+
+class _Process:
+    """One worker process and its pipe; it hosts one system or a group of them (``WorkerSpec.group``)."""
+
+    def __init__(self, specs: Sequence[WorkerSpec], log_dir: Path):
+        self.names = [s.name for s in specs]
         ours, theirs = socket.socketpair()
         self._log = Path(log_dir) / f"worker-{len(list(Path(log_dir).glob('worker-*')))}.log"
         # The driver's import path, so a factory that pickles by reference here unpickles there.
         path = os.pathsep.join([p for p in sys.path if p] + [os.environ.get("PYTHONPATH", "")]).strip(os.pathsep)
-        env = {**os.environ, "PYTHONPATH": path, **_jax_cache_env(), **{k: str(v) for k, v in spec.env.items()}}
+        env = {**os.environ, "PYTHONPATH": path, **_jax_cache_env(), **{k: str(v) for k, v in specs[0].env.items()}}
         with open(self._log, "wb") as log:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "bench.measure.workers", str(theirs.fileno())], pass_fds=(theirs.fileno(),),
@@ -93,40 +126,40 @@ class Worker:
                 start_new_session=True)    # the driver alone stops its workers (Ctrl-C reaches only it)
         theirs.close()
         self._conn = Connection(ours.detach())
-        self._conn.send_bytes(pickle.dumps(spec))
-        self.info: dict = {}
+        self._conn.send_bytes(pickle.dumps(list(specs)))
+        self._infos: list[dict] = []
 
     @property
     def pid(self) -> int:
         return self.process.pid
 
-    def ready(self) -> dict:
-        """Wait until the worker has built its decoder; returns its info (pid, threads, env, peak RSS)."""
-        if not self.info:
-            self.info = self._reply()
-        return self.info
+    def ready(self) -> list[dict]:
+        """Wait until the worker has built its decoders; their infos (pid, threads, env, peak RSS, systems)."""
+        if not self._infos:
+            self._infos = self._reply(self.names[0])
+        return self._infos
 
-    def call(self, op: str, *args: Any) -> Any:
+    def call(self, name: str, op: str, *args: Any) -> Any:
         self.ready()
         try:
-            self._conn.send_bytes(pickle.dumps((op, args)))
+            self._conn.send_bytes(pickle.dumps((op, name, args)))
         except OSError:
-            self._died()
-        return self._reply()
+            self._died(name)
+        return self._reply(name)
 
-    def _reply(self) -> Any:
+    def _reply(self, name: str) -> Any:
         try:
             message = pickle.loads(self._conn.recv_bytes())
         except (EOFError, OSError):
-            self._died()
+            self._died(name)
         if message[0] == "ok":
             return message[1]
-        _, kind, text = message
+        _, system, kind, text = message
         if kind == "UserError":
-            raise UserError(f"{self.name}: {text}")
-        raise RuntimeError(f"{self.name}: its worker failed: {kind}: {text}")
+            raise UserError(f"{system}: {text}")
+        raise RuntimeError(f"{system}: its worker failed: {kind}: {text}")
 
-    def _died(self):
+    def _died(self, name: str):
         try:
             code = self.process.wait(timeout=10)
         except subprocess.TimeoutExpired:
@@ -134,12 +167,44 @@ class Worker:
         lines = [ln for ln in self._log.read_text(errors="replace").splitlines()
                  if ln.strip() and not is_library_log(ln)] if self._log.exists() else []
         last = f": {lines[-1].strip()[:300]}" if lines else ""
-        raise UserError(f"system {self.name}: its worker process (pid {self.pid}) died with exit code {code}"
+        raise UserError(f"system {name}: its worker process (pid {self.pid}) died with exit code {code}"
                         f"{last}; re-run the same command to resume")
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            try:
+                self._conn.send_bytes(pickle.dumps(("stop", "", ())))
+                self.process.wait(timeout=30)
+            except (OSError, subprocess.TimeoutExpired):
+                self.process.kill()
+                self.process.wait()
+        self._conn.close()
+
+
+class Worker:
+    """The driver's handle on one system in a worker process (a ``bench.measure.timing.TimedSystem``)."""
+
+    def __init__(self, spec: WorkerSpec, process: _Process):
+        self.spec, self.name, self._process = spec, spec.name, process
+
+    @property
+    def pid(self) -> int:
+        return self._process.pid
+
+    @property
+    def info(self) -> dict:
+        """Where it runs: pid, engine threads, environment, the process's peak RSS when the decoders were
+        built, and how many systems the process hosts (``systems``)."""
+        return self._process.ready()[self._process.names.index(self.name)]
+
+    def call(self, op: str, *args: Any) -> Any:
+        return self._process.call(self.name, op, *args)
 
     # -- bench.measure.timing.TimedSystem ---------------------------------------------------------------------
     def warmup(self, batch_size: int) -> float:
-        return self.call("warmup", batch_size)
+        seconds = self.call("warmup", batch_size)
+        check_memory(f"warming up {self.name}")
+        return seconds
 
     def timed(self, sources: list[str], phase: str):
         return self.call("timed", list(sources), phase)
@@ -154,30 +219,31 @@ class Worker:
         return self.call("truncated", list(sources))
 
     def peak_rss_mb(self) -> float:
+        """Its process's peak resident memory (shared by the systems the process hosts)."""
         return self.call("peak_rss_mb")
-
-    def close(self) -> None:
-        if self.process.poll() is None:
-            try:
-                self._conn.send_bytes(pickle.dumps(("stop", ())))
-                self.process.wait(timeout=30)
-            except (OSError, subprocess.TimeoutExpired):
-                self.process.kill()
-                self.process.wait()
-        self._conn.close()
 
 
 class WorkerPool:
-    """One worker per system, started together (they load in parallel) and stopped together."""
+    """The systems' worker processes, started together (they load in parallel) and stopped together: one
+    per system, or per group of systems that may share one (``WorkerSpec.group`` with one env and platform).
+    ``workers`` are the systems' handles in the order of ``specs``."""
 
     def __init__(self, specs: Sequence[WorkerSpec]):
         self._dir = tempfile.TemporaryDirectory(prefix="narbench-workers-")
-        self.workers: list[Worker] = []
+        self.processes: list[_Process] = []
         try:
-            for spec in specs:
-                self.workers.append(Worker(spec, Path(self._dir.name)))
-            for w in self.workers:
-                w.ready()
+            groups: dict[Any, list[WorkerSpec]] = {}
+            for i, spec in enumerate(specs):
+                key = (spec.group, tuple(sorted(spec.env.items())), spec.platform) if spec.group else i
+                groups.setdefault(key, []).append(spec)
+            by_name = {}
+            for members in groups.values():
+                self.processes.append(_Process(members, Path(self._dir.name)))
+                by_name.update({s.name: (s, self.processes[-1]) for s in members})
+            for n, process in enumerate(self.processes, 1):
+                process.ready()
+                check_memory(f"loading {n} of {len(self.processes)} worker processes")
+            self.workers = [Worker(*by_name[s.name]) for s in specs]
         except BaseException:
             self.close()
             raise
@@ -189,8 +255,8 @@ class WorkerPool:
         self.close()
 
     def close(self) -> None:
-        for w in self.workers:
-            w.close()
+        for p in self.processes:
+            p.close()
         self._dir.cleanup()
 
 
@@ -229,37 +295,39 @@ def _info(decoder: Any, env: dict) -> dict:
 # ------------------------------------------------------------------------------------------ the worker
 
 def _serve(conn: Connection) -> None:
-    spec: WorkerSpec = pickle.loads(conn.recv_bytes())
+    specs: list[WorkerSpec] = pickle.loads(conn.recv_bytes())
 
-    try:
-        decoder = spec.factory(*spec.args, **spec.kwargs)
-    except BaseException as e:           # noqa: BLE001 - the driver turns it into its one-line error
-        conn.send_bytes(pickle.dumps(("error", type(e).__name__, str(e))))
-        return
-    conn.send_bytes(pickle.dumps(("ok", _info(decoder, spec.env))))
-    scope = timing._device_scope(spec.platform)
+    decoders = {}
+    for spec in specs:
+        try:
+            decoders[spec.name] = spec.factory(*spec.args, **spec.kwargs)
+        except BaseException as e:       # noqa: BLE001 - the driver turns it into its one-line error
+            conn.send_bytes(pickle.dumps(("error", spec.name, type(e).__name__, str(e))))
+            return
+    conn.send_bytes(pickle.dumps(("ok", [{**_info(decoders[s.name], s.env), "systems": len(specs)} for s in specs])))
+    scope = timing._device_scope(specs[0].platform)
 
-    def cost(sources, passes, batch_size):
+    def cost(decoder, sources, passes, batch_size):
         from bench.costs import cost_of
 
         return cost_of(decoder, sources, passes, batch_size)
 
-    ops = {"warmup": lambda bs: timing.warm_up_decoder(decoder, bs),
-           "timed": lambda sources, phase: timing.time_call(decoder, sources, phase),
-           "cost": cost, "truncated": lambda sources: truncated_sources(decoder, sources),
-           "peak_rss_mb": _peak_rss_mb}
+    ops = {"warmup": lambda decoder, bs: timing.warm_up_decoder(decoder, bs),
+           "timed": lambda decoder, sources, phase: timing.time_call(decoder, sources, phase),
+           "cost": cost, "truncated": truncated_sources,
+           "peak_rss_mb": lambda decoder: _peak_rss_mb()}
     with scope:
         while True:
             try:
-                op, args = pickle.loads(conn.recv_bytes())
+                op, name, args = pickle.loads(conn.recv_bytes())
             except EOFError:
                 return
             if op == "stop":
                 return
             try:
-                reply = ("ok", ops[op](*args))
+                reply = ("ok", ops[op](decoders[name], *args))
             except BaseException as e:   # noqa: BLE001
-                reply = ("error", type(e).__name__, str(e))
+                reply = ("error", name, type(e).__name__, str(e))
             conn.send_bytes(pickle.dumps(reply))
 
 

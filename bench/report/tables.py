@@ -22,7 +22,7 @@ LATENCY_TABLE = ("system", "hypotheses", "iterations_view", "bleu", "bleu_delta_
 LEADERBOARD = ("system", "bleu", "bleu_delta_vs_ar", "bleurt", "latency_p50_ms", "latency_p99_ms", "speedup_p50_vs_ar",
                "train_steps", "train_seconds", "still_improving")     # the rest is in table.md
 ISOLATION_TABLE = ("system", "isolated", "engine_threads", "latency_p50_ms", "solo_p50_ms", "interference",
-                   "worker_peak_rss_mb")
+                   "worker_systems", "worker_peak_rss_mb")
 PHASE_TABLE = ("system", "hypotheses", "iterations_view", *(f"phase_{p}_view" for p in PHASES), "phase_p50_sum_ratio",
                "latency_p50_ms", "host_syncs")
 SIGNIFICANCE_TABLE = ("system", "hypotheses", "iterations_view", "bleu_bs_view", "bleu_delta_vs_ar", "bleu_p_ar",
@@ -206,15 +206,26 @@ def _schedule_text(rows: Sequence[Row]) -> str:
             "timed again alone")
 
 
+def _processes_text(timed: Sequence[Row]) -> str:
+    """Where the systems ran while timed: each in a worker process of its own, a model's systems sharing one
+    (``worker_systems``), or all in the driver's process."""
+    if not all(r.isolated for r in timed):
+        return "The systems shared one process while timed"
+    shared = sorted({r.system for r in timed if (r.worker_systems or 1) > 1})
+    if not shared:
+        return "Each system was timed in a worker process of its own"
+    return (f"Each system was timed in a worker process apart from the driver: a model's systems shared one where "
+            f"their family allows it ({len(shared)} of {len({r.system for r in timed})} systems), every other system had "
+            "one of its own")
+
+
 def isolation_note(rows: Sequence[Row]) -> list[str]:
     """How the systems were kept apart while timed, and a flag on every row the others slowed (or sped up)."""
     timed = [r for r in rows if r.interference is not None]
     if not timed:
         return []
     lo, hi = defaults.INTERFERENCE_OK
-    isolated = all(r.isolated for r in timed)
-    lines = [("Each system was timed in a worker process of its own" if isolated else
-              "The systems shared one process while timed") + _schedule_text(timed) + " on a seeded sample of the "
+    lines = [_processes_text(timed) + _schedule_text(timed) + " on a seeded sample of the "
              "sentences (solo check). In suite / solo is the p50 over those sentences in the schedule divided by their "
              "solo p50."]
     off = [r for r in timed if not lo <= r.interference <= hi]

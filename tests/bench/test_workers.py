@@ -1,5 +1,6 @@
-"""Timing workers (bench.measure.workers): each system in its own process, driven in the schedule's order; the
-solo check; a worker that dies mid-run gives a one-line error and the run resumes."""
+"""Timing workers (bench.measure.workers): each system in its own process, or a group's systems in one, driven in
+the schedule's order; the solo check; the memory floor; a worker that dies mid-run gives a one-line error and the
+run resumes."""
 from __future__ import annotations
 
 import os
@@ -70,9 +71,53 @@ def test_each_system_runs_in_its_own_process_in_the_schedule_order():
         assert np.isnan(t.solo_ms).tolist() == [False, False, True, True, False, False]
 
 
+def test_a_groups_systems_share_one_process_and_keep_the_schedule_order():
+    specs = [workers.WorkerSpec("a", stamp_decoder, ("a",), group="m"), workers.WorkerSpec("b", stamp_decoder, ("b",)),
+             workers.WorkerSpec("c", stamp_decoder, ("c",), group="m"),
+             workers.WorkerSpec("d", stamp_decoder, ("d",), env={"STAMP_THREADS": "2"}, group="m")]   # another env
+    with workers.WorkerPool(specs) as pool:
+        assert [w.name for w in pool.workers] == ["a", "b", "c", "d"] and len(pool.processes) == 3
+        pids = {w.name: w.pid for w in pool.workers}
+        assert pids["a"] == pids["c"] and len({pids["a"], pids["b"], pids["d"]}) == 3
+        assert [w.info["systems"] for w in pool.workers] == [2, 1, 2, 1]
+        assert pool.workers[3].info["threads"] == 2
+        timing.warm_up(pool.workers, 2)
+        m = timing.measure_systems(pool.workers, SOURCES, batch_size=2)
+    calls = []
+    for name, t in m.systems.items():
+        for i, h in enumerate(t.hypotheses):
+            pid, stamp = map(int, h.split())
+            assert pid == pids[name]
+            if i % 2 == 0:
+                calls.append((stamp, name))
+    assert [n for _, n in sorted(calls)] == [n for _, _, n in m.schedule]    # each call ran its own decoder
+
+
+def test_timing_stops_with_one_line_before_the_workers_exhaust_memory(monkeypatch):
+    left = iter([3000.0, 20.0])                         # MB available after each worker process loads
+    monkeypatch.setattr(workers, "meminfo_mb", lambda: (1000.0 * 24, next(left)))
+    specs = [workers.WorkerSpec(n, stamp_decoder, (n,)) for n in ("a", "b")]
+    with pytest.raises(UserError) as err:
+        workers.WorkerPool(specs)
+    assert str(err.value).startswith("timing stopped before memory ran out: 20 of 24,000 MB left after loading 2 of "
+                                     "2 worker processes; time fewer systems at once")
+    monkeypatch.setattr(workers, "meminfo_mb", lambda: None)       # a machine that cannot say: no check
+    with workers.WorkerPool(specs) as pool:
+        monkeypatch.setattr(workers, "meminfo_mb", lambda: (1000.0, 49.0))
+        with pytest.raises(UserError, match=r"^timing stopped before memory ran out: 49 of 1,000 MB left after "
+                                            r"warming up a;"):
+            pool.workers[0].warmup(1)
+
+
 def test_a_worker_whose_decoder_fails_to_load_names_the_system():
     with pytest.raises(UserError, match=r"^x: the worker could not load"):
         workers.WorkerPool([workers.WorkerSpec("x", failing_decoder)])
+
+
+def test_a_failing_decoder_in_a_shared_worker_is_named():
+    with pytest.raises(UserError, match=r"^y: the worker could not load"):
+        workers.WorkerPool([workers.WorkerSpec("x", stamp_decoder, ("x",), group="m"),
+                            workers.WorkerSpec("y", failing_decoder, group="m")])
 
 
 def failing_decoder():
@@ -144,6 +189,11 @@ def test_a_worker_dying_mid_run_is_a_one_line_error_and_the_run_resumes(tmp_path
     rows = run.rows()
     assert rows and all(r.isolated and r.interference is not None and r.solo_p50_ms > 0 for r in rows)
     assert all(r.worker_peak_rss_mb > 0 for r in rows)
+    # The fake families share a worker per model as the JAX ones do: every system of one checkpoint in one.
+    by_ckpt = {}
+    for r in rows:
+        by_ckpt.setdefault(r.checkpoint, set()).add(r.system)
+    assert all(r.worker_systems == len(by_ckpt[r.checkpoint]) for r in rows)
     solo = [s for s in run.samples() if "solo_latency_ms" in s]
     assert len(solo) == 3 * len(rows)                     # the seeded sample: 3 sentences a system
     assert verify_run(run.path) == []
