@@ -198,7 +198,7 @@ RUN = (
     C("worker_peak_rss_mb", "worker MB", fixed(0), doc="peak resident memory of the system's worker process",
       optional=True),
     C("worker_systems", "systems in worker", count, optional=True,
-      doc="systems timed in the system's worker process: 1, or its model's systems where the family shares one "
+      doc="systems timed in the system's worker process: 1, or its family's systems where the family shares one "
           "(None: rows written before workers were shared, each in a process of its own)"),
 )
 COSTS = (                                            # XLA systems only (None for CTranslate2)

@@ -497,7 +497,7 @@ class Runner:
     @contextlib.contextmanager
     def _timed_systems(self, systems: list[tuple[System, Path]]):
         """The systems as ``bench.measure.timing.TimedSystem``s in worker processes (``bench.measure.workers``: one
-        per system, or per model where the family shares one), or
+        per system, or per family where the family shares one), or
         decoders of this process when the spec says ``isolate = false`` or the deps have no worker factory."""
         from bench.measure import workers
 
@@ -505,7 +505,7 @@ class Runner:
             specs = [workers.WorkerSpec(s.name, self.deps.worker_factory, (s.family, str(ckpt), s.decoder),
                                         {"name": s.name, **dict(s.options)},
                                         families.get(s.family).worker_env(dict(s.options)), self.platform,
-                                        group=f"{s.family} {ckpt}" if families.get(s.family).shares_worker else None)
+                                        group=s.family if families.get(s.family).shares_worker else None)
                      for s, ckpt in systems]
             with workers.WorkerPool(specs) as pool:
                 yield pool.workers

@@ -133,7 +133,7 @@ class TimingSpec:
     phase: str = "end_to_end"
     rotate: bool = True
     costs: bool = True     # XLA flops/bytes per sentence and the roofline bound (compiles 2 programs)
-    isolate: bool = True   # systems in worker processes (bench.measure.workers), a model's JAX ones sharing one
+    isolate: bool = True   # systems in worker processes (bench.measure.workers), a JAX family's sharing one
     solo_sentences: int = 200   # sentences (whole batches, a seeded sample) each system is timed on again alone
     turn: int = 10         # batches a system decodes back to back when its turn comes (bench.measure.timing, step 2)
 

@@ -46,7 +46,7 @@ def system_name(decoder: str, layers: str | None = None, distill: bool = False) 
 
 class ARFamily(Family):
     name, label, paradigm, model_kind = "ar", "AR", "ar", "ar"
-    shares_worker = True           # JAX decoders of one checkpoint: one XLA runtime
+    shares_worker = True           # JAX decoders: one XLA runtime, models' parameters passed as arguments
     required = True                                # the baseline of every suite
     baseline_system = system_name("greedy")
     columns = (Column("layers", align="left", optional=True,

@@ -78,7 +78,7 @@ class Family:
     required: bool = False         # every suite has it (an absent [name] table takes the defaults)
     model_kind: str = ""           # models.config.ModelConfig.kind of its models
     columns: tuple[Column, ...] = ()   # row columns only this family fills (others get None)
-    shares_worker: bool = False    # its systems on one model are timed in one worker process (bench.measure.workers)
+    shares_worker: bool = False    # its systems are timed in one worker process (bench.measure.workers)
 
     # -- the suite spec -------------------------------------------------------------------------------
     def parse(self, table) -> Any:

@@ -207,7 +207,7 @@ DECODING_AXES = ("iterations", "length_hyps", "length_bonus", "remask", "start")
 
 class PaDIRFamily(Family):
     name, label, paradigm, model_kind = "padir", "PaDIR", "nar", "padir"
-    shares_worker = True           # JAX decoders of one checkpoint: one XLA runtime, one refinement loop for every T
+    shares_worker = True           # JAX decoders: one XLA runtime, one refinement loop for every T and model
     interaction = ("distill", "iterations")
     columns = (
         Column("iterations", "T", doc="refinement iterations T: at most T decoder passes (a row stops early "

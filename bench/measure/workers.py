@@ -1,15 +1,16 @@
-"""The timed systems in worker processes apart from the driver, so systems of different engines or models
-never share a process.
+"""The timed systems in worker processes apart from the driver, so systems of different engines never share
+a process.
 
 Systems loaded into one process can slow each other: their thread pools, allocators and caches are
 shared, and an engine whose pool spin-waits after a call keeps the cores busy while the next system
 runs. So ``Runner.evaluate`` starts *workers* (``python -m bench.measure.workers``: a fresh interpreter,
 not a fork, that imports only what its decoders need), with the environment their family asks for
 (``Family.worker_env``: thread counts, the OpenMP wait policy), set before any library loads. A system
-has a worker of its own, unless its family lets the systems on one model share one
-(``Family.shares_worker``: the JAX families, whose decoders of one checkpoint share one XLA runtime and,
-for PaDIR, one compiled refinement loop for every T): one process per system made the 78-system grid's
-workers need more memory than a 24 GB machine has.
+has a worker of its own, unless its family's systems share one (``Family.shares_worker``: the JAX
+families, whose decoders share one XLA runtime and take a model's parameters as arguments, so PaDIR
+decoders of every T and every model of one size share one compiled refinement loop per shape): one
+process per system, or per model, made the 78-system grid's workers need more memory than a 24 GB
+machine has (docs/experiments.md).
 
 The driver keeps the schedule (``bench.measure.timing.measure_systems``): it hands each batch to the system
 whose turn it is and waits on its worker's pipe; the worker times that system's call with the one protocol

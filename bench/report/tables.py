@@ -207,15 +207,15 @@ def _schedule_text(rows: Sequence[Row]) -> str:
 
 
 def _processes_text(timed: Sequence[Row]) -> str:
-    """Where the systems ran while timed: each in a worker process of its own, a model's systems sharing one
+    """Where the systems ran while timed: each in a worker process of its own, a family's systems sharing one
     (``worker_systems``), or all in the driver's process."""
     if not all(r.isolated for r in timed):
         return "The systems shared one process while timed"
     shared = sorted({r.system for r in timed if (r.worker_systems or 1) > 1})
     if not shared:
         return "Each system was timed in a worker process of its own"
-    return (f"Each system was timed in a worker process apart from the driver: a model's systems shared one where "
-            f"their family allows it ({len(shared)} of {len({r.system for r in timed})} systems), every other system had "
+    return (f"Each system was timed in a worker process apart from the driver: a family's systems shared one where "
+            f"the family allows it ({len(shared)} of {len({r.system for r in timed})} systems), every other system had "
             "one of its own")
 
 

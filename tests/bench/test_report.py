@@ -254,7 +254,7 @@ def test_leaderboard_flags_rows_whose_speed_the_other_systems_changed():
     shared = tables.isolation_note([fake_row("ar-greedy", interference=1.0, isolated=True, worker_systems=2),
                                     fake_row("ar-beam5", interference=1.0, isolated=True, worker_systems=2),
                                     fake_row("ct2-greedy", interference=1.0, isolated=True, worker_systems=1)])[0]
-    assert "a model's systems shared one where their family allows it (2 of 3 systems)" in shared
+    assert "a family's systems shared one where the family allows it (2 of 3 systems)" in shared
 
 
 PADIR_DEFAULTS = dict(unmask_rate=d.UNMASK_RATE, length_hyps=d.LENGTH_HYPS, remask=d.REMASK, start=d.START,

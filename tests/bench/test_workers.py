@@ -189,11 +189,11 @@ def test_a_worker_dying_mid_run_is_a_one_line_error_and_the_run_resumes(tmp_path
     rows = run.rows()
     assert rows and all(r.isolated and r.interference is not None and r.solo_p50_ms > 0 for r in rows)
     assert all(r.worker_peak_rss_mb > 0 for r in rows)
-    # The fake families share a worker per model as the JAX ones do: every system of one checkpoint in one.
-    by_ckpt = {}
+    # The fake AR and PaDIR families share a worker each, as the JAX ones do: every system of a family in one.
+    by_family = {}
     for r in rows:
-        by_ckpt.setdefault(r.checkpoint, set()).add(r.system)
-    assert all(r.worker_systems == len(by_ckpt[r.checkpoint]) for r in rows)
+        by_family.setdefault(r.family, set()).add(r.system)
+    assert all(r.worker_systems == len(by_family[r.family]) for r in rows)
     solo = [s for s in run.samples() if "solo_latency_ms" in s]
     assert len(solo) == 3 * len(rows)                     # the seeded sample: 3 sentences a system
     assert verify_run(run.path) == []
