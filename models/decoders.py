@@ -297,7 +297,10 @@ class PaDIRDecoder(_BaseDecoder):
         self.length_bonus = int(length_bonus)
         self.early_stop, self.seed = bool(early_stop), int(seed)
         self.rng = jax.random.key(self.seed)
-        self._encode = jax.jit(self._encode_and_lengths)
+        # Shared like the loop: a timing worker hosts every PaDIR system of its family, and an executable per
+        # decoder instance would map its code again each time (the kernel's map limit ends the process).
+        self._encode = _shared_encode(self.config, self.length_hyps, self.max_decode_length, self.force_length,
+                                      self.length_bonus)
         # T is a traced argument and the jitted loop is shared by every PaDIR decoder
         # of the same model config and options, so refine:1/2/4/10 compile each shape once in memory
         # (re-reading one's own executable from JAX's persistent cache segfaulted in jaxlib 0.10.2).
@@ -306,15 +309,9 @@ class PaDIRDecoder(_BaseDecoder):
         self._num_iterations = jax.device_put(np.int32(self.parsed.k))
 
     def _encode_and_lengths(self, params, inputs):
-        """Encoder + length prediction: encoded [b, s, d], top-k lengths [b, k] in [1, max], each
-        plus ``length_bonus`` tokens (``force_length`` for every hypothesis if set)."""
-        v = {"params": params}
-        encoded = self.model.apply(v, inputs, method=t5.PaDIR.encode)
-        if self.force_length is not None:
-            return encoded, jnp.full((inputs.shape[0], self.length_hyps), self.force_length, jnp.int32)
-        logits = self.model.apply(v, encoded, inputs, method=t5.PaDIR.predict_length)  # [b, L + 1]
-        lengths = refine.top_k_lengths(logits, self.length_hyps, self.max_decode_length)            # [b, k]
-        return encoded, jnp.clip(lengths + self.length_bonus, 1, self.max_decode_length)
+        """Encoder + length prediction (``encode_and_lengths``) with this decoder's options."""
+        return encode_and_lengths(self.model, params, inputs, self.length_hyps, self.max_decode_length,
+                                  self.force_length, self.length_bonus)
 
     def target_buckets(self, source_bucket: int) -> list[int]:
         """As for every decoder; with ``force_length`` the smallest capacity that holds it, for any source."""
@@ -375,6 +372,30 @@ class PaDIRDecoder(_BaseDecoder):
             return logits
 
         return jax.jit(chained).lower(self.params, encoded, jax.ShapeDtypeStruct((b, s), jnp.int32), tokens, tokens)
+
+
+def encode_and_lengths(model, params, inputs, length_hyps: int, max_decode_length: int, force_length: int | None,
+                       length_bonus: int):
+    """Encoder + length prediction: encoded [b, s, d], top-k lengths [b, k] in [1, max], each plus
+    ``length_bonus`` tokens (``force_length`` for every hypothesis if set)."""
+    v = {"params": params}
+    encoded = model.apply(v, inputs, method=t5.PaDIR.encode)
+    if force_length is not None:
+        return encoded, jnp.full((inputs.shape[0], length_hyps), force_length, jnp.int32)
+    logits = model.apply(v, encoded, inputs, method=t5.PaDIR.predict_length)                  # [b, L + 1]
+    lengths = refine.top_k_lengths(logits, length_hyps, max_decode_length)                     # [b, k]
+    return encoded, jnp.clip(lengths + length_bonus, 1, max_decode_length)
+
+
+@functools.lru_cache(maxsize=None)
+def _shared_encode(config: ModelConfig, length_hyps: int, max_decode_length: int, force_length: int | None,
+                   length_bonus: int):
+    """The jitted ``encode_and_lengths`` for one model config and length options, shared by every PaDIR
+    decoder with them (the parameters are an argument)."""
+    model = t5.make_model(config)
+    return jax.jit(functools.partial(encode_and_lengths, model, length_hyps=length_hyps,
+                                     max_decode_length=max_decode_length, force_length=force_length,
+                                     length_bonus=length_bonus))
 
 
 @functools.lru_cache(maxsize=None)

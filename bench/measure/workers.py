@@ -110,6 +110,17 @@ def check_memory(done: str) -> None:
 MEMORY_FLOOR = 0.05   # the share of the machine's memory the workers must leave free (check_memory)
 
 
+def memory_maps(pid: int) -> tuple[int, int] | None:
+    """``(maps, limit)``: the memory maps process ``pid`` holds and the kernel's limit per process
+    (``vm.max_map_count``); None where Linux's /proc cannot say."""
+    try:
+        with open(f"/proc/{pid}/maps", "rb") as f:
+            maps = sum(1 for _ in f)
+        return maps, int(Path("/proc/sys/vm/max_map_count").read_text())
+    except (OSError, ValueError):
+        return None
+
+
 class _Process:
     """One worker process and its pipe; it hosts one system or a group of them (``WorkerSpec.group``)."""
 
@@ -129,6 +140,26 @@ class _Process:
         self._conn = Connection(ours.detach())
         self._conn.send_bytes(pickle.dumps(list(specs)))
         self._infos: list[dict] = []
+        self._maps_step = 0            # the most memory maps one warm-up added in this process so far
+
+    def check_maps(self, done: str, before: int | None) -> None:
+        """Stop with one line before the next warm-up could take this process past the kernel's memory-map
+        limit (it would die of SIGSEGV): XLA maps each loaded executable's code in a few hundred maps, so a
+        worker hosting many systems runs out of maps before memory (``before``: its maps before ``done``)."""
+        now = memory_maps(self.pid)
+        if now is None or before is None:
+            return
+        maps, limit = now
+        self._maps_step = max(self._maps_step, maps - before)
+        if maps + self._maps_step > limit:
+            raise UserError(f"timing stopped: the worker process of {', '.join(self.names[:3])}"
+                            f"{' ...' if len(self.names) > 3 else ''} holds {maps:,} memory maps after {done}, and "
+                            f"the next warm-up could pass the kernel's limit of {limit:,}; raise it (sysctl -w "
+                            "vm.max_map_count=262144) or time fewer systems at once")
+
+    def maps(self) -> int | None:
+        now = memory_maps(self.pid)
+        return None if now is None else now[0]
 
     @property
     def pid(self) -> int:
@@ -203,8 +234,10 @@ class Worker:
 
     # -- bench.measure.timing.TimedSystem ---------------------------------------------------------------------
     def warmup(self, batch_size: int) -> float:
+        before = self._process.maps()
         seconds = self.call("warmup", batch_size)
         check_memory(f"warming up {self.name}")
+        self._process.check_maps(f"warming up {self.name}", before)
         return seconds
 
     def timed(self, sources: list[str], phase: str):

@@ -109,6 +109,16 @@ def test_timing_stops_with_one_line_before_the_workers_exhaust_memory(monkeypatc
             pool.workers[0].warmup(1)
 
 
+def test_timing_stops_with_one_line_before_a_worker_passes_the_kernels_map_limit(monkeypatch):
+    maps = iter([(100, 1000), (400, 1000), (400, 1000), (750, 1000)])    # before and after each warm-up
+    monkeypatch.setattr(workers, "memory_maps", lambda pid: next(maps))
+    with workers.WorkerPool([workers.WorkerSpec(n, stamp_decoder, (n,), group="m") for n in ("a", "b")]) as pool:
+        pool.workers[0].warmup(1)                        # +300 maps: 400 + 300 fits under 1,000
+        with pytest.raises(UserError, match=r"^timing stopped: the worker process of a, b holds 750 memory maps after "
+                                            r"warming up b, and the next warm-up could pass the kernel's limit of 1,000;"):
+            pool.workers[1].warmup(1)
+
+
 def test_a_worker_whose_decoder_fails_to_load_names_the_system():
     with pytest.raises(UserError, match=r"^x: the worker could not load"):
         workers.WorkerPool([workers.WorkerSpec("x", failing_decoder)])
