@@ -396,7 +396,7 @@ def plot_grid(rows: Sequence[Row], path: Path) -> None:
         ax.set_title(f"{ts}: {families.get(family).label} by {axis}", fontsize=9)
         ax.grid(alpha=0.3, which="both")
     fig.suptitle("Quality vs latency, coloured by each ablation axis")
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0, 1, 1 - 0.4 / fig.get_figheight()))   # the title above the top row's titles
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
