@@ -115,6 +115,7 @@ class SplitPreview:
     split: str
     test_sets: list[str]
     systems: list[str]
+    processes: int                   # timing worker processes (bench.families.worker_processes)
     sentences: int | None
     seconds: float | None
     costs: dict[str, tuple[est.SystemCost, float | None]]      # system -> (cost, its seconds)
@@ -251,7 +252,7 @@ def _splits(spec: SuiteSpec, plan: Plan, locator: Locator, measured: est.Measure
             costs[s.name] = (cost, seconds)
         parts = [sec for _, sec in costs.values()]
         out.append(SplitPreview(task, split, list(dict.fromkeys(c.test_set.name for c in cells)),
-                                [s.name for s in systems], n,
+                                [s.name for s in systems], families.worker_processes(systems), n,
                                 None if any(p is None for p in parts) else float(sum(parts)), costs))
     return out
 
@@ -293,8 +294,8 @@ def render_text(p: Preview) -> str:
     lines.extend(["", "Test sets (test sets reading one split share its timed measurement):"])
     for s in p.splits:
         n = "? sentences" if s.sentences is None else f"{s.sentences:,} sentences"
-        lines.append(f"  {' and '.join(s.test_sets)}: {len(s.systems)} systems, {n}, timed once: "
-                     f"~{est.duration(s.seconds)}")
+        lines.append(f"  {' and '.join(s.test_sets)}: {len(s.systems)} systems in {s.processes} worker "
+                     f"process{'es' * (s.processes != 1)}, {n}, timed once: ~{est.duration(s.seconds)}")
     lines.extend(["", *render_estimate(p)])
     return "\n".join(lines) + "\n"
 
@@ -337,7 +338,7 @@ def to_json(p: Preview) -> dict[str, Any]:
                            "folder": d.folder, "note": d.note, "estimate": estimate(d.estimate)}
                           for d in p.distillations],
         "test_sets": [{"task": s.task, "split": s.split, "test_sets": s.test_sets, "sentences": s.sentences,
-                       "seconds": s.seconds,
+                       "seconds": s.seconds, "worker_processes": s.processes,
                        "systems": [{"system": name, "latency_ms": cost.latency_ms, "compile_s": cost.compile_s,
                                     "seconds": seconds, "how": cost.how}
                                    for name, (cost, seconds) in s.costs.items()]}

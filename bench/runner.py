@@ -505,7 +505,7 @@ class Runner:
             specs = [workers.WorkerSpec(s.name, self.deps.worker_factory, (s.family, str(ckpt), s.decoder),
                                         {"name": s.name, **dict(s.options)},
                                         families.get(s.family).worker_env(dict(s.options)), self.platform,
-                                        group=s.family if families.get(s.family).shares_worker else None)
+                                        group=families.worker_group(s.family))
                      for s, ckpt in systems]
             with workers.WorkerPool(specs) as pool:
                 yield pool.workers

@@ -63,6 +63,17 @@ def load_decoder(family: str, checkpoint_dir, spec: str, **options):
     return get(family).load_decoder(checkpoint_dir, spec, **options)
 
 
+def worker_group(family: str) -> str | None:
+    """The timing worker a family's system shares (``bench.measure.workers.WorkerSpec.group``): the family's
+    one, where its systems share one (``Family.shares_worker``); None: a worker of its own."""
+    return family if get(family).shares_worker else None
+
+
+def worker_processes(systems) -> int:
+    """How many timing worker processes ``systems`` (``System``s timed together) start."""
+    return len({worker_group(s.family) or s.name for s in systems})
+
+
 def rank(name: str) -> int:
     """A family's position in tables."""
     return [f.name for f in all_families()].index(name)

@@ -69,7 +69,7 @@ def test_plan_shows_what_is_cached_the_systems_and_an_estimate(measured):
     text = preview.render_text(shown)
     assert "Training cells (5: 3 cached, 2 to train)" in text
     assert f"  to train  {PADIR} 0.5 seed 0\n" in text and f"  cached    {PADIR} 0.15 seed 0\n" in text
-    assert "fake_task:test and fake_task:test+refs: 9 systems, 20 sentences, timed once" in text
+    assert "fake_task:test and fake_task:test+refs: 9 systems in 2 worker processes, 20 sentences, timed once" in text
     assert f"\n  training      {'9 s':>12s}  (2 models; per cell above)\n" in text
     assert "from 1 runs under the results folder" in text
     # A training that stopped part way is resumed, not started again.
@@ -91,6 +91,7 @@ def test_plan_command_prints_json_and_leaves_other_machines_out(measured, monkey
     # Everything cached: no training left; the timing estimate is the sum of each system's, from the fake run's rows.
     split = out["test_sets"][0]
     assert out["estimate"]["training_seconds"] == 0.0
+    assert split["worker_processes"] == 2                    # the AR family's and the PaDIR family's
     assert all(s["how"] == "measured (1 run)" for s in split["systems"])
     assert out["estimate"]["timing_seconds"] == pytest.approx(split["seconds"])
     assert split["seconds"] == pytest.approx(sum(s["seconds"] for s in split["systems"]))
