@@ -317,9 +317,10 @@ def _resumable(store: RunStore, spec_hash: str, report: str | None) -> bool:
                                                     or store.incomplete(report) is not None)
 
 
-def finish_run(store: RunStore) -> None:
-    """Mark the run finished and point ``<suite>/latest`` at it (atomically): after its report is written."""
-    store.update_info(status="finished", finished=utc_now().isoformat())
+def finish_run(store: RunStore, finished: str | None = None) -> None:
+    """Mark the run finished (at ``finished``, an ISO time: the one its report states; default now) and point
+    ``<suite>/latest`` at it (atomically): after its report is written."""
+    store.update_info(status="finished", finished=finished or utc_now().isoformat())
     write_text(store.path.parent / LATEST, store.run_id + "\n")
 
 

@@ -14,6 +14,7 @@ from bench.executors.base import EXECUTORS
 from narbench_core import defaults
 from narbench_core.errors import UserError
 from narbench_core.io import read_lines, write_jsonl
+from narbench_core.runs import utc_now
 
 SUITE_HELP = "built-in suite name (smoke, quick, default, anchors, ablation, paper) or a path to a .toml spec"
 
@@ -224,17 +225,19 @@ def cmd_run(args) -> int:
                               progress=not args.no_progress, executor=executor, timed_env=timed_env)
         suite.run()
         run.update_info(last_session_s=round(time.perf_counter() - start, 1))
-        return _finish(run.path, lambda: store.finish_run(run))   # finished only once its report is written
+        finished = utc_now().isoformat()                  # the time the report states and run.json records
+        return _finish(run.path, lambda: store.finish_run(run, finished), finished)   # once its report is written
     finally:
         run.release()
 
 
-def _finish(run_dir: Path, done=None) -> int:
-    """Write the run's report, then call ``done`` (``finish_run``), then check every figure."""
+def _finish(run_dir: Path, done=None, finished: str | None = None) -> int:
+    """Write the run's report (saying it ``finished`` then, if given), then call ``done`` (``finish_run``), then
+    check every figure."""
     from bench import report
     from bench.verify import verify_run
 
-    files = report.write_report(run_dir)
+    files = report.write_report(run_dir, finished)
     if done is not None:
         done()
     problems = verify_run(run_dir)

@@ -211,9 +211,10 @@ def render_leaderboard(rows: list[Row], info: dict, env: dict, run_dir: Path, sa
 
 # ---------------------------------------------------------------------------------------------- entry
 
-def write_report(run_dir: str | Path) -> list[Path]:
+def write_report(run_dir: str | Path, finished: str | None = None) -> list[Path]:
     """Write ``table.md``, ``leaderboard.md`` and the plots into the run folder (``learning_curves.png``
-    when it has ``curves.jsonl``; ``grid.md`` and ``grid.png`` when a family's rows vary an ablation axis)."""
+    when it has ``curves.jsonl``; ``grid.md`` and ``grid.png`` when a family's rows vary an ablation axis).
+    ``finished``: the time the run is about to be marked finished (``narbench run`` writes the report first)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -223,6 +224,8 @@ def write_report(run_dir: str | Path) -> list[Path]:
     if not rows:
         raise UserError(f"{run.path} has no finished cells yet; run `narbench run` until some finish")
     info, env = {"run_id": run.run_id, "suite": rows[0].suite, **run.info}, run.env()
+    if finished is not None:
+        info["finished"] = finished
     scored = [r for r in rows if r.bleu is not None]
     if scored:
         plot_pareto(scored, run.path / PARETO)

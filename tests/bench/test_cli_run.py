@@ -55,6 +55,7 @@ def test_run_report_results_end_to_end(env, capsys):
     assert "recomputed from samples.jsonl: OK" in err
     info = json.loads((run_dir / "run.json").read_text())
     assert info["status"] == "finished" and info["command"].startswith("narbench run --suite ")
+    assert f"finished {info['finished']}\n" in (run_dir / "leaderboard.md").read_text()   # when, as run.json says
     assert verify_run(run_dir) == []
 
     code, stdout, _ = run_cli(["results", str(run_dir), "--format", "csv"], capsys)
@@ -208,7 +209,7 @@ def test_a_second_run_of_a_folder_another_process_holds_is_refused_with_one_line
 def test_a_run_killed_before_its_report_is_finished_by_the_same_command(env, capsys, monkeypatch):
     spec, out, _ = env
 
-    def killed(run_dir):
+    def killed(run_dir, finished=None):
         raise KeyboardInterrupt
     monkeypatch.setattr("bench.report.write_report", killed)
     code, _, _ = run_cli(["run", "--suite", str(spec), "--out", str(out), "--no-progress"], capsys)
