@@ -199,7 +199,8 @@ class _Process:
         lines = [ln for ln in self._log.read_text(errors="replace").splitlines()
                  if ln.strip() and not is_library_log(ln)] if self._log.exists() else []
         last = f": {lines[-1].strip()[:300]}" if lines else ""
-        raise UserError(f"system {name}: its worker process (pid {self.pid}) died with exit code {code}"
+        shared = f", shared by {len(self.names)} systems" if len(self.names) > 1 else ""
+        raise UserError(f"system {name}: its worker process (pid {self.pid}{shared}) died with exit code {code}"
                         f"{last}; re-run the same command to resume")
 
     def close(self) -> None:

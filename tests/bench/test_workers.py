@@ -150,6 +150,10 @@ def test_a_dead_worker_is_named_by_its_last_line_that_is_not_a_library_log():
     message = str(err.value)
     assert message.startswith("system x: its worker process") and "exit code 3: the real reason;" in message
     assert "cuda" not in message
+    with pytest.raises(UserError, match=r"^system a: its worker process \(pid \d+, shared by 2 systems\) died "
+                                        r"with exit code 3: the real reason;"):
+        workers.WorkerPool([workers.WorkerSpec("a", stamp_decoder, ("a",), group="m"),
+                            workers.WorkerSpec("x", noisy_dying_decoder, group="m")])
 
 
 class DyingDecoder(FakeDecoder):
