@@ -369,7 +369,8 @@ class Runner:
         record = self.deps.train_record(path) or {}
         points = self.deps.train_curve(path)
         if save and points and self.store is not None:
-            self.store.save_curve(cell.label, learning.records(cell.label, cell.family, points))
+            self.store.save_curve(cell.label, learning.records(cell.label, cell.family, points,
+                                                                    learning.decay_started(record)))
         return {"model": cell.label, "train_steps": record.get("steps_done"),
                 "train_tokens": record.get("target_tokens"), "train_seconds": record.get("train_seconds"),
                 "train_flops": record.get("train_flops"),

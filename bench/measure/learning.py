@@ -4,8 +4,10 @@ Every trained model's checkpoint folder holds its curve (``models.curves``: dev 
 regular training steps); the grid copies it into the run folder's ``curves.jsonl``, one record per
 point: ``model`` (the training cell's label, also the rows' ``model`` column), ``family``, ``step``,
 ``seconds`` (training seconds so far), ``dev_nll``, ``dev_bleu`` and, where the point recorded it,
-``eval_seconds`` (the point's own evaluation time: ``narbench plan`` estimates dev points with it).
-``bench.report`` draws ``learning_curves.png`` from it.
+``eval_seconds`` (the point's own evaluation time: ``narbench plan`` estimates dev points with it) and, for a
+model whose learning-rate decay began (``models.schedule``: a wsd schedule whose plateau rule fired, or which
+reached its latest decay start), ``decaying`` (the point was evaluated after the decay started).
+``bench.report`` draws ``learning_curves.png`` from it, with a ring where each decay started.
 """
 from __future__ import annotations
 
@@ -16,11 +18,21 @@ from narbench_core import defaults
 FIELDS = ("model", "family", "step", "seconds", "dev_nll", "dev_bleu")
 
 
-def records(model: str, family: str, points: Iterable[Mapping[str, Any]]) -> list[dict]:
-    """The run-folder records of one model's curve points, by step."""
+def decay_started(record: Mapping[str, Any]) -> int | None:
+    """The step a trained model's learning-rate decay started at, from its checkpoint record, or None if it
+    never started (a cosine schedule, or a wsd training stopped before its decay)."""
+    start, done = record.get("decay_start"), record.get("steps_done")
+    return int(start) if start is not None and done is not None and int(done) > int(start) else None
+
+
+def records(model: str, family: str, points: Iterable[Mapping[str, Any]],
+            decay_start: int | None = None) -> list[dict]:
+    """The run-folder records of one model's curve points, by step (with ``decaying`` when ``decay_start``,
+    the step its learning-rate decay started at, is given)."""
     return [{"model": model, "family": family, "step": int(p["step"]), "seconds": float(p["seconds"]),
              "dev_nll": float(p["dev_nll"]), "dev_bleu": float(p["dev_bleu"]),
-             **({"eval_seconds": float(p["eval_seconds"])} if p.get("eval_seconds") is not None else {})}
+             **({"eval_seconds": float(p["eval_seconds"])} if p.get("eval_seconds") is not None else {}),
+             **({"decaying": int(p["step"]) > decay_start} if decay_start is not None else {})}
             for p in sorted(points, key=lambda p: p["step"])]
 
 

@@ -13,6 +13,7 @@ from bench.rows import Row, column
 PARETO, LATENCY_CDF, BLEU_VS_ITERATIONS = "pareto.png", "latency_cdf.png", "bleu_vs_iterations.png"
 PLOTS = (PARETO, LATENCY_CDF, BLEU_VS_ITERATIONS)
 CURVE_PLOT = "learning_curves.png"       # drawn when the run has curves.jsonl (models trained with curves)
+DECAY_MARK = "learning-rate decay starts (where the plateau rule fired, for models stopped by it)"
 GRID_PAGE, GRID_PLOT = "grid.md", "grid.png"   # written when a family's rows vary an ablation axis (bench.report.grid)
 
 
@@ -149,11 +150,14 @@ def plot_latency_cdf(rows: list[Row], samples: list[dict], path: Path) -> None:
 
 
 def plot_learning_curves(points: list[dict], path: Path) -> None:
-    """Dev BLEU and dev NLL against training seconds, one line per trained model (``curves.jsonl``)."""
+    """Dev BLEU and dev NLL against training seconds, one line per trained model (``curves.jsonl``), with a
+    ring on the point where a model's learning-rate decay started (its plateau, when the rule fired)."""
     import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
 
     models = list(dict.fromkeys(p["model"] for p in points))
-    legend_rows = len(models)                                 # one per row: model names are long
+    rings = any(p.get("decaying") for p in points)
+    legend_rows = len(models) + rings                         # one per row: model names are long
     fig, (bleu_ax, nll_ax) = plt.subplots(1, 2, figsize=(12, 4.6 + 0.22 * legend_rows))
     cmap = plt.get_cmap("tab10")
     for i, model in enumerate(models):
@@ -162,6 +166,12 @@ def plot_learning_curves(points: list[dict], path: Path) -> None:
         seconds = [p["seconds"] for p in pts]
         bleu_ax.plot(seconds, [p["dev_bleu"] for p in pts], label=model, **style)
         nll_ax.plot(seconds, [p["dev_nll"] for p in pts], label=model, **style)
+        before = [p for p in pts if p.get("decaying") is False]
+        if before and any(p.get("decaying") for p in pts):    # the last point at the peak rate: the decay's start
+            start = before[-1]
+            for ax, what in ((bleu_ax, "dev_bleu"), (nll_ax, "dev_nll")):
+                ax.plot([start["seconds"]], [start[what]], marker="o", ms=11, mfc="none", mec=style["color"],
+                        mew=1.5, ls="none", label=DECAY_MARK)
     for ax, what in ((bleu_ax, "dev BLEU"), (nll_ax, "dev NLL per target token")):
         ax.set_xlabel("training seconds (train steps only)")
         ax.set_ylabel(what)
@@ -170,6 +180,10 @@ def plot_learning_curves(points: list[dict], path: Path) -> None:
     bottom = (0.3 + 0.22 * legend_rows) / fig.get_figheight()
     fig.tight_layout(rect=(0, bottom, 1, 1))
     handles, labels = bleu_ax.get_legend_handles_labels()     # below the axes: model names are long
+    if rings:                                                   # one legend entry for every model's ring
+        handles = [h for h, label in zip(handles, labels) if label != DECAY_MARK]
+        handles.append(Line2D([], [], marker="o", ms=9, mfc="none", mec="grey", ls="none"))
+        labels = [label for label in labels if label != DECAY_MARK] + [DECAY_MARK]
     fig.legend(handles, labels, loc="lower center", ncol=1, fontsize=7, frameon=False)
     fig.savefig(path, dpi=120)
     plt.close(fig)

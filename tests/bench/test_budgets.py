@@ -15,7 +15,7 @@ from bench.plan import expand
 from bench.runner import Runner
 from bench.rows import CORE, SCHEMA_VERSION, Row
 from fakes import saved_figures
-from grid_fakes import STEP_COST, TOKENS_PER_STEP, FakeStepCost, fake_deps, fake_row, fake_spec
+from grid_fakes import STEP_COST, TOKENS_PER_STEP, FakeStepCost, fake_deps, fake_row, fake_spec, fake_train_record
 from narbench_core.errors import UserError
 
 SPEC = fake_spec("budgets", test=["test"], ar_decoders=["greedy"], padir_iterations=[2], max_test_sentences=10)
@@ -172,6 +172,46 @@ def test_report_draws_learning_curves_and_a_budget_table(tmp_path):
     assert lines == [f"| {AR_MODEL} | AR | 5 | 1.00k | 2 | 5.00G | 100% | – | – | yes | – | – |",
                      f"| {PADIR_MODEL} | PaDIR | 5 | 1.00k | 4 | 12.50G | 250% | – | – | no | 0.250 | 0.750 |",
                      f"| {DISTILLED_MODEL} | PaDIR | 5 | 1.00k | 4 | 12.50G | 250% | – | 2 | no | 0.250 | 0.750 |"]
+
+
+def test_curve_points_say_which_came_after_the_learning_rate_decay_started(tmp_path):
+    spec = load(tmp_path, SPEC)
+    AR_MODEL, PADIR_MODEL, _ = models(spec)
+    deps = fake_deps(tmp_path / "ckpt")
+    deps.train_record = lambda path: {**fake_train_record(path), "decay_start": 3}      # every model: 5 steps
+    store, _ = run(tmp_path, spec, deps)
+    ar = [(p["step"], p["decaying"]) for p in store.curves() if p["model"] == AR_MODEL]
+    assert ar == [(1, False), (2, False), (3, False), (4, True), (5, True)]
+    assert all("decaying" in p for p in store.curves())
+
+
+@pytest.mark.parametrize("record, started", [
+    ({"decay_start": 7000, "steps_done": 8400, "stopped_by": "plateau"}, 7000),
+    ({"decay_start": 50000, "steps_done": 7500, "stopped_by": "cap"}, None),         # stopped before its decay
+    ({"decay_start": 50000, "steps_done": 50000}, None),
+    ({"decay_start": None, "steps_done": 1500}, None),                                # cosine
+    ({"steps_done": 5}, None)])                                                       # a record from before wsd
+def test_the_decay_started_only_where_training_went_past_its_start(record, started):
+    assert learning.decay_started(record) == started
+
+
+def test_plot_learning_curves_rings_where_the_decay_started(tmp_path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    rising = [{"step": s, "seconds": float(s), "dev_nll": 5 - s / 10, "dev_bleu": float(s)} for s in (10, 20, 30, 40)]
+    points = (learning.records("a", "ar", rising, decay_start=20) + learning.records("b", "padir", rising[:2])
+              + learning.records("c", "padir", rising, decay_start=40))                  # c: no point after 40
+    assert [p["decaying"] for p in points if p["model"] == "a"] == [False, False, True, True]
+    assert all("decaying" not in p for p in points if p["model"] == "b")
+    with saved_figures() as figures:
+        plots.plot_learning_curves(points, tmp_path / "lc.png")
+    bleu_ax, nll_ax = figures["lc.png"].axes
+    rings = [line for line in bleu_ax.get_lines() if line.get_label() == plots.DECAY_MARK]
+    assert [(list(r.get_xdata()), list(r.get_ydata())) for r in rings] == [([20.0], [20.0])]   # only a's
+    assert [list(r.get_ydata()) for r in nll_ax.get_lines() if r.get_label() == plots.DECAY_MARK] == [[3.0]]
+    legend = [t.get_text() for t in figures["lc.png"].legends[0].get_texts()]
+    assert legend == ["a", "b", "c", plots.DECAY_MARK]                             # one entry for every ring
 
 
 def test_plot_learning_curves_from_points(tmp_path):
