@@ -115,6 +115,16 @@ def test_readme_headline_figures_are_the_linked_runs_rows():
         assert said in text, f"the headline does not say {said!r}"
 
 
+def test_every_committed_suite_folder_points_latest_at_its_newest_run():
+    suites = {run.parent for run in (p.parent for p in (REPO / "results").rglob("run.json"))}
+    assert suites, "no committed run folders found"
+    for folder in sorted(suites):
+        newest = max(p.parent.name for p in folder.glob("*/run.json"))
+        latest = folder / "latest"
+        assert latest.is_file() and latest.read_text().strip() == newest, (
+            f"{folder.relative_to(REPO)}/latest should name {newest} (`narbench report` and the pages read it)")
+
+
 def test_readme_pandas_snippet_runs_on_the_committed_run(monkeypatch, capsys):
     code = re.search(r"```python\n(.*?)```", section(README.read_text(encoding="utf-8"),
                                                      "Reading results with pandas"), re.S)[1]
