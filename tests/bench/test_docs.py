@@ -81,38 +81,98 @@ def _speedup(row) -> str:
     return f"{row.speedup_p50_vs_ar:.2f}x [{lo:.2f}, {hi:.2f}]"
 
 
+def _training_hours(row) -> str:
+    """Hours that went into the system's models: its own training, the warm start's and the distillation's."""
+    if row.train_seconds is None:
+        return "–"
+    return f"{(row.train_seconds + (row.warm_start_seconds or 0) + (row.distill_seconds or 0)) / 3600:.2f}"
+
+
 HEADLINE = {     # a column of the README's headline table -> the row's figure as the README prints it
     "BLEU": lambda r: f"{r.bleu:.2f}",
     "p50 ms": lambda r: ms(r.latency_p50_ms),
     "speedup vs AR greedy [95% CI]": _speedup,
     "train steps": lambda r: count(r.train_steps),
+    "training h": _training_hours,
     "still improving": lambda r: yes_no(r.still_improving),
 }
+RUN_LINK = re.compile(r"\[([^\]\n]+)\]\((results/[^)\s]+)/leaderboard\.md\)")
+
+
+def headline_problems(text: str) -> list[str]:
+    """What the headline section ``text`` says that its runs do not: every figure of its table is the linked
+    run's row (a column "BLEU, converged" reads the run linked as "[converged](...)", and with one linked
+    run a bare "BLEU" reads that one; "–" where the run has no such system), each run is its suite's
+    newest, and the text names each run's commit, date, CPU and sentence count."""
+    runs = {label: REPO / path for label, path in RUN_LINK.findall(text)}
+    if not runs:
+        return ["the headline names no run (a link to results/<suite>/<run_id>/leaderboard.md)"]
+    problems = [f"the headline quotes {d.name}, not the newest committed run of its suite" for d in runs.values()
+                if (d.parent / "latest").read_text().strip() != d.name]
+    test_set = re.search(r"test set `([^`]+)`", text)[1]
+    rows = {label: RunStore(d).rows() for label, d in runs.items()}
+    shown = {label: {display_names(rs)[r.system]: r for r in rs if r.test_set == test_set}
+             for label, rs in rows.items()}
+    header, body = table(text)
+    if header[0] != "System" or not 0 < len(body) <= 10:
+        return problems + [f"the table needs a System column and 1 to 10 rows: {header}, {len(body)} rows"]
+    columns = {}
+    for column in header[1:]:
+        metric, _, label = column.rpartition(", ")
+        if label not in runs:
+            metric, label = column, (next(iter(runs)) if len(runs) == 1 else None)
+        if metric not in HEADLINE or label is None:
+            problems.append(f"column {column!r}: say one of {sorted(HEADLINE)}, then ', <run>' with several runs")
+        else:
+            columns[column] = (metric, label)
+    for line in body:
+        system = line["System"]
+        if not any(system in shown[label] for label in runs):
+            where = ", ".join(d.name for d in runs.values())
+            problems.append(f"no system shown as {system!r} on {test_set} in {where}")
+        for column, (metric, label) in columns.items():
+            row = shown[label].get(system)
+            want = "–" if row is None else HEADLINE[metric](row)
+            if line[column] != want:
+                problems.append(f"{system}, {column}: the README says {line[column]}, run {runs[label].name} {want}")
+    for label, rs in rows.items():
+        first, n = rs[0], {r.n_sentences for r in shown[label].values()}
+        for said in (f"commit {first.git_commit[:7]}", first.date_utc[:10], first.cpu_model,
+                     *(f"{count} sentences" for count in n)):
+            if said not in text:
+                problems.append(f"the headline does not say {said!r} (run {runs[label].name})")
+    return problems
 
 
 def test_readme_headline_figures_are_the_linked_runs_rows():
-    text = section(README.read_text(encoding="utf-8"), "Headline result")
-    link = re.search(r"\]\((results/[^)]+)/leaderboard\.md\)", text)
-    assert link, "the headline names no run (a link to results/<suite>/<run_id>/leaderboard.md)"
-    run_dir = REPO / link[1]
-    assert (run_dir.parent / "latest").read_text().strip() == run_dir.name, (
-        f"the headline quotes {run_dir.name}, not the newest committed run of its suite")
-    rows = RunStore(run_dir).rows()
-    test_set = re.search(r"test set `([^`]+)`", text)[1]
-    names = display_names(rows)
-    by_name = {names[r.system]: r for r in rows if r.test_set == test_set}
-    header, body = table(text)
-    assert header[0] == "System" and set(header[1:]) <= set(HEADLINE), f"unchecked columns: {header}"
-    assert 0 < len(body) <= 10
-    for line in body:
-        row = by_name.get(line["System"])
-        assert row is not None, f"no system shown as {line['System']!r} on {test_set} in {run_dir.name}"
-        for column in header[1:]:
-            assert line[column] == HEADLINE[column](row), f"{line['System']}, {column}"
-    first = rows[0]
-    for said in (f"commit {first.git_commit[:7]}", first.date_utc[:10], first.cpu_model,
-                 f"{by_name[body[0]['System']].n_sentences} sentences"):
-        assert said in text, f"the headline does not say {said!r}"
+    problems = headline_problems(section(README.read_text(encoding="utf-8"), "Headline result"))
+    assert not problems, "\n".join(problems)
+
+
+def test_a_headline_of_two_runs_is_checked_column_by_column():
+    default, grid = (sorted((REPO / "results" / suite).glob("2*"))[-1] for suite in ("default", "grid-de-en"))
+    shown = {}
+    for name, d in (("default", default), ("grid", grid)):
+        rows = RunStore(d).rows()
+        shown[name] = {display_names(rows)[r.system]: r for r in rows if r.test_set == "bible_de_en:test"}
+    ar = {name: shown[name]["AR greedy"] for name in shown}
+    only_grid = next(n for n in shown["grid"] if n not in shown["default"])
+    other = shown["grid"][only_grid]
+    said = " ".join(f"commit {r.git_commit[:7]} {r.date_utc[:10]} {r.cpu_model} {r.n_sentences} sentences"
+                    for r in ar.values())
+    text = (f"[90 min]({default.relative_to(REPO)}/leaderboard.md), [grid]({grid.relative_to(REPO)}/leaderboard.md); "
+            f"test set `bible_de_en:test`; {said}\n\n"
+            "| System | BLEU, 90 min | BLEU, grid | training h, grid |\n|---|---:|---:|---:|\n"
+            f"| AR greedy | {ar['default'].bleu:.2f} | {ar['grid'].bleu:.2f} | {_training_hours(ar['grid'])} |\n"
+            f"| {only_grid} | – | {other.bleu:.2f} | {_training_hours(other)} |\n")
+    assert headline_problems(text) == []
+    wrong = text.replace(f"| {ar['grid'].bleu:.2f} |", "| 1.00 |", 1)
+    assert headline_problems(wrong) == [
+        f"AR greedy, BLEU, grid: the README says 1.00, run {grid.name} {ar['grid'].bleu:.2f}"]
+    bare = text.replace("| BLEU, 90 min |", "| BLEU |")
+    assert [p.split(":")[0] for p in headline_problems(bare)] == ["column 'BLEU'"]
+    missing = text.replace(f"| {only_grid} | – |", f"| {only_grid} | 3.00 |")
+    assert headline_problems(missing) == [f"{only_grid}, BLEU, 90 min: the README says 3.00, run {default.name} –"]
 
 
 def test_every_committed_suite_folder_points_latest_at_its_newest_run():
