@@ -66,7 +66,7 @@ def _drop_abandoned_reads() -> None:
     """Keep a damage report one line: when one array of a restore fails, orbax closes its event loop with
     the other reads still in flight, and Python reports each one's failure when it ends or is collected
     (``Exception ignored in: ...`` and a traceback, often at exit: up to hundreds of lines). They are the
-    damage already reported; other unraisable exceptions still go to the hook that was installed."""
+    damage reported; other unraisable exceptions still go to the hook that was installed."""
     previous = sys.unraisablehook
     if getattr(previous, "drops_orbax_reads", False):
         return
@@ -80,13 +80,16 @@ def _drop_abandoned_reads() -> None:
 
 @contextlib.contextmanager
 def _reading(ckpt_dir: Path, what: str):
-    """Any failure of orbax reading ``what`` (files as saved, no template to mismatch) is damage."""
+    """Any failure of orbax reading ``what`` (files as saved, no template to mismatch) is damage. The
+    abandoned reads of a failure are dropped from the read's start: tensorstore may finish one into the
+    closed loop before the failure reaches this frame (a flake: one "Event loop is closed" traceback
+    around the one-line error)."""
+    _drop_abandoned_reads()
     try:
         yield
     except (UserError, MemoryError):
         raise
     except Exception as err:    # noqa: BLE001 - tensorstore raises ValueError, JSONDecodeError, bare Exception
-        _drop_abandoned_reads()
         raise DamagedCheckpoint(ckpt_dir, f"{what} cannot be read ({_reason(err)})") from err
 
 

@@ -185,3 +185,18 @@ def test_a_damage_report_silences_only_the_reads_orbax_abandoned(tmp_path, monke
     abandoned.close()
     assert all(any(r is k for r in reported) for k in kept)
     assert not any(r is d for r in reported for d in dropped)
+
+
+def test_abandoned_reads_are_dropped_from_the_start_of_a_read(tmp_path, monkeypatch):
+    """tensorstore can finish an abandoned read into orbax's closed loop before the failure reaches
+    ``_reading``'s handler: the hook must already be in place when the read starts."""
+    import sys
+    import types
+
+    reported = []
+    monkeypatch.setattr(sys, "unraisablehook", reported.append)
+    closed = types.SimpleNamespace(object=None, exc_value=RuntimeError("Event loop is closed"),
+                                   exc_type=RuntimeError, exc_traceback=None, err_msg=None)
+    with checkpoint._reading(tmp_path, "the parameters of step 1"):
+        sys.unraisablehook(closed)                       # before anything failed
+    assert reported == []
