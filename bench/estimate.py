@@ -15,12 +15,14 @@ under the data root, which only this machine writes):
 
 The estimator is deliberately simple:
 
-- training a cell: its steps (``until = "plateau"``: the median stop of the nearest measured models
-  that the plateau rule stopped, else the cap) x the median seconds per step of the nearest measured
-  models (same family and model shape; preferring the same training cell, then the same task, batch
-  tokens and work per step), each scaled linearly by batch tokens and by its family's work per step
-  (``Family.train_work``); plus its dev points x seconds per point and the fixed overhead, where a
-  checkpoint record measured them;
+- training a cell: its steps (``until = "plateau"``: the median stop of the family's models the plateau
+  rule stopped, of the same task and size, else the same task, else the same size; else the cap) x the
+  median seconds per step of the nearest measured models (same family and model shape; preferring the
+  same training cell, then the same task, batch tokens and work per step), each scaled linearly by batch
+  tokens and by its family's work per step (``Family.train_work``); plus its dev points x seconds per
+  point and the fixed overhead, where a checkpoint record measured them. A partial training counts
+  only its rest: to where its rule stops it, from its dev curve so far (``progress``: exact once the
+  plateau rule fired; before, the earliest it can fire, unless the measured stop is later);
 - a distillation: its sentences x the nearest measured seconds per sentence (same task, teacher
   search and engine preferred);
 - timing one split: each system on its sentences (x repeats) and on the solo check's, at the measured
@@ -83,6 +85,37 @@ class TrainedModel:
     stopped_by: str | None = None
     eval_seconds_per_point: float | None = None
     overhead_seconds: float | None = None   # wall time neither in train steps nor in dev evaluation
+
+
+@dataclass(frozen=True)
+class Progress:
+    """Where a partial training stands: its steps done and the step it stops at, from its stopping rule
+    and its dev curve so far (``models.schedule``)."""
+
+    steps_done: int
+    stop: int                     # exact, or (``exact`` False) the earliest step the plateau rule can stop it at
+    exact: bool                   # the plateau rule fired (or the training has no rule, or cannot fire before the cap)
+    threshold: float | None       # not exact: the dev BLEU a point must pass to put the plateau off
+
+
+def progress(cfg: Any, steps_done: int, points: Iterable[Mapping[str, Any]]) -> Progress:
+    """The ``Progress`` of a training of ``cfg`` (a ``TrainConfig``) resumed at ``steps_done`` with dev
+    curve ``points``: where the rule stops it if it fired; otherwise the earliest it can, when dev BLEU
+    never again passes its best by ``min_delta`` (the rule fires ``patience`` evaluations after the best,
+    then the wsd decay runs)."""
+    from models.schedule import decay_steps, latest_decay_start, stop_state
+
+    points = list(points)
+    state = stop_state(cfg, points)
+    if cfg.until != "plateau" or state.stopped_by == "plateau":
+        return Progress(steps_done, state.stop, True, None)
+    last = max((int(p["step"]) for p in points), default=0)
+    fire = last + (cfg.patience - state.evals_since_best) * cfg.eval_every
+    if fire >= (latest_decay_start(cfg) if cfg.schedule == "wsd" else cfg.steps):
+        return Progress(steps_done, cfg.steps, True, None)                       # no plateau before the cap
+    stop = fire + decay_steps(cfg, fire) if cfg.schedule == "wsd" else fire
+    threshold = None if state.best_dev_bleu is None else state.best_dev_bleu + cfg.min_delta
+    return Progress(steps_done, stop, False, threshold)
 
 
 @dataclass(frozen=True)
@@ -252,9 +285,16 @@ def _median(values: list[float]) -> float:
 
 
 def train_estimate(measured: Measured, family: str, task: str, shape: tuple, label: str, budget,
-                   axes: Mapping[str, Any]) -> Estimate:
-    """Seconds to train one cell (see the module docstring); ``budget`` is its ``TrainBudget``."""
+                   axes: Mapping[str, Any], resumed_at: tuple[int, list[dict]] | None = None) -> Estimate:
+    """Seconds to train one cell (see the module docstring); ``budget`` is its ``TrainBudget``; a partial
+    training's ``resumed_at`` (its steps done and dev curve) counts only the rest (``progress``)."""
     fam = families.get(family)
+    resumed = None
+    if resumed_at is not None:
+        from models.train import TrainConfig
+
+        kwargs = budget.train_kwargs()
+        resumed = progress(TrainConfig(**{**kwargs, "eval_every": fam.eval_every(kwargs)}), *resumed_at)
     work = fam.train_work(axes)
     pool = [m for m in measured.trained if m.family == family and m.shape == shape]
     if not pool:
@@ -270,16 +310,16 @@ def train_estimate(measured: Measured, family: str, task: str, shape: tuple, lab
     per_step = _median(scaled)
     steps, stop = budget.steps, ""
     if budget.until == "plateau":
-        stopped = [m for m in pool if m.stopped_by == "plateau"]
-        stops = [m.steps for m in stopped if m.task == task] or [m.steps for m in stopped]
-        if stops:
-            steps = min(budget.steps, int(_median(stops)))
-            stop = (f" (plateau: the median stop of {len(stops)} measured"
-                    f"{'' if any(m.task == task for m in stopped) else ' on other tasks'}, cap {budget.steps:,})")
-        else:
-            stop = " (plateau: the cap, an upper bound)"
+        median, stop = _plateau_steps(measured, family, task, shape, budget.steps)
+        steps = budget.steps if median is None else median
+    done = 0 if resumed is None else min(resumed.steps_done, budget.steps)
+    if resumed is not None and (resumed.exact or resumed.stop > steps or budget.until == "plateau" and median is None):
+        steps, stop = resumed.stop, (f" (stops at step {resumed.stop:,})" if resumed.exact else
+                                     f" (plateau: step {resumed.stop:,} at the earliest, if dev BLEU stays under "
+                                     f"{resumed.threshold:.2f}; cap {budget.steps:,})")
+    steps = max(steps, done)
     every = fam.eval_every(budget.train_kwargs())
-    points = steps // every + (1 if steps % every else 0) if every else 0
+    points = (steps // every - done // every + (1 if steps % every else 0)) if every else 0
     per_point = ([m.eval_seconds_per_point for m in pool if m.eval_seconds_per_point and m.task == task]
                  or [m.eval_seconds_per_point for m in pool if m.eval_seconds_per_point])
     fixed = [m.overhead_seconds for m in pool if m.overhead_seconds and m.task == task]
@@ -287,12 +327,26 @@ def train_estimate(measured: Measured, family: str, task: str, shape: tuple, lab
     overhead = _median(fixed) if fixed else 0.0
     spread = f"{min(scaled):.2f}-{max(scaled):.2f}" if max(scaled) - min(scaled) >= 0.005 else f"{per_step:.2f}"
     differ = [n for n, same in zip(("another task", "other batch tokens", "other work per step"), best[1:]) if not same]
-    how = (f"{steps:,} steps{stop} x {per_step:.2f} s (median of {len(near)} measured: {spread} s a step"
+    how = (f"{steps - done:,} {'more ' if done else ''}steps{stop} x {per_step:.2f} s (median of {len(near)} "
+           f"measured: {spread} s a step"
            + (f"; {', '.join(differ)}, scaled" if differ else "") + ")"
            + (f" + {points} dev points x {_median(per_point):.1f} s" if per_point else
               (f" + {points} dev points (not measured)" if points else ""))
            + (f" + {overhead:.0f} s compiling and checkpoints" if fixed else ""))
-    return Estimate(steps * per_step + evals + overhead, how)
+    return Estimate((steps - done) * per_step + evals + overhead, how)
+
+
+def _plateau_steps(measured: Measured, family: str, task: str, shape: tuple, cap: int) -> tuple[int | None, str]:
+    """Where the plateau rule will stop a training: the median stop of the models of its family it stopped on
+    this machine, of the same task and size, else of the same task, else of the same size (None when there
+    are none: the cap is the bound); and how that was chosen."""
+    stopped = [m for m in measured.trained if m.family == family and m.stopped_by == "plateau"]
+    for same, where in (((True, True), ""), ((True, False), " of another size"), ((False, True), " on other tasks")):
+        stops = [m.steps for m in stopped if ((m.task == task) >= same[0]) and ((m.shape == shape) >= same[1])]
+        if stops:
+            return (min(cap, int(_median(stops))),
+                    f" (plateau: the median stop of {len(stops)} measured{where}, cap {cap:,})")
+    return None, " (plateau: the cap, an upper bound)"
 
 
 def distill_estimate(measured: Measured, shape: tuple, task: str, decoder: str, engine: str,

@@ -41,6 +41,13 @@ class Locator:
     #                                                       (folder, the distilled task if it is cached, else None)
     split_size: Callable[[str, str], int | None]          # (task, split) -> sentences, None if unknown
     data_root: Path | None = None                         # where checkpoint and distillation records live
+    curve: Callable[[Path], list[dict]] = lambda folder: _read_curve(folder)   # checkpoint folder -> dev curve
+
+
+def _read_curve(folder: Path) -> list[dict]:
+    from models.curves import read_curve
+
+    return read_curve(folder)
 
 
 def real_locator() -> Locator:
@@ -151,12 +158,14 @@ def preview(spec: SuiteSpec, locator: Locator, measured: est.Measured) -> Previe
     distills: dict[tuple, DistillPreview] = {}
     shape = est.model_shape(spec.model.preset, spec.model.override_dict())
 
-    def train(cell: TrainCell, note: str, state: str = TO_TRAIN, folder: str | None = None) -> CellPreview:
+    def train(cell: TrainCell, note: str, state: str = TO_TRAIN, folder: str | None = None,
+              resumed_at: tuple[int, list[dict]] | None = None) -> CellPreview:
         budget = spec.budget(cell.family)
         axes = dict(cell.axes)
         model_extra, _ = families.get(cell.family).axes_configs(dict(axes))
         cell_shape = est.model_shape(spec.model.preset, {**spec.model.override_dict(), **model_extra})
-        estimate = est.train_estimate(measured, cell.family, cell.task, cell_shape, cell.label, budget, axes)
+        estimate = est.train_estimate(measured, cell.family, cell.task, cell_shape, cell.label, budget, axes,
+                                      resumed_at)
         return CellPreview(cell, state, folder, note, estimate)
 
     def distillation(cell: TrainCell, teacher_dir: Path | None) -> tuple[DistillPreview, str | None]:
@@ -209,8 +218,9 @@ def preview(spec: SuiteSpec, locator: Locator, measured: est.Measured) -> Previe
                 folders[cell] = folder
                 states[cell] = CellPreview(cell, CACHED, _portable(folder))
             elif record:
-                states[cell] = train(cell, f"resumes at step {record.get('steps_done', 0):,}", PARTIAL,
-                                     _portable(folder))
+                done = int(record.get("steps_done") or 0)
+                states[cell] = train(cell, f"resumes at step {done:,}", PARTIAL, _portable(folder),
+                                     (done, locator.curve(folder)))
             else:
                 states[cell] = train(cell, "", TO_TRAIN, _portable(folder))
         return states[cell]

@@ -2,6 +2,7 @@
 estimate of the work left, from costs measured before, without training or timing anything."""
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -78,6 +79,71 @@ def test_plan_shows_what_is_cached_the_systems_and_an_estimate(measured):
     again = preview.preview(spec, fake_locator(deps), estimate.Measured())
     assert [(c.state, c.note) for c in again.cells if c.cell == new[0].cell] == [("partial", "resumes at step 3")]
     assert again.totals()["training"] is None                   # nothing measured: unknown, not zero
+    # Only the rest of it is counted: 2 steps and 2 dev points.
+    resumed = preview.preview(spec, fake_locator(deps), estimate.Measured.collect(tmp_path / "results", None, MACHINE))
+    [partial] = [c for c in resumed.cells if c.cell == new[0].cell]
+    assert partial.estimate.seconds == pytest.approx(2 * STEP_COST["padir"]["seconds"] + 2 * 0.1)
+    assert partial.estimate.how.startswith("2 more steps (stops at step 5) x 0.80 s")
+
+
+def _plateau_config(**kw):
+    from models.train import TrainConfig
+
+    return TrainConfig(**{"steps": 60_000, "until": "plateau", "schedule": "wsd", "eval_every": 500, "patience": 4,
+                          "min_delta": 0.2, **kw})
+
+
+def _curve(*bleus: float, every: int = 500) -> list[dict]:
+    return [{"step": every * (i + 1), "dev_bleu": b} for i, b in enumerate(bleus)]
+
+
+def test_a_partial_training_stops_where_its_rule_says_or_at_the_earliest_it_can():
+    cfg = _plateau_config()
+    rising = [10.0 + 0.5 * i for i in range(15)] + [17.76, 17.31]        # best 17.76 at 8,000; then one below
+    # Not fired: the rule can fire 4 evaluations after the best (10,000) at the earliest, then a 20% decay.
+    assert estimate.progress(cfg, 8500, _curve(*rising)) == estimate.Progress(8500, 12_000, False,
+                                                                             pytest.approx(17.96))
+    # A new best at 9,000 puts it off; a rise of 0.2 or less does not.
+    assert estimate.progress(cfg, 9000, _curve(*rising, 18.0)).stop == 11_000 + 2_200
+    assert estimate.progress(cfg, 9000, _curve(*rising, 17.9)).stop == 12_000
+    # Fired at 10,000: exact.
+    fired = estimate.progress(cfg, 10_500, _curve(*rising, 17.0, 17.5, 17.2, 17.1))
+    assert (fired.stop, fired.exact) == (12_000, True)
+    # No plateau can fire before the latest decay start (10,000 / 1.2): it runs to its cap.
+    assert estimate.progress(_plateau_config(steps=10_000), 8500, _curve(*rising)) == estimate.Progress(
+        8500, 10_000, True, None)
+    assert estimate.progress(_plateau_config(until="steps", schedule="cosine"), 10, []) == estimate.Progress(
+        10, 60_000, True, None)
+
+
+def test_a_plateau_is_estimated_from_the_nearest_models_the_rule_stopped():
+    from suites.spec import TrainBudget
+
+    small, tiny = (("d_model", 256),), (("d_model", 64),)
+
+    def model(task, shape, steps):
+        return estimate.TrainedModel("x", "ar", task, shape, 2048, 1.0, None, steps, 1.0, "plateau")
+    budget = TrainBudget(steps=60_000, batch_tokens=2048, learning_rate=0.03, warmup_steps=100, eval_every=500,
+                         until="plateau", schedule="wsd", patience=4, min_delta=0.2)
+
+    def how(*trained, resumed_at=None):
+        measured = estimate.Measured(trained=[model("other", small, 3000), *trained])
+        return estimate.train_estimate(measured, "ar", "bible", small, "a", budget, {}, resumed_at).how
+    assert how().startswith("3,000 steps (plateau: the median stop of 1 measured on other tasks, cap 60,000)")
+    assert how(model("bible", tiny, 4000)).startswith("4,000 steps (plateau: the median stop of 1 measured "
+                                                      "of another size")
+    assert how(model("bible", small, 8400), model("bible", tiny, 4000)).startswith("8,400 steps (plateau: the "
+                                                                                   "median stop of 1 measured, ")
+    # Resumed: the measured stop when it is later than the earliest the rule can stop it, else the earliest.
+    assert how(model("bible", small, 8400), resumed_at=(1000, _curve(1.0, 2.0))).startswith("7,400 more steps")
+    assert how(model("bible", small, 8400), resumed_at=(8500, _curve(*[float(i) for i in range(17)]))).startswith(
+        "4,100 more steps (plateau: step 12,600 at the earliest, if dev BLEU stays under 16.20; cap 60,000)")
+    # With no plateau measured the cap bounds a new training; a resumed one is at least its earliest stop.
+    capped = estimate.Measured(trained=[dataclasses.replace(model("bible", small, 9000), stopped_by="cap")])
+    fresh = estimate.train_estimate(capped, "ar", "bible", small, "a", budget, {})
+    resumed = estimate.train_estimate(capped, "ar", "bible", small, "a", budget, {}, (1000, _curve(1.0, 2.0)))
+    assert fresh.how.startswith("60,000 steps (plateau: the cap, an upper bound)")
+    assert resumed.how.startswith("2,600 more steps (plateau: step 3,600 at the earliest")
 
 
 def test_plan_command_prints_json_and_leaves_other_machines_out(measured, monkeypatch, capsys):
