@@ -444,6 +444,7 @@ def _train_held(task: str, model_config: ModelConfig, cfg: TrainConfig, data: To
     clock = _SessionClock(record["wall_seconds"])
     bar = tqdm(total=stop.stop, initial=start, disable=not progress, unit="step",
                desc=f"train {task} {model_config.kind}", dynamic_ncols=True)
+    dev_note = _dev_note(stop, curve)
     try:
         done = start
         while done < stop.stop:
@@ -459,17 +460,29 @@ def _train_held(task: str, model_config: ModelConfig, cfg: TrainConfig, data: To
                 stop = schedules.stop_state(cfg, curve)
                 steps.decay_from(stop.decay_start)
                 bar.total = stop.stop
+                dev_note = _dev_note(stop, curve)
                 _record_stop(record, stop)
             if done % cfg.checkpoint_every == 0 or done == stop.stop:
                 _save_checkpoint(out_dir, state, done, done == stop.stop, metrics, record, clock)
             tps = record["target_tokens"] / max(record["train_seconds"], 1e-9)
-            bar.set_postfix(loss=f"{metrics['loss']:.3f}", tok_s=f"{tps:,.0f}")
+            bar.set_postfix(loss=f"{metrics['loss']:.3f}", tok_s=f"{tps:,.0f}",
+                            **({"dev": dev_note} if dev_note else {}))
             bar.update(1)
     finally:
         bar.close()
         if record["steps_done"] < stop.stop:           # interrupted or diverged: keep timings honest
             _write_record(out_dir, record, clock)
     return out_dir
+
+
+def _dev_note(stop: "schedules.StopState", curve: list[dict]) -> str:
+    """The progress bar's dev BLEU: the last point's, the best so far and, once the plateau rule fired,
+    where the decay started (the bar's total is then the real last step, no longer the cap)."""
+    if not curve or stop.best_dev_bleu is None:
+        return ""
+    last = max(curve, key=lambda p: p["step"])
+    note = f"{last['dev_bleu']:.2f} (best {stop.best_dev_bleu:.2f} at {stop.best_step:,})"
+    return note + (f", plateau at {stop.decay_start:,}: decaying" if stop.stopped_by == "plateau" else "")
 
 
 def _record_stop(record: dict, stop: "schedules.StopState") -> None:

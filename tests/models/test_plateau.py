@@ -46,6 +46,17 @@ def test_the_rule_fires_after_patience_evaluations_without_a_rise_over_min_delta
     assert stop_state(cfg(patience=3), curve(rises_then_flat, 14)).stopped_by == "cap"
 
 
+def test_the_progress_bar_shows_the_dev_curve_and_the_plateau():
+    from models.train import _dev_note
+
+    c = cfg()
+    assert _dev_note(stop_state(c, []), []) == ""
+    waiting = curve(rises_then_flat, 12)
+    assert _dev_note(stop_state(c, waiting), waiting) == "30.00 (best 30.00 at 10)"
+    fired = curve(lambda s: rises_then_flat(s) - (s == 14), 16)
+    assert _dev_note(stop_state(c, fired), fired) == "30.00 (best 30.00 at 10), plateau at 14: decaying"
+
+
 def test_without_a_plateau_the_decay_starts_where_it_ends_at_the_cap():
     c = cfg()
     state = stop_state(c, curve(lambda s: float(s), 40))
