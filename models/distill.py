@@ -17,8 +17,10 @@ seed. The folder holds
 - ``train.tsv``: ``source\\tteacher output`` per distilled pair, in the split's order;
 - ``distill.json``: the record (``RECORD_FIELDS`` and the settings): the teacher's BLEU on the
   held-aside pairs against their human references (sacrebleu corpus BLEU, ``zh`` tokenizer for
-  Chinese targets, else ``13a``), the distilled/reference length ratio in words over the distilled
-  set, the engine, the decoding throughput and the wall time (counting every resumed part).
+  Chinese targets, else ``13a``; training pairs the teacher itself was trained on, so it says how
+  closely the distilled targets follow the human ones, not how well the teacher translates new text),
+  the distilled/reference length ratio in words over the distilled set, the engine, the decoding
+  throughput and the wall time (counting every resumed part).
 
 Decoding goes in chunks of ``chunk_size`` sources, each written atomically as ``part-NNNNN.tsv`` (and
 the time spent so far to ``timing.json``), so an interrupted run resumes at its first missing chunk.
