@@ -289,12 +289,7 @@ def train_estimate(measured: Measured, family: str, task: str, shape: tuple, lab
     """Seconds to train one cell (see the module docstring); ``budget`` is its ``TrainBudget``; a partial
     training's ``resumed_at`` (its steps done and dev curve) counts only the rest (``progress``)."""
     fam = families.get(family)
-    resumed = None
-    if resumed_at is not None:
-        from models.train import TrainConfig
-
-        kwargs = budget.train_kwargs()
-        resumed = progress(TrainConfig(**{**kwargs, "eval_every": fam.eval_every(kwargs)}), *resumed_at)
+    resumed = None if resumed_at is None else progress(fam.train_config(budget.train_kwargs(), axes), *resumed_at)
     work = fam.train_work(axes)
     pool = [m for m in measured.trained if m.family == family and m.shape == shape]
     if not pool:
@@ -308,12 +303,12 @@ def train_estimate(measured: Measured, family: str, task: str, shape: tuple, lab
     scaled = [m.seconds_per_step * (budget.batch_tokens / m.batch_tokens if m.batch_tokens else 1.0) * work / m.work
               for m in near]
     per_step = _median(scaled)
-    steps, stop = budget.steps, ""
+    steps, stop, median = budget.steps, "", None
     if budget.until == "plateau":
         median, stop = _plateau_steps(measured, family, task, shape, budget.steps)
         steps = budget.steps if median is None else median
     done = 0 if resumed is None else min(resumed.steps_done, budget.steps)
-    if resumed is not None and (resumed.exact or resumed.stop > steps or budget.until == "plateau" and median is None):
+    if resumed is not None and (resumed.exact or median is None or resumed.stop > steps):
         steps, stop = resumed.stop, (f" (stops at step {resumed.stop:,})" if resumed.exact else
                                      f" (plateau: step {resumed.stop:,} at the earliest, if dev BLEU stays under "
                                      f"{resumed.threshold:.2f}; cap {budget.steps:,})")

@@ -45,6 +45,7 @@ class Locator:
 
 
 def _read_curve(folder: Path) -> list[dict]:
+    """A checkpoint folder's dev curve (``models.curves``: a file, so fakes' folders read the same way)."""
     from models.curves import read_curve
 
     return read_curve(folder)

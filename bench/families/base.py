@@ -96,14 +96,21 @@ class Family:
         suite's overrides, and the budget with the cell's training axes; learning-curve points every
         ``steps // CURVE_POINTS`` steps unless the budget sets ``eval_every``."""
         from models.config import preset as make_preset
-        from models.train import TrainConfig
 
-        model_extra, train_extra = self.axes_configs(dict(axes))
+        model_extra, _ = self.axes_configs(dict(axes))
         model = make_preset(preset, kind=self.model_kind, vocab_size=vocab_size,
                             **{**dict(model_overrides), **model_extra})
+        return model, self.train_config(train_kwargs, axes)
+
+    def train_config(self, train_kwargs: Mapping[str, Any], axes: Mapping[str, Any]) -> Any:
+        """The ``TrainConfig`` of a cell: the budget with the cell's training axes and the family's curve
+        points (``eval_every``); it needs no data, so ``narbench plan`` builds it too."""
+        from models.train import TrainConfig
+
+        _, train_extra = self.axes_configs(dict(axes))
         kwargs = {**dict(train_kwargs), **train_extra}
         kwargs["eval_every"] = self.eval_every(kwargs)
-        return model, TrainConfig(**kwargs)
+        return TrainConfig(**kwargs)
 
     @staticmethod
     def eval_every(train_kwargs: Mapping[str, Any]) -> int:
