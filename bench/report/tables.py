@@ -295,8 +295,9 @@ def fastest_ar(rows: Sequence[Row], samples: Sequence[dict], shown: Mapping[str,
 
 def run_says(rows: Sequence[Row], samples: Sequence[dict], ts: str, shown: Mapping[str, str]) -> list[str]:
     """"What this run says" on one test set, from its rows alone: the best BLEU, the fastest system within
-    ``defaults.SAYS_BLEU_MARGIN`` of it, and the best non-autoregressive system's paired p50 speedup against
-    AR greedy and against the fastest AR-side system. [] when nothing was scored."""
+    ``defaults.SAYS_BLEU_MARGIN`` of it, the best non-autoregressive system's paired p50 speedup against
+    AR greedy and against the fastest AR-side system, and the fastest non-autoregressive system within that
+    margin of AR greedy (or how far behind the closest is). [] when nothing was scored."""
     scored = [r for r in rows if r.test_set == ts and r.bleu is not None]
     if not scored:
         return []
@@ -320,7 +321,25 @@ def run_says(rows: Sequence[Row], samples: Sequence[dict], ts: str, shown: Mappi
                      f"({base.latency_p50_ms:.1f} ms) and {_paired(lat, top, top_nar)} against the fastest AR-side "
                      f"system, {shown[top.system]} ({top.latency_p50_ms:.1f} ms, {column('bleu').cell(top)} BLEU), "
                      "paired per sentence (below 1x: slower).")
+        words.append(" " + _near_baseline(nar, base, top, lat, shown))
     return [f"**What this run says** on {ts}: " + "".join(words), ""]
+
+
+def _near_baseline(nar: Sequence[Row], base: Row, top: Row, lat: dict, shown: Mapping[str, str]) -> str:
+    """The sentence on the fastest non-autoregressive row at most ``defaults.SAYS_BLEU_MARGIN`` BLEU below
+    the baseline (AR greedy), with its paired speedups against it and the fastest AR-side row ``top``; or
+    how far the closest non-autoregressive row is behind when none is that close."""
+    margin = defaults.SAYS_BLEU_MARGIN
+    near = [r for r in nar if r.bleu >= base.bleu - margin]
+    if not near:
+        close = max(nar, key=lambda r: r.bleu)
+        return (f"No non-autoregressive system is within {margin:g} BLEU of {shown[base.system]}: the closest, "
+                f"{shown[close.system]}, is {base.bleu - close.bleu:.2f} behind.")
+    quick = min(near, key=lambda r: r.latency_p50_ms)
+    return (f"The fastest non-autoregressive system within {margin:g} BLEU of {shown[base.system]} is "
+            f"{shown[quick.system]} ({quick.bleu:.2f} BLEU, p50 {quick.latency_p50_ms:.1f} ms): "
+            f"{_paired(lat, base, quick)} against {shown[base.system]} and {_paired(lat, top, quick)} against "
+            f"{shown[top.system]}, paired per sentence.")
 
 
 MODES_METRICS = ("exact_match", "bleu", "mode_mixing", "stutter_per_1k_words")   # the dial's figures

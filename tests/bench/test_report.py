@@ -210,6 +210,16 @@ def test_fastest_ar_and_speedups_at_equal_or_better_bleu():
     assert "the best BLEU is padir-c's 30.00; the fastest system within 1 BLEU of it is that one, at p50 4.0 ms" in says
     assert ("The best non-autoregressive system, padir-c (30.00 BLEU), has a p50 speedup of 2.50x against ar-greedy "
             "(10.0 ms) and 1.25x against the fastest AR-side system, ct2-greedy (5.0 ms, 20.00 BLEU)") in says
+    # ... and the fastest NAR at most 1 BLEU below AR greedy (padir-a at 21.00 is slower than padir-c), or
+    # how far behind the closest is when none is that close.
+    assert ("The fastest non-autoregressive system within 1 BLEU of ar-greedy is padir-c (30.00 BLEU, p50 4.0 ms): "
+            "2.50x against ar-greedy and 1.25x against ct2-greedy, paired per sentence.") in says
+    near = [type(r)({**r, "bleu": 19.0}) if r.system == "padir-c" else r for r in base if r.system != "padir-a"]
+    says = "\n".join(tables.run_says(near, samples, "t", ids))
+    assert "The fastest non-autoregressive system within 1 BLEU of ar-greedy is padir-c (19.00 BLEU" in says
+    far = [r for r in base if r.system not in ("padir-a", "padir-c")]
+    says = "\n".join(tables.run_says(far, samples, "t", ids))
+    assert "No non-autoregressive system is within 1 BLEU of ar-greedy: the closest, padir-b, is 10.00 behind." in says
     assert tables.run_says(base, samples, "other", ids) == []
 
 
