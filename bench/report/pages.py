@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Sequence
+from typing import Mapping, Sequence
 
 from bench import store as st
 from bench.report.grid import write_grid
@@ -29,6 +29,7 @@ from narbench_core.io import write_text
 
 NO_BLEURT = "no BLEURT checkpoint"
 STUTTER_CLAIM = 2.0        # the paper: non-autoregressive outputs stutter 2x or more as often as AR ones
+SPEED_CLAIM = 2.0          # the paper's abstract: a 2-3x speedup over AR with minimal sacrifice in quality
 
 
 # ------------------------------------------------------------------------------------------ table.md
@@ -113,6 +114,42 @@ def stutter_verdict(rows: Sequence[Row]) -> str | None:
             f"row{'s' if n > 1 else ''} here: {spread} AR greedy's stutter ({base} per 1k words).")
 
 
+def speed_verdict(rows: Sequence[Row], shown: Mapping[str, str]) -> str | None:
+    """One line on the paper's headline claim (its abstract: "2-3x speedup in machine translation with
+    minimal sacrifice in quality compared with autoregressive models"), read as: a non-autoregressive row
+    at most ``defaults.SAYS_BLEU_MARGIN`` BLEU below its baseline (AR greedy) with a paired p50 speedup of
+    ``SPEED_CLAIM`` x or more against it. Per test set, the fastest such row decides; systems by their
+    display names (``shown``). None without non-autoregressive rows that have a speedup and a BLEU delta."""
+    margin = defaults.SAYS_BLEU_MARGIN
+    by_key = {(r.test_set, r.system): r for r in rows}
+    found: dict[str, list[Row]] = {}
+    for r in rows:
+        base = by_key.get((r.test_set, r.baseline_system))
+        if base is None or r.paradigm == base.paradigm or None in (r.speedup_p50_vs_ar, r.bleu_delta_vs_ar):
+            continue
+        found.setdefault(r.test_set, []).append(r)
+    if not found:
+        return None
+    parts = []
+    for ts in test_sets(rows):
+        if ts not in found:
+            continue
+        near = [r for r in found[ts] if r.bleu_delta_vs_ar >= -margin]
+        if not near:
+            close = max(found[ts], key=lambda r: r.bleu_delta_vs_ar)
+            parts.append(f"on {ts} it does not hold: no non-autoregressive row is within {margin:g} BLEU of AR "
+                         f"greedy (the closest, {shown[close.system]}, is {-close.bleu_delta_vs_ar:.2f} behind)")
+            continue
+        quick = max(near, key=lambda r: r.speedup_p50_vs_ar)
+        holds = "holds" if quick.speedup_p50_vs_ar >= SPEED_CLAIM else "does not hold"
+        parts.append(f"on {ts} it {holds}: the fastest non-autoregressive row within {margin:g} BLEU of AR greedy, "
+                     f"{shown[quick.system]} ({quick.bleu_delta_vs_ar:+.2f} BLEU), runs at "
+                     f"{column('speedup_p50_vs_ar').cell(quick)} AR greedy's speed")
+    return (f"**Speed at equal quality** (the paper's abstract: 2-3x faster than AR \"with minimal sacrifice in "
+            f"quality\"; read here as a paired p50 speedup of {SPEED_CLAIM:g}x or more against AR greedy at most "
+            f"{margin:g} BLEU below it): " + "; ".join(parts) + ".")
+
+
 def _theory_links(run_dir: Path) -> list[str]:
     """Relative links to theory pages under ``<results>/theory`` (latest run of each, if any)."""
     theory = run_dir.parent.parent / "theory"
@@ -167,9 +204,9 @@ def render_leaderboard(rows: list[Row], info: dict, env: dict, run_dir: Path, sa
     lines.extend(render_legend(rows, system_order(rows)))
     if not has_bleurt:
         lines.extend([f"BLEURT: {NO_BLEURT} (pass `--bleurt-checkpoint DIR` or set NARBENCH_BLEURT).", ""])
-    verdict = stutter_verdict(rows)
-    if verdict:
-        lines.extend([verdict, ""])
+    for verdict in (speed_verdict(rows, shown), stutter_verdict(rows)):
+        if verdict:
+            lines.extend([verdict, ""])
     lines.extend(render_modes(rows, samples))
     lines.extend(isolation_note(rows))
     lines.extend(fastest_ar(rows, samples, shown))

@@ -119,6 +119,7 @@ def test_leaderboard_sorted_with_signature_env_command_and_links(run_dir):
     assert "Test CPU" in text and "abc123" in text
     assert "BLEURT: no BLEURT checkpoint" in text
     assert "**Stutter** (the paper: 2x or more the AR's): the claim holds for" in text
+    assert "**Speed at equal quality** (the paper's abstract: 2-3x faster than AR" in text
     assert "| len ratio |" in (run_dir / "table.md").read_text()         # the full columns: table.md
     assert "![pareto.png](pareto.png)" in text
     assert "(../../theory/ising/20240101T000000Z-aaaa/ising.md)" in text
@@ -184,6 +185,26 @@ def test_stutter_verdict_compares_each_nar_row_with_its_baseline():
     assert "holds for all 1 " in pages.stutter_verdict([ar, row("p1", "nar", 4.0)])
     assert "holds for none of the 1 " in pages.stutter_verdict([ar, row("p1", "nar", 3.9)])
     assert "AR greedy has none" in pages.stutter_verdict([row("ar-greedy", "ar", 0.0), row("p1", "nar", 1.0)])
+
+
+def test_speed_verdict_takes_the_fastest_nar_row_within_a_bleu_of_ar_greedy():
+    def row(system, paradigm, delta, speedup, test_set="t"):
+        return fake_row(system, test_set, baseline_system="ar-greedy", paradigm=paradigm, bleu=20.0 + delta,
+                        bleu_delta_vs_ar=delta, speedup_p50_vs_ar=speedup, speedup_p50_ci=[speedup - 0.1, speedup + 0.1])
+
+    ids = {name: name for name in ("ar-greedy", "ar-beam5", "padir-a", "padir-b", "padir-c", "padir-d")}
+    ar = row("ar-greedy", "ar", 0.0, 1.0)
+    assert pages.speed_verdict([ar, row("ar-beam5", "ar", 1.0, 0.3)], ids) is None
+    # padir-b is faster but 1.5 BLEU behind: padir-a (-1.0, 1.8x) decides, and 1.8x < 2x.
+    line = pages.speed_verdict([ar, row("padir-a", "nar", -1.0, 1.8), row("padir-b", "nar", -1.5, 3.0)], ids)
+    assert "on t it does not hold: the fastest non-autoregressive row within 1 BLEU of AR greedy, padir-a (-1.00 BLEU), " \
+           "runs at 1.80x [1.70, 1.90] AR greedy's speed." in line
+    line = pages.speed_verdict([ar, row("padir-a", "nar", -0.5, 2.0), row("padir-c", "nar", 0.5, 1.2)], ids)
+    assert "on t it holds: the fastest non-autoregressive row within 1 BLEU of AR greedy, padir-a (-0.50 BLEU)" in line
+    line = pages.speed_verdict([ar, row("padir-b", "nar", -1.5, 3.0), row("padir-d", "nar", -9.0, 4.0),
+                                row("ar-greedy", "ar", 0.0, 1.0, "u"), row("padir-a", "nar", 0.0, 2.5, "u")], ids)
+    assert ("on t it does not hold: no non-autoregressive row is within 1 BLEU of AR greedy (the closest, padir-b, is "
+            "1.50 behind); on u it holds") in line
 
 
 def test_fastest_ar_and_speedups_at_equal_or_better_bleu():
