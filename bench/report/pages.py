@@ -119,7 +119,8 @@ def speed_verdict(rows: Sequence[Row], shown: Mapping[str, str]) -> str | None:
     minimal sacrifice in quality compared with autoregressive models"), read as: a non-autoregressive row
     at most ``defaults.SAYS_BLEU_MARGIN`` BLEU below its baseline (AR greedy) with a paired p50 speedup of
     ``SPEED_CLAIM`` x or more against it. Per test set, the fastest such row decides; systems by their
-    display names (``shown``). None without non-autoregressive rows that have a speedup and a BLEU delta."""
+    display names (``shown``). Test sets whose models have not learned the task (``not_learned``) are left
+    out. None without non-autoregressive rows that have a speedup and a BLEU delta on a learned test set."""
     margin = defaults.SAYS_BLEU_MARGIN
     by_key = {(r.test_set, r.system): r for r in rows}
     found: dict[str, list[Row]] = {}
@@ -132,7 +133,7 @@ def speed_verdict(rows: Sequence[Row], shown: Mapping[str, str]) -> str | None:
         return None
     parts = []
     for ts in test_sets(rows):
-        if ts not in found:
+        if ts not in found or not_learned([r for r in rows if r.test_set == ts]):
             continue
         near = [r for r in found[ts] if r.bleu_delta_vs_ar >= -margin]
         if not near:
@@ -145,6 +146,8 @@ def speed_verdict(rows: Sequence[Row], shown: Mapping[str, str]) -> str | None:
         parts.append(f"on {ts} it {holds}: the fastest non-autoregressive row within {margin:g} BLEU of AR greedy, "
                      f"{shown[quick.system]} ({quick.bleu_delta_vs_ar:+.2f} BLEU), runs at "
                      f"{column('speedup_p50_vs_ar').cell(quick)} AR greedy's speed")
+    if not parts:
+        return None
     return (f"**Speed at equal quality** (the paper's abstract: 2-3x faster than AR \"with minimal sacrifice in "
             f"quality\"; read here as a paired p50 speedup of {SPEED_CLAIM:g}x or more against AR greedy at most "
             f"{margin:g} BLEU below it): " + "; ".join(parts) + ".")

@@ -205,6 +205,8 @@ def test_speed_verdict_takes_the_fastest_nar_row_within_a_bleu_of_ar_greedy():
                                 row("ar-greedy", "ar", 0.0, 1.0, "u"), row("padir-a", "nar", 0.0, 2.5, "u")], ids)
     assert ("on t it does not hold: no non-autoregressive row is within 1 BLEU of AR greedy (the closest, padir-b, is "
             "1.50 behind); on u it holds") in line
+    unlearned = [type(r)({**r, "bleu": r.bleu - 18.0}) for r in (ar, row("padir-a", "nar", -0.5, 2.0))]
+    assert pages.speed_verdict(unlearned, ids) is None                 # AR greedy at 2 BLEU: nothing to judge
 
 
 def test_fastest_ar_and_speedups_at_equal_or_better_bleu():
