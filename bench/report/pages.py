@@ -19,9 +19,9 @@ from bench.report.plots import (BLEU_VS_ITERATIONS, CURVE_PLOT, DIAL_PLOT, GRID_
                                 plot_pareto)
 from bench.report.names import display_names, render_legend
 from bench.report.tables import (LATENCY_TABLE, LEADERBOARD, fastest_ar, isolation_note, markdown_table,
-                                 render_budgets, render_grid, render_isolation, render_modes, render_phases,
-                                 render_significance, run_says, signature_fields, system_order, test_sets,
-                                 tests_note, valid_target_counts)
+                                 near_baseline, render_budgets, render_grid, render_isolation, render_modes,
+                                 render_phases, render_significance, run_says, signature_fields, system_order,
+                                 test_sets, tests_note, valid_target_counts)
 from bench.rows import P99_MIN_N, Row, column
 from narbench_core import defaults
 from narbench_core.errors import UserError
@@ -118,34 +118,23 @@ def speed_verdict(rows: Sequence[Row], shown: Mapping[str, str]) -> str | None:
     """One line on the paper's headline claim (its abstract: "2-3x speedup in machine translation with
     minimal sacrifice in quality compared with autoregressive models"), read as: a non-autoregressive row
     at most ``defaults.SAYS_BLEU_MARGIN`` BLEU below its baseline (AR greedy) with a paired p50 speedup of
-    ``SPEED_CLAIM`` x or more against it. Per test set, the fastest such row decides; systems by their
-    display names (``shown``). Test sets whose models have not learned the task (``not_learned``) are left
-    out. None without non-autoregressive rows that have a speedup and a BLEU delta on a learned test set."""
+    ``SPEED_CLAIM`` x or more against it. Per test set, the fastest such row decides (``near_baseline``, as
+    in "What this run says"); systems by their display names (``shown``). Test sets whose models have not
+    learned the task (``not_learned``) are left out. None when no test set has something to judge."""
     margin = defaults.SAYS_BLEU_MARGIN
-    by_key = {(r.test_set, r.system): r for r in rows}
-    found: dict[str, list[Row]] = {}
-    for r in rows:
-        base = by_key.get((r.test_set, r.baseline_system))
-        if base is None or r.paradigm == base.paradigm or None in (r.speedup_p50_vs_ar, r.bleu_delta_vs_ar):
-            continue
-        found.setdefault(r.test_set, []).append(r)
-    if not found:
-        return None
     parts = []
     for ts in test_sets(rows):
-        if ts not in found or not_learned([r for r in rows if r.test_set == ts]):
+        base, quick, close = near_baseline(rows, ts)
+        if base is None or not_learned([r for r in rows if r.test_set == ts]):
             continue
-        near = [r for r in found[ts] if r.bleu_delta_vs_ar >= -margin]
-        if not near:
-            close = max(found[ts], key=lambda r: r.bleu_delta_vs_ar)
+        if quick is None:
             parts.append(f"on {ts} it does not hold: no non-autoregressive row is within {margin:g} BLEU of AR "
-                         f"greedy (the closest, {shown[close.system]}, is {-close.bleu_delta_vs_ar:.2f} behind)")
+                         f"greedy (the closest, {shown[close.system]}, is {base.bleu - close.bleu:.2f} behind)")
             continue
-        quick = max(near, key=lambda r: r.speedup_p50_vs_ar)
-        holds = "holds" if quick.speedup_p50_vs_ar >= SPEED_CLAIM else "does not hold"
-        parts.append(f"on {ts} it {holds}: the fastest non-autoregressive row within {margin:g} BLEU of AR greedy, "
-                     f"{shown[quick.system]} ({quick.bleu_delta_vs_ar:+.2f} BLEU), runs at "
-                     f"{column('speedup_p50_vs_ar').cell(quick)} AR greedy's speed")
+        holds = quick.speedup_p50_vs_ar is not None and quick.speedup_p50_vs_ar >= SPEED_CLAIM
+        parts.append(f"on {ts} it {'holds' if holds else 'does not hold'}: the fastest non-autoregressive row within "
+                     f"{margin:g} BLEU of AR greedy, {shown[quick.system]} ({quick.bleu - base.bleu:+.2f} BLEU), runs "
+                     f"at {column('speedup_p50_vs_ar').cell(quick)} AR greedy's speed")
     if not parts:
         return None
     return (f"**Speed at equal quality** (the paper's abstract: 2-3x faster than AR \"with minimal sacrifice in "

@@ -321,21 +321,31 @@ def run_says(rows: Sequence[Row], samples: Sequence[dict], ts: str, shown: Mappi
                      f"({base.latency_p50_ms:.1f} ms) and {_paired(lat, top, top_nar)} against the fastest AR-side "
                      f"system, {shown[top.system]} ({top.latency_p50_ms:.1f} ms, {column('bleu').cell(top)} BLEU), "
                      "paired per sentence (below 1x: slower).")
-        words.append(" " + _near_baseline(nar, base, top, lat, shown))
+        words.append(" " + _near_baseline(rows, ts, top, lat, shown))
     return [f"**What this run says** on {ts}: " + "".join(words), ""]
 
 
-def _near_baseline(nar: Sequence[Row], base: Row, top: Row, lat: dict, shown: Mapping[str, str]) -> str:
-    """The sentence on the fastest non-autoregressive row at most ``defaults.SAYS_BLEU_MARGIN`` BLEU below
-    the baseline (AR greedy), with its paired speedups against it and the fastest AR-side row ``top``; or
-    how far the closest non-autoregressive row is behind when none is that close."""
+def near_baseline(rows: Sequence[Row], ts: str) -> tuple[Row | None, Row | None, Row | None]:
+    """On one test set: the baseline row (AR greedy), the fastest (lowest p50) non-autoregressive row at
+    most ``defaults.SAYS_BLEU_MARGIN`` BLEU below it (None if none is that close), and the
+    non-autoregressive row of best BLEU. All None without a timed, scored baseline or such rows."""
+    _, nar = _sides(rows, ts)
+    base = next((r for r in rows if r.test_set == ts and r.system == r.baseline_system and r.bleu is not None
+                 and r.latency_p50_ms is not None), None)
+    if base is None or not nar:
+        return None, None, None
+    near = [r for r in nar if r.bleu >= base.bleu - defaults.SAYS_BLEU_MARGIN]
+    return base, min(near, key=lambda r: r.latency_p50_ms) if near else None, nar[0]
+
+
+def _near_baseline(rows: Sequence[Row], ts: str, top: Row, lat: dict, shown: Mapping[str, str]) -> str:
+    """The sentence on ``near_baseline``'s row, with its paired speedups against AR greedy and the fastest
+    AR-side row ``top``; or how far the closest non-autoregressive row is behind when none is that close."""
     margin = defaults.SAYS_BLEU_MARGIN
-    near = [r for r in nar if r.bleu >= base.bleu - margin]
-    if not near:
-        close = max(nar, key=lambda r: r.bleu)
+    base, quick, close = near_baseline(rows, ts)
+    if quick is None:
         return (f"No non-autoregressive system is within {margin:g} BLEU of {shown[base.system]}: the closest, "
                 f"{shown[close.system]}, is {base.bleu - close.bleu:.2f} behind.")
-    quick = min(near, key=lambda r: r.latency_p50_ms)
     return (f"The fastest non-autoregressive system within {margin:g} BLEU of {shown[base.system]} is "
             f"{shown[quick.system]} ({quick.bleu:.2f} BLEU, p50 {quick.latency_p50_ms:.1f} ms): "
             f"{_paired(lat, base, quick)} against {shown[base.system]} and {_paired(lat, top, quick)} against "

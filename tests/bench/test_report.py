@@ -190,7 +190,8 @@ def test_stutter_verdict_compares_each_nar_row_with_its_baseline():
 def test_speed_verdict_takes_the_fastest_nar_row_within_a_bleu_of_ar_greedy():
     def row(system, paradigm, delta, speedup, test_set="t"):
         return fake_row(system, test_set, baseline_system="ar-greedy", paradigm=paradigm, bleu=20.0 + delta,
-                        bleu_delta_vs_ar=delta, speedup_p50_vs_ar=speedup, speedup_p50_ci=[speedup - 0.1, speedup + 0.1])
+                        bleu_delta_vs_ar=delta, latency_p50_ms=10.0 / speedup, speedup_p50_vs_ar=speedup,
+                        speedup_p50_ci=[speedup - 0.1, speedup + 0.1])
 
     ids = {name: name for name in ("ar-greedy", "ar-beam5", "padir-a", "padir-b", "padir-c", "padir-d")}
     ar = row("ar-greedy", "ar", 0.0, 1.0)
