@@ -232,6 +232,11 @@ TRAINING = (                                         # the system's trained mode
     C("stopped_by", "stopped by", align="left", optional=True,
       doc="what ended the training: plateau (dev BLEU stopped rising), cap (no plateau by its steps), or "
           "steps (a set number of steps; models.schedule)"),
+    C("decay_start", "decay from step", count, optional=True,
+      doc="the step the learning-rate decay began at: where the plateau rule fired (null: no decay began, as "
+          "with a cosine schedule; models.schedule)"),
+    C("plateau_dev_bleu", "dev BLEU at plateau", fixed(2), True, optional=True,
+      doc="the best dev BLEU before the decay began (best_dev_bleu minus it: what the decay added)"),
     C("best_dev_bleu", "best dev BLEU", fixed(2), True, optional=True,
       doc="the best dev BLEU of the model's learning curve (its curve decoder, the task's own references)"),
     C("still_improving", "still improving", yes_no,

@@ -368,15 +368,16 @@ class Runner:
             return {}
         record = self.deps.train_record(path) or {}
         points = self.deps.train_curve(path)
+        decay = learning.decay_started(record)
         if save and points and self.store is not None:
-            self.store.save_curve(cell.label, learning.records(cell.label, cell.family, points,
-                                                                    learning.decay_started(record)))
+            self.store.save_curve(cell.label, learning.records(cell.label, cell.family, points, decay))
         return {"model": cell.label, "train_steps": record.get("steps_done"),
                 "train_tokens": record.get("target_tokens"), "train_seconds": record.get("train_seconds"),
                 "train_flops": record.get("train_flops"),
                 "warm_start_seconds": (record.get("init") or {}).get("source_train_seconds"),
                 "distill_seconds": None if distilled is None else distilled.get("seconds"),
-                "stopped_by": record.get("stopped_by"), "best_dev_bleu": record.get("best_dev_bleu"),
+                "stopped_by": record.get("stopped_by"), "decay_start": decay,
+                "plateau_dev_bleu": learning.plateau_bleu(points, decay), "best_dev_bleu": record.get("best_dev_bleu"),
                 "still_improving": learning.still_improving(points, record.get("stopped_by")),
                 "dev_length_exact": points[-1].get("dev_length_exact") if points else None,
                 "dev_length_within2": points[-1].get("dev_length_within2") if points else None}

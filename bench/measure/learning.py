@@ -25,6 +25,15 @@ def decay_started(record: Mapping[str, Any]) -> int | None:
     return int(start) if start is not None and done is not None and int(done) > int(start) else None
 
 
+def plateau_bleu(points: Iterable[Mapping[str, Any]], decay_start: int | None) -> float | None:
+    """The best dev BLEU of a curve's points up to ``decay_start`` (the step its decay began at): the
+    plateau the stopping rule saw. None without a decay or such points."""
+    if decay_start is None:
+        return None
+    before = [float(p["dev_bleu"]) for p in points if int(p["step"]) <= decay_start]
+    return max(before) if before else None
+
+
 def records(model: str, family: str, points: Iterable[Mapping[str, Any]],
             decay_start: int | None = None) -> list[dict]:
     """The run-folder records of one model's curve points, by step (with ``decaying`` when ``decay_start``,

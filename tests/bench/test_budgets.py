@@ -183,6 +183,23 @@ def test_curve_points_say_which_came_after_the_learning_rate_decay_started(tmp_p
     ar = [(p["step"], p["decaying"]) for p in store.curves() if p["model"] == AR_MODEL]
     assert ar == [(1, False), (2, False), (3, False), (4, True), (5, True)]
     assert all("decaying" in p for p in store.curves())
+    # The rows say where the decay began and the plateau before it (AR's dev BLEU: 2, 4, 6 up to step 3).
+    row = next(r for r in store.rows() if r.model == AR_MODEL)
+    assert (row.decay_start, row.plateau_dev_bleu) == (3, 6.0)
+    st.finish_run(store)
+    report.write_report(store.path)
+    budgets = (store.path / "table.md").read_text().split("## Training budgets")[1].split("##")[0]
+    assert "| decay from step | dev BLEU at plateau |" in budgets and f"| {AR_MODEL} | AR | 5 |" in budgets
+    assert "| 3 | 6.00 |" in budgets
+
+
+def test_the_plateau_is_the_best_dev_bleu_up_to_the_decay():
+    points = [{"step": 500, "dev_bleu": 10.0}, {"step": 1000, "dev_bleu": 12.5}, {"step": 1500, "dev_bleu": 11.0},
+              {"step": 2000, "dev_bleu": 15.0}]
+    assert learning.plateau_bleu(points, 1500) == 12.5
+    assert learning.plateau_bleu(points, 1000) == 12.5
+    assert learning.plateau_bleu(points, None) is None
+    assert learning.plateau_bleu(points, 100) is None
 
 
 @pytest.mark.parametrize("record, started", [
