@@ -16,13 +16,14 @@ under the data root, which only this machine writes):
 The estimator is deliberately simple:
 
 - training a cell: its steps (``until = "plateau"``: the median stop of the family's models the plateau
-  rule stopped, of the same task and size, else the same task, else the same size; else the cap) x the
-  median seconds per step of the nearest measured models (same family and model shape; preferring the
-  same training cell, then the same task, batch tokens and work per step), each scaled linearly by batch
-  tokens and by its family's work per step (``Family.train_work``); plus its dev points x seconds per
-  point and the fixed overhead, where a checkpoint record measured them. A partial training counts
-  only its rest: to where its rule stops it, from its dev curve so far (``progress``: exact once the
-  plateau rule fired; before, the earliest it can fire, unless the measured stop is later);
+  rule stopped, of the same task and model shape (size and layers), else the same task, else the same
+  shape; else the cap) x the median seconds per step of the nearest measured models (same family and
+  model shape; preferring the same training cell, then the same task, batch tokens and work per step),
+  each scaled linearly by batch tokens and by its family's work per step (``Family.train_work``); plus
+  its dev points x seconds per point and the fixed overhead, where a checkpoint record measured them. A
+  partial training counts only its rest: to where its rule stops it, from its dev curve so far
+  (``progress``: exact once the plateau rule fired; before, the earliest it can fire, unless the
+  measured stop is later), at its own seconds per step so far where its curve has them;
 - a distillation: its sentences x the nearest measured seconds per sentence (same task, teacher
   search and engine preferred);
 - timing one split: each system on its sentences (x repeats) and on the solo check's, at the measured
@@ -291,6 +292,7 @@ def train_estimate(measured: Measured, family: str, task: str, shape: tuple, lab
     fam = families.get(family)
     resumed = None if resumed_at is None else progress(fam.train_config(budget.train_kwargs(), axes), *resumed_at)
     work = fam.train_work(axes)
+    own = None if resumed_at is None else _own_seconds_per_step(resumed_at[1])
     pool = [m for m in measured.trained if m.family == family and m.shape == shape]
     if not pool:
         return Estimate(None, f"no {fam.label} model of this size was measured on this machine")
@@ -322,21 +324,34 @@ def train_estimate(measured: Measured, family: str, task: str, shape: tuple, lab
     overhead = _median(fixed) if fixed else 0.0
     spread = f"{min(scaled):.2f}-{max(scaled):.2f}" if max(scaled) - min(scaled) >= 0.005 else f"{per_step:.2f}"
     differ = [n for n, same in zip(("another task", "other batch tokens", "other work per step"), best[1:]) if not same]
-    how = (f"{steps - done:,} {'more ' if done else ''}steps{stop} x {per_step:.2f} s (median of {len(near)} "
-           f"measured: {spread} s a step"
-           + (f"; {', '.join(differ)}, scaled" if differ else "") + ")"
+    rate = (f"{per_step:.2f} s (median of {len(near)} measured: {spread} s a step"
+            + (f"; {', '.join(differ)}, scaled" if differ else "") + ")")
+    if own is not None:                          # a resumed training's own steps so far: the nearest measure
+        per_step, rate = own, f"{own:.2f} s (its own rate so far)"
+    how = (f"{steps - done:,} {'more ' if done else ''}steps{stop} x {rate}"
            + (f" + {points} dev points x {_median(per_point):.1f} s" if per_point else
               (f" + {points} dev points (not measured)" if points else ""))
            + (f" + {overhead:.0f} s compiling and checkpoints" if fixed else ""))
     return Estimate((steps - done) * per_step + evals + overhead, how)
 
 
+def _own_seconds_per_step(points: Iterable[Mapping[str, Any]]) -> float | None:
+    """A partial training's seconds per step so far, from its dev curve's last point (``seconds``: the train
+    steps' seconds up to it, summed over its resumes); None when its curve does not say."""
+    timed = [p for p in points if p.get("seconds") and int(p["step"]) > 0]
+    if not timed:
+        return None
+    last = max(timed, key=lambda p: int(p["step"]))
+    return float(last["seconds"]) / int(last["step"])
+
+
 def _plateau_steps(measured: Measured, family: str, task: str, shape: tuple, cap: int) -> tuple[int | None, str]:
     """Where the plateau rule will stop a training: the median stop of the models of its family it stopped on
-    this machine, of the same task and size, else of the same task, else of the same size (None when there
-    are none: the cap is the bound); and how that was chosen."""
+    this machine, of the same task and model shape, else of the same task, else of the same shape (None when
+    there are none: the cap is the bound); and how that was chosen."""
     stopped = [m for m in measured.trained if m.family == family and m.stopped_by == "plateau"]
-    for same, where in (((True, True), ""), ((True, False), " of another size"), ((False, True), " on other tasks")):
+    for same, where in (((True, True), ""), ((True, False), " of another model shape"),
+                        ((False, True), " on other tasks")):
         stops = [m.steps for m in stopped if ((m.task == task) >= same[0]) and ((m.shape == shape) >= same[1])]
         if stops:
             return (min(cap, int(_median(stops))),

@@ -317,9 +317,10 @@ def render_estimate(p: Preview) -> list[str]:
     costs = [cost for s in p.splits for cost, _ in s.costs.values()]
     unknown = sum(cost.latency_ms is None for cost in costs)
     new = sum(cost.latency_ms is not None and not cost.how.startswith("measured") for cost in costs)
+    training = sum(c.state in (TO_TRAIN, PARTIAL, UNKNOWN) for c in p.cells)
     lines = ["Estimate of the work still to do, on this machine:",
              f"  training      {est.duration(t['training']):>12s}  "
-             f"({sum(c.state in (TO_TRAIN, PARTIAL, UNKNOWN) for c in p.cells)} models; per cell above)",
+             f"({training} model{'s' * (training != 1)}; per cell above)",
              f"  distillation  {est.duration(t['distillation']):>12s}",
              f"  timing        {est.duration(t['timing']):>12s}  ({timed} systems in {len(p.splits)} measurement"
              f"{'s' * (len(p.splits) != 1)}, each x (sentences x {p.spec.timing.repeats} repeat"

@@ -131,13 +131,17 @@ def test_a_plateau_is_estimated_from_the_nearest_models_the_rule_stopped():
         return estimate.train_estimate(measured, "ar", "bible", small, "a", budget, {}, resumed_at).how
     assert how().startswith("3,000 steps (plateau: the median stop of 1 measured on other tasks, cap 60,000)")
     assert how(model("bible", tiny, 4000)).startswith("4,000 steps (plateau: the median stop of 1 measured "
-                                                      "of another size")
+                                                      "of another model shape")
     assert how(model("bible", small, 8400), model("bible", tiny, 4000)).startswith("8,400 steps (plateau: the "
                                                                                    "median stop of 1 measured, ")
     # Resumed: the measured stop when it is later than the earliest the rule can stop it, else the earliest.
     assert how(model("bible", small, 8400), resumed_at=(1000, _curve(1.0, 2.0))).startswith("7,400 more steps")
     assert how(model("bible", small, 8400), resumed_at=(8500, _curve(*[float(i) for i in range(17)]))).startswith(
         "4,100 more steps (plateau: step 12,600 at the earliest, if dev BLEU stays under 16.20; cap 60,000)")
+    # A resumed training whose curve has its train seconds runs at its own rate so far (1,500 s / 1,000 steps).
+    timed = [{**p, "seconds": 750.0 * (i + 1)} for i, p in enumerate(_curve(1.0, 2.0))]
+    assert how(model("bible", small, 8400), resumed_at=(1000, timed)).startswith(
+        "7,400 more steps (plateau: the median stop of 1 measured, cap 60,000) x 1.50 s (its own rate so far)")
     # With no plateau measured the cap bounds a new training; a resumed one is at least its earliest stop.
     capped = estimate.Measured(trained=[dataclasses.replace(model("bible", small, 9000), stopped_by="cap")])
     fresh = estimate.train_estimate(capped, "ar", "bible", small, "a", budget, {})
