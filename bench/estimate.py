@@ -294,17 +294,12 @@ def train_estimate(measured: Measured, family: str, task: str, shape: tuple, lab
     work = fam.train_work(axes)
     own = None if resumed_at is None else _own_seconds_per_step(resumed_at[1])
     pool = [m for m in measured.trained if m.family == family and m.shape == shape]
-    if not pool:
+    if own is not None:                          # a resumed training's own steps so far: the nearest measure
+        per_step, rate = own, f"{own:.2f} s (its own rate so far)"
+    elif pool:
+        per_step, rate = _measured_rate(pool, label, task, budget.batch_tokens, work)
+    else:
         return Estimate(None, f"no {fam.label} model of this size was measured on this machine")
-
-    def score(m: TrainedModel) -> tuple:
-        return (m.label == label, m.task == task, m.batch_tokens == budget.batch_tokens, m.work == work)
-
-    best = max(map(score, pool))
-    near = [m for m in pool if score(m) == best]
-    scaled = [m.seconds_per_step * (budget.batch_tokens / m.batch_tokens if m.batch_tokens else 1.0) * work / m.work
-              for m in near]
-    per_step = _median(scaled)
     steps, stop, median = budget.steps, "", None
     if budget.until == "plateau":
         median, stop = _plateau_steps(measured, family, task, shape, budget.steps)
@@ -322,17 +317,29 @@ def train_estimate(measured: Measured, family: str, task: str, shape: tuple, lab
     fixed = [m.overhead_seconds for m in pool if m.overhead_seconds and m.task == task]
     evals = points * _median(per_point) if per_point else 0.0
     overhead = _median(fixed) if fixed else 0.0
-    spread = f"{min(scaled):.2f}-{max(scaled):.2f}" if max(scaled) - min(scaled) >= 0.005 else f"{per_step:.2f}"
-    differ = [n for n, same in zip(("another task", "other batch tokens", "other work per step"), best[1:]) if not same]
-    rate = (f"{per_step:.2f} s (median of {len(near)} measured: {spread} s a step"
-            + (f"; {', '.join(differ)}, scaled" if differ else "") + ")")
-    if own is not None:                          # a resumed training's own steps so far: the nearest measure
-        per_step, rate = own, f"{own:.2f} s (its own rate so far)"
     how = (f"{steps - done:,} {'more ' if done else ''}steps{stop} x {rate}"
            + (f" + {points} dev points x {_median(per_point):.1f} s" if per_point else
               (f" + {points} dev points (not measured)" if points else ""))
            + (f" + {overhead:.0f} s compiling and checkpoints" if fixed else ""))
     return Estimate((steps - done) * per_step + evals + overhead, how)
+
+
+def _measured_rate(pool: list[TrainedModel], label: str, task: str, batch_tokens: int,
+                   work: float) -> tuple[float, str]:
+    """Seconds per step from the nearest measured models of ``pool`` (the same training cell, then task,
+    batch tokens and work per step preferred), scaled to ``batch_tokens`` and ``work``; and how."""
+    def score(m: TrainedModel) -> tuple:
+        return (m.label == label, m.task == task, m.batch_tokens == batch_tokens, m.work == work)
+
+    best = max(map(score, pool))
+    near = [m for m in pool if score(m) == best]
+    scaled = [m.seconds_per_step * (batch_tokens / m.batch_tokens if m.batch_tokens else 1.0) * work / m.work
+              for m in near]
+    per_step = _median(scaled)
+    spread = f"{min(scaled):.2f}-{max(scaled):.2f}" if max(scaled) - min(scaled) >= 0.005 else f"{per_step:.2f}"
+    differ = [n for n, same in zip(("another task", "other batch tokens", "other work per step"), best[1:]) if not same]
+    return per_step, (f"{per_step:.2f} s (median of {len(near)} measured: {spread} s a step"
+                      + (f"; {', '.join(differ)}, scaled" if differ else "") + ")")
 
 
 def _own_seconds_per_step(points: Iterable[Mapping[str, Any]]) -> float | None:

@@ -142,6 +142,8 @@ def test_a_plateau_is_estimated_from_the_nearest_models_the_rule_stopped():
     timed = [{**p, "seconds": 750.0 * (i + 1)} for i, p in enumerate(_curve(1.0, 2.0))]
     assert how(model("bible", small, 8400), resumed_at=(1000, timed)).startswith(
         "7,400 more steps (plateau: the median stop of 1 measured, cap 60,000) x 1.50 s (its own rate so far)")
+    first = estimate.train_estimate(estimate.Measured(trained=[]), "ar", "bible", small, "a", budget, {}, (1000, timed))
+    assert first.seconds is not None and " x 1.50 s (its own rate so far)" in first.how   # none of its shape before
     # With no plateau measured the cap bounds a new training; a resumed one is at least its earliest stop.
     capped = estimate.Measured(trained=[dataclasses.replace(model("bible", small, 9000), stopped_by="cap")])
     fresh = estimate.train_estimate(capped, "ar", "bible", small, "a", budget, {})
