@@ -18,12 +18,13 @@ The estimator is deliberately simple:
 - training a cell: its steps (``until = "plateau"``: the median stop of the family's models the plateau
   rule stopped, of the same task and model shape (size and layers), else the same task, else the same
   shape; else the cap) x the median seconds per step of the nearest measured models (same family and
-  model shape; preferring the same training cell, then the same task, batch tokens and work per step),
+  model shape; preferring the same checkpoint, then training cell, task, batch tokens and work per step),
   each scaled linearly by batch tokens and by its family's work per step (``Family.train_work``); plus
   its dev points x seconds per point and the fixed overhead, where a checkpoint record measured them. A
   partial training counts only its rest: to where its rule stops it, from its dev curve so far
   (``progress``: exact once the plateau rule fired; before, the earliest it can fire, unless the
-  measured stop is later), at its own seconds per step so far where its curve has them;
+  measured stop is later), at its own seconds per step so far (its checkpoint's record: the nearest
+  measure of all);
 - a distillation: its sentences x the nearest measured seconds per sentence (same task, teacher
   search and engine preferred);
 - timing one split: each system on its sentences (x repeats) and on the solo check's, at the measured
@@ -51,6 +52,7 @@ from narbench_core import defaults
 from bench.rows import Row
 from narbench_core.errors import UserError
 from narbench_core.io import read_jsonl
+from narbench_core.paths import portable
 
 SHAPE_KEYS = ("d_model", "num_heads", "head_dim", "d_ff", "num_encoder_layers", "num_decoder_layers")
 
@@ -74,7 +76,7 @@ def this_machine() -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class TrainedModel:
-    source: str                   # the run folder or checkpoint folder it was read from
+    source: str                   # the run folder or checkpoint folder (``portable``) it was read from
     family: str
     task: str                     # the task trained on, before distillation
     shape: tuple
@@ -253,7 +255,7 @@ class Measured:
             evals = float(meta.get("eval_seconds") or 0.0)
             train = meta.get("train_config") or {}
             self.trained.append(TrainedModel(
-                str(meta_file.parent), fam.name, source_task(meta.get("task") or ""),
+                portable(meta_file.parent), fam.name, source_task(meta.get("task") or ""),
                 tuple((k, (meta.get("model_config") or {}).get(k)) for k in SHAPE_KEYS),
                 int(train.get("batch_tokens") or 0), fam.train_work(train), None, int(steps),
                 float(seconds) / int(steps), meta.get("stopped_by"),
@@ -286,20 +288,18 @@ def _median(values: list[float]) -> float:
 
 
 def train_estimate(measured: Measured, family: str, task: str, shape: tuple, label: str, budget,
-                   axes: Mapping[str, Any], resumed_at: tuple[int, list[dict]] | None = None) -> Estimate:
+                   axes: Mapping[str, Any], resumed_at: tuple[int, list[dict]] | None = None,
+                   checkpoint: str | None = None) -> Estimate:
     """Seconds to train one cell (see the module docstring); ``budget`` is its ``TrainBudget``; a partial
-    training's ``resumed_at`` (its steps done and dev curve) counts only the rest (``progress``)."""
+    training's ``resumed_at`` (its steps done and dev curve) counts only the rest (``progress``), and the
+    record in its ``checkpoint`` folder (``portable``) gives its own seconds per step so far."""
     fam = families.get(family)
     resumed = None if resumed_at is None else progress(fam.train_config(budget.train_kwargs(), axes), *resumed_at)
     work = fam.train_work(axes)
-    own = None if resumed_at is None else _own_seconds_per_step(resumed_at[1])
     pool = [m for m in measured.trained if m.family == family and m.shape == shape]
-    if own is not None:                          # a resumed training's own steps so far: the nearest measure
-        per_step, rate = own, f"{own:.2f} s (its own rate so far)"
-    elif pool:
-        per_step, rate = _measured_rate(pool, label, task, budget.batch_tokens, work)
-    else:
+    if not pool:
         return Estimate(None, f"no {fam.label} model of this size was measured on this machine")
+    per_step, rate = _measured_rate(pool, checkpoint, label, task, budget.batch_tokens, work)
     steps, stop, median = budget.steps, "", None
     if budget.until == "plateau":
         median, stop = _plateau_steps(measured, family, task, shape, budget.steps)
@@ -324,12 +324,14 @@ def train_estimate(measured: Measured, family: str, task: str, shape: tuple, lab
     return Estimate((steps - done) * per_step + evals + overhead, how)
 
 
-def _measured_rate(pool: list[TrainedModel], label: str, task: str, batch_tokens: int,
+def _measured_rate(pool: list[TrainedModel], checkpoint: str | None, label: str, task: str, batch_tokens: int,
                    work: float) -> tuple[float, str]:
-    """Seconds per step from the nearest measured models of ``pool`` (the same training cell, then task,
-    batch tokens and work per step preferred), scaled to ``batch_tokens`` and ``work``; and how."""
+    """Seconds per step from the nearest measured models of ``pool`` (the same checkpoint: a partial
+    training's own steps so far; then the same training cell, task, batch tokens and work per step), scaled
+    to ``batch_tokens`` and ``work``; and how."""
     def score(m: TrainedModel) -> tuple:
-        return (m.label == label, m.task == task, m.batch_tokens == batch_tokens, m.work == work)
+        return (checkpoint is not None and m.source == checkpoint, m.label == label, m.task == task,
+                m.batch_tokens == batch_tokens, m.work == work)
 
     best = max(map(score, pool))
     near = [m for m in pool if score(m) == best]
@@ -337,19 +339,11 @@ def _measured_rate(pool: list[TrainedModel], label: str, task: str, batch_tokens
               for m in near]
     per_step = _median(scaled)
     spread = f"{min(scaled):.2f}-{max(scaled):.2f}" if max(scaled) - min(scaled) >= 0.005 else f"{per_step:.2f}"
-    differ = [n for n, same in zip(("another task", "other batch tokens", "other work per step"), best[1:]) if not same]
+    if best[0]:
+        return per_step, f"{per_step:.2f} s (its own rate so far)"
+    differ = [n for n, same in zip(("another task", "other batch tokens", "other work per step"), best[2:]) if not same]
     return per_step, (f"{per_step:.2f} s (median of {len(near)} measured: {spread} s a step"
                       + (f"; {', '.join(differ)}, scaled" if differ else "") + ")")
-
-
-def _own_seconds_per_step(points: Iterable[Mapping[str, Any]]) -> float | None:
-    """A partial training's seconds per step so far, from its dev curve's last point (``seconds``: the train
-    steps' seconds up to it, summed over its resumes); None when its curve does not say."""
-    timed = [p for p in points if p.get("seconds") and int(p["step"]) > 0]
-    if not timed:
-        return None
-    last = max(timed, key=lambda p: int(p["step"]))
-    return float(last["seconds"]) / int(last["step"])
 
 
 def _plateau_steps(measured: Measured, family: str, task: str, shape: tuple, cap: int) -> tuple[int | None, str]:

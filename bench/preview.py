@@ -166,7 +166,7 @@ def preview(spec: SuiteSpec, locator: Locator, measured: est.Measured) -> Previe
         model_extra, _ = families.get(cell.family).axes_configs(dict(axes))
         cell_shape = est.model_shape(spec.model.preset, {**spec.model.override_dict(), **model_extra})
         estimate = est.train_estimate(measured, cell.family, cell.task, cell_shape, cell.label, budget, axes,
-                                      resumed_at)
+                                      resumed_at, folder)
         return CellPreview(cell, state, folder, note, estimate)
 
     def distillation(cell: TrainCell, teacher_dir: Path | None) -> tuple[DistillPreview, str | None]:

@@ -138,11 +138,16 @@ def test_a_plateau_is_estimated_from_the_nearest_models_the_rule_stopped():
     assert how(model("bible", small, 8400), resumed_at=(1000, _curve(1.0, 2.0))).startswith("7,400 more steps")
     assert how(model("bible", small, 8400), resumed_at=(8500, _curve(*[float(i) for i in range(17)]))).startswith(
         "4,100 more steps (plateau: step 12,600 at the earliest, if dev BLEU stays under 16.20; cap 60,000)")
-    # A resumed training whose curve has its train seconds runs at its own rate so far (1,500 s / 1,000 steps).
-    timed = [{**p, "seconds": 750.0 * (i + 1)} for i, p in enumerate(_curve(1.0, 2.0))]
-    assert how(model("bible", small, 8400), resumed_at=(1000, timed)).startswith(
+    # A resumed training runs at its own rate so far: its checkpoint's record (1.5 s a step over 1,000 steps)
+    # before models of the same cell label, task and batch tokens (1.0 s).
+    own = estimate.TrainedModel("checkpoints/own", "ar", "bible", small, 2048, 1.0, None, 1000, 1.5, "cap")
+    same_cell = dataclasses.replace(model("bible", small, 8400), label="a")
+    resumed = estimate.train_estimate(estimate.Measured(trained=[same_cell, own]), "ar", "bible", small, "a",
+                                      budget, {}, (1000, _curve(1.0, 2.0)), "checkpoints/own")
+    assert resumed.how.startswith(
         "7,400 more steps (plateau: the median stop of 1 measured, cap 60,000) x 1.50 s (its own rate so far)")
-    first = estimate.train_estimate(estimate.Measured(trained=[]), "ar", "bible", small, "a", budget, {}, (1000, timed))
+    first = estimate.train_estimate(estimate.Measured(trained=[own]), "ar", "bible", small, "a", budget, {},
+                                    (1000, _curve(1.0, 2.0)), "checkpoints/own")
     assert first.seconds is not None and " x 1.50 s (its own rate so far)" in first.how   # none of its shape before
     # With no plateau measured the cap bounds a new training; a resumed one is at least its earliest stop.
     capped = estimate.Measured(trained=[dataclasses.replace(model("bible", small, 9000), stopped_by="cap")])
