@@ -313,17 +313,17 @@ def run_says(rows: Sequence[Row], samples: Sequence[dict], ts: str, shown: Mappi
                      + ("that one" if quick is best else f"{shown[quick.system]} ({quick.bleu:.2f})")
                      + f", at p50 {quick.latency_p50_ms:.1f} ms")
     words.append(".")
-    ar, nar = _sides(rows, ts)
-    base = next((r for r in scored if r.system == r.baseline_system), None)
-    if nar and ar and base is not None and base.latency_p50_ms is not None:
-        lat, top, top_nar = _latencies(samples), ar[0], nar[0]
+    ar, _ = _sides(rows, ts)
+    base, fast_nar, top_nar = near_baseline(rows, ts)
+    if ar and base is not None:
+        lat, top = _latencies(samples), ar[0]
         delta = "" if top_nar.bleu_delta_vs_ar is None else f", {top_nar.bleu_delta_vs_ar:+.2f} against AR greedy"
         words.append(f" The best non-autoregressive system, {shown[top_nar.system]} ({top_nar.bleu:.2f} BLEU{delta}), "
                      f"has a p50 speedup of {_paired(lat, base, top_nar)} against {shown[base.system]} "
                      f"({base.latency_p50_ms:.1f} ms) and {_paired(lat, top, top_nar)} against the fastest AR-side "
                      f"system, {shown[top.system]} ({top.latency_p50_ms:.1f} ms, {column('bleu').cell(top)} BLEU), "
                      "paired per sentence (below 1x: slower).")
-        words.append(" " + _near_baseline(rows, ts, top, lat, shown))
+        words.append(" " + _near_baseline(base, fast_nar, top_nar, top, lat, shown))
     return [f"**What this run says** on {ts}: " + "".join(words), ""]
 
 
@@ -340,11 +340,11 @@ def near_baseline(rows: Sequence[Row], ts: str) -> tuple[Row | None, Row | None,
     return base, min(near, key=lambda r: r.latency_p50_ms) if near else None, nar[0]
 
 
-def _near_baseline(rows: Sequence[Row], ts: str, top: Row, lat: dict, shown: Mapping[str, str]) -> str:
-    """The sentence on ``near_baseline``'s row, with its paired speedups against AR greedy and the fastest
-    AR-side row ``top``; or how far the closest non-autoregressive row is behind when none is that close."""
+def _near_baseline(base: Row, quick: Row | None, close: Row, top: Row, lat: dict, shown: Mapping[str, str]) -> str:
+    """The sentence on ``near_baseline``'s rows: the fastest non-autoregressive row ``quick`` near AR greedy
+    ``base`` with its paired speedups against it and the fastest AR-side row ``top``; or, when none is that
+    close, how far the closest (``close``, the best non-autoregressive row) is behind."""
     margin = defaults.SAYS_BLEU_MARGIN
-    base, quick, close = near_baseline(rows, ts)
     if quick is None:
         return (f"No non-autoregressive system is within {margin:g} BLEU of {shown[base.system]}: the closest, "
                 f"{shown[close.system]}, is {base.bleu - close.bleu:.2f} behind.")
