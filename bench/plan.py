@@ -47,8 +47,11 @@ def expand(spec: SuiteSpec) -> Plan:
         for seed in spec.seeds:
             sfx = f"-seed{seed}" if len(spec.seeds) > 1 else ""
             ctx = Context(task.train, seed, TrainCell(task.train, base.name, seed), spec.decoder_shapes())
+            expanded: list[System] = []
             for family in order:
+                ctx = dataclasses.replace(ctx, earlier=tuple(expanded))
                 for system in family.expand(spec.section(family.name), ctx):
+                    expanded.append(system)
                     cells[system.cell] = None
                     task_systems.append(dataclasses.replace(
                         system, name=system.name + sfx, baseline=base.baseline_system + sfx,

@@ -61,8 +61,8 @@ def _bootstrap(row: "Row") -> str:
     return fixed(2)(row.bleu) + ("" if row.bleu_bs_mean is None else f" ({row.bleu_bs_mean:.2f} ± {row.bleu_bs_ci:.2f})")
 
 
-PHASE_SHORT = {phases.TOKENIZE: "tok", phases.ENCODE: "enc", phases.HOST_SYNC: "sync", phases.PASSES: "passes",
-               phases.DETOKENIZE: "detok"}
+PHASE_SHORT = {phases.TOKENIZE: "tok", phases.ENCODE: "enc", phases.HOST_SYNC: "sync", phases.HOST: "host",
+               phases.PASSES: "passes", phases.DETOKENIZE: "detok"}
 
 
 def _phases(row: "Row") -> str:
@@ -103,6 +103,9 @@ IDENTITY = (
     C("distill", "Distilled", doc="trained on the AR teacher's outputs"),
     C("seed", doc="the training seed of the system's models"),
     C("variant", doc="systems that differ only in refinement iterations share it (one line in T plots)"),
+    C("reproduces", align="left", optional=True,
+      doc="the system of the run whose outputs this one should reproduce (PaDIR on ONNX Runtime: the same "
+          "model and decoding in JAX)"),
     C("batch_size", "Batch", doc="sentences per decoder call while timing"),
 )
 FIGURES = (
@@ -130,6 +133,9 @@ FIGURES = (
     C("bleu_bs_signature", optional=True, doc="sacrebleu's signature of the paired bootstrap test"),
     C("agreement_with_ar_greedy", "= AR greedy", fixed(3), None, optional=True,
       doc="share of sentences whose hypothesis is identical to AR greedy's (1.0 for AR greedy itself)"),
+    C("reproduced_agreement", "= reproduced", fixed(3), None, optional=True,
+      doc="share of sentences whose hypothesis is identical to that of the system it reproduces "
+          "(`reproduces`: the same model and decoder in another runtime)"),
     C("exact_match", "exact match", fixed(3), True, optional=True,
       doc="share of hypotheses equal to one of their source's valid targets (tasks that know them all)"),
     C("mode_mixing", "mode mixing", fixed(3), False, optional=True,

@@ -480,6 +480,7 @@ class Runner:
                               spec.bootstrap_resamples, self.score, t.phase_ms or None,
                               None if t.host_syncs is None else list(t.host_syncs), _solo(t), data.valid),
             "bleurt": self._bleurt(refs[0], t.hypotheses) if self.score else None,
+            "reproduced_agreement": _agreement(t.hypotheses, m.systems.get(dict(system.info).get("reproduces"))),
             "compile_s": timed.compile_s[system.name], "platform": m.platform, "phase": m.phase,
             "repeats": m.repeats, "turn": m.turn, "target_lang": target_lang, "n_references": len(refs),
             "truncated_sources": timed.truncated[system.name],
@@ -678,6 +679,13 @@ def _samples(system: str, target: "Target", data: TestData, m: Any) -> list[dict
             sample["solo_latency_ms"] = float(t.solo_ms[j])
         out.append(sample)
     return out
+
+
+def _agreement(hypotheses: list[str], other) -> float | None:
+    """The share of sentences where ``hypotheses`` equal the timed system ``other``'s (None without it)."""
+    if other is None or not hypotheses:
+        return None
+    return float(np.mean([a == b for a, b in zip(hypotheses, other.hypotheses)]))
 
 
 def _solo(t) -> list[float | None] | None:

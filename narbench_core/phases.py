@@ -15,12 +15,14 @@ import contextlib
 import contextvars
 from typing import Callable, Iterator
 
-TOKENIZE, ENCODE, HOST_SYNC, PASSES, DETOKENIZE = "tokenize", "encode", "host_sync", "passes", "detokenize"
-PHASES = (TOKENIZE, ENCODE, HOST_SYNC, PASSES, DETOKENIZE)   # display order
+TOKENIZE, ENCODE, HOST_SYNC, HOST, PASSES, DETOKENIZE = ("tokenize", "encode", "host_sync", "host", "passes",
+                                                        "detokenize")
+PHASES = (TOKENIZE, ENCODE, HOST_SYNC, HOST, PASSES, DETOKENIZE)   # display order
 DOCS = {
     TOKENIZE: "source text to padded ids (host)",
     ENCODE: "the encoder, with length prediction for PaDIR, until its outputs are ready",
     HOST_SYNC: "reading device values back to the host (PaDIR's predicted lengths; the results)",
+    HOST: "host work between runtime calls (PaDIR on ONNX Runtime: lengths, masks, remasking, the best hypothesis)",
     PASSES: "the decoder passes (AR steps, PaDIR refinement passes; CTranslate2: its whole translate call)",
     DETOKENIZE: "ids to text (host)",
 }

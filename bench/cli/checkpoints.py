@@ -100,8 +100,9 @@ def register(sub) -> None:
     t.add_argument("--source-file", type=Path, help="default: stdin")
     t.set_defaults(func=_translate_command)
 
-    e = sub.add_parser("export", help="export an AR checkpoint to another inference engine",
-                       description="Export a trained AR checkpoint for another inference engine.")
+    e = sub.add_parser("export", help="export a checkpoint to another inference engine (AR: ct2, PaDIR: onnx)",
+                       description="Export a trained checkpoint for another inference engine: an AR checkpoint to "
+                       "CTranslate2 (ct2), a PaDIR checkpoint to ONNX Runtime (onnx).")
     esub = e.add_subparsers(dest="export_command", metavar="ENGINE")
     esub.required = True
     c = esub.add_parser("ct2", help="CTranslate2 (needs the extra: pip install -e \".[ct2]\")",
@@ -116,6 +117,22 @@ def register(sub) -> None:
                    help="replace what --out holds if narbench wrote it (its .narbench stamp, or an earlier export); "
                         "any other folder or file is refused")
     c.set_defaults(func=_export_ct2_command)
+    o = esub.add_parser("onnx", help="ONNX Runtime, PaDIR checkpoints (needs the extra: pip install -e \".[ort]\")",
+                        description="Write a PaDIR checkpoint as two ONNX graphs built straight from the Flax "
+                        "parameters: encoder.onnx (ids -> length logits and every decoder layer's cross-attention "
+                        "keys and values) and refine.onnx (one refinement pass -> each position's argmax token and "
+                        "its log-prob). `narbench run` drives them with the suite's [ort] section; int8 is ONNX "
+                        "Runtime's dynamic quantization of the weight matrices (no calibration data).")
+    o.add_argument("--checkpoint", required=True, type=Path, help="PaDIR checkpoint folder written by `narbench train`")
+    o.add_argument("--out", required=True, type=Path, help="model folder to write")
+    o.add_argument("--quantization", choices=("float32", "int8"), default="float32",
+                   help="weights in float32 (default) or int8")
+    o.add_argument("--max-source-tokens", type=int, default=max(defaults.DECODE_BUCKETS),
+                   help=f"longest source the encoder graph takes, EOS included (default {max(defaults.DECODE_BUCKETS)})")
+    o.add_argument("--force", action="store_true",
+                   help="rewrite --out (only if narbench wrote it: its .narbench stamp, or an earlier export); any "
+                        "other folder or file is refused")
+    o.set_defaults(func=_export_onnx_command)
 
 
 # -- importable logic -----------------------------------------------------------------------------
@@ -226,6 +243,16 @@ def _export_ct2_command(args: argparse.Namespace) -> int:
 
     out = ct2.export(args.checkpoint, args.out, args.quantization, force=args.force)
     print(out)
+    return 0
+
+
+def _export_onnx_command(args: argparse.Namespace) -> int:
+    from models import ort
+
+    if args.max_source_tokens < 1:
+        raise UserError("--max-source-tokens must be >= 1")
+    print(ort.export(args.checkpoint, args.out, args.quantization, force=args.force,
+                     max_source_tokens=args.max_source_tokens))
     return 0
 
 

@@ -15,6 +15,7 @@ BUILTIN = {                        # name -> module that registers it, in table 
     "ar": "bench.families.ar",
     "padir": "bench.families.padir",
     "ct2": "bench.families.ct2",
+    "ort": "bench.families.ort",   # runs the padir family's systems: expands after it
 }
 BASELINE = "ar"                    # its greedy system is every speedup's baseline and the distillation teacher
 

@@ -60,6 +60,8 @@ class Context:
     seed: int
     teacher: TrainCell                         # the baseline family's cell: distillation teacher
     shapes: Mapping[str, Any]                  # decoder shape options every system shares
+    earlier: tuple["System", ...] = ()         # the systems the families before this one expanded (same task
+                                               # and seed): a family that runs another's models picks from them
 
 
 def search_words(decoder: str) -> str:
