@@ -34,8 +34,10 @@ FORMAT = 1
 
 
 def require_onnxruntime():
-    """The ``onnxruntime`` module, or a one-line ``UserError`` naming the extra to install."""
+    """The ``onnxruntime`` module (``onnx`` beside it: the export builds graphs with it), or a one-line
+    ``UserError`` naming the extra to install."""
     try:
+        import onnx  # noqa: F401
         import onnxruntime
     except ImportError:
         raise UserError(f"ONNX Runtime is not installed; install the extra: {EXTRA_HINT}") from None

@@ -9,6 +9,7 @@ import time
 import unicodedata
 from pathlib import Path
 
+from bench import families
 from bench.cli.checkpoints import REFUSE_DAMAGED_HELP
 from bench.executors.base import EXECUTORS
 from narbench_core import defaults
@@ -196,6 +197,7 @@ def cmd_run(args) -> int:
     from bench.cli.data import refuse_bad_data
 
     spec = _spec(args)
+    families.check_installed(spec)  # an engine's missing extra: one line now, not after the trainings
     platform = _setup(args.platform)
     refuse_bad_data(spec)          # the suite's own data files, checked before any result is written
     from bench import executors
@@ -426,6 +428,7 @@ def cmd_latency(args) -> int:
     if given:
         raise UserError(f"{' '.join(given)} only apply to the latency map; add --map")
     spec = _spec(args)
+    families.check_installed(spec)
     platform = _setup(args.platform)
     env = benv.capture(seeds=_seeds(spec), platform=platform)
     deps = runner.real_deps(retrain_damaged=not args.refuse_damaged)

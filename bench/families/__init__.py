@@ -21,7 +21,7 @@ BASELINE = "ar"                    # its greedy system is every speedup's baseli
 
 _REGISTRY: dict[str, Family] = {}
 
-__all__ = ["BASELINE", "BUILTIN", "Context", "Family", "System", "TrainCell", "all_families", "get",
+__all__ = ["BASELINE", "BUILTIN", "Context", "check_installed", "Family", "System", "TrainCell", "all_families", "get",
            "load_decoder", "load_suite", "parse_suite", "register", "unregister"]
 
 
@@ -62,6 +62,14 @@ def load_decoder(family: str, checkpoint_dir, spec: str, **options):
     """The family's decoder ``spec`` on a checkpoint: the factory a timing worker builds its system with
     (module-level, so it pickles by reference)."""
     return get(family).load_decoder(checkpoint_dir, spec, **options)
+
+
+def check_installed(spec) -> None:
+    """A one-line ``UserError`` naming the extra to install, for the first family of ``spec`` whose engine
+    is missing (``Family.check_installed``), before anything trains."""
+    for family in all_families():
+        if spec.section(family.name) is not None:
+            family.check_installed()
 
 
 def worker_group(family: str) -> str | None:

@@ -148,6 +148,10 @@ class Family:
 
         return load_decoder(checkpoint_dir, spec, **options)
 
+    def check_installed(self) -> None:
+        """A one-line ``UserError`` naming the extra to install when the family's engine is missing (a suite
+        with its section checks this before training). Nothing to check by default."""
+
     def worker_env(self, options: Mapping[str, Any]) -> dict[str, str]:
         """Environment variables of the worker process that times one of the family's systems (set
         before any library loads: thread pools, wait policies). Recorded in env.json."""

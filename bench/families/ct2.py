@@ -87,6 +87,11 @@ class CT2Family(Family):
                               tuple(info.items())))
         return out
 
+    def check_installed(self) -> None:
+        from models import ct2
+
+        ct2.require_ctranslate2()
+
     def load_decoder(self, checkpoint_dir, spec: str, **options: Any):
         from models import ct2
 

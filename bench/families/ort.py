@@ -87,6 +87,11 @@ class ORTFamily(Family):
                                       tuple(info.items())))
         return out
 
+    def check_installed(self) -> None:
+        from models import ort
+
+        ort.require_onnxruntime()
+
     def load_decoder(self, checkpoint_dir, spec: str, **options: Any):
         from models import ort
 

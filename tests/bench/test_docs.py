@@ -197,7 +197,7 @@ def test_readme_pandas_snippet_runs_on_the_committed_run(monkeypatch, capsys):
 def test_readme_keeps_the_two_set_up_commands_on_top():
     lines = README.read_text(encoding="utf-8").splitlines()[:6]
     assert lines[0] == "# narbench" and lines[2] == "```bash" and lines[5] == "```"
-    assert lines[3].endswith('pip install -e ".[ct2]" && narbench run')
+    assert lines[3].endswith('pip install -e ".[ct2,ort]" && narbench run')
     assert lines[4].endswith('pip install -e ".[dev]" && python -m pytest -q')
     assert "python -m pytest -q" in (REPO / ".ci" / "run").read_text()          # CI runs README's test command
 

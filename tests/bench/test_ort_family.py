@@ -82,3 +82,15 @@ def test_plan_lists_the_default_suites_runtime_systems(tmp_path, monkeypatch, ca
     for t in (1, 2, 4, 10):
         assert f"padir-s{t}-distill-k1-lb1-init-ar-glat-lenoff-ort-int8-t1" in out
     assert "padir-s4-distill-lb1-init-ar-glat-lenoff-ort-float32-t2" in out             # k = 5
+
+
+def test_a_missing_runtime_stops_a_run_before_it_trains(tmp_path, monkeypatch, capsys):
+    import sys
+
+    path = tmp_path / "orttest.toml"
+    path.write_text(SPEC)
+    monkeypatch.setitem(sys.modules, "onnxruntime", None)                    # import now raises ImportError
+    assert main(["run", "--suite", str(path), "--out", str(tmp_path / "results")]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        'narbench: error: ONNX Runtime is not installed; install the extra: pip install -e ".[ort]"']
+    assert not (tmp_path / "results").exists()
