@@ -253,3 +253,21 @@ def identity(meta: dict) -> dict:
     """What names a trained model whatever folder it sits in: task, configs, vocabulary, data, steps
     (a student's checkpoint hash covers its teacher's or warm-start source's identity)."""
     return {k: meta.get(k) for k in IDENTITY_FIELDS}
+
+
+def export_stamp(checkpoint_dir: str | os.PathLike, quantization: str, **extra: Any) -> dict:
+    """What an export of this checkpoint records in its folder's ``narbench.json`` (``models/ct2.py``,
+    ``models/ort.py``): the checkpoint folder's name, its steps, the quantization, the export format and
+    the exporter's ``extra`` keys. A checkpoint without a record is ``load``'s one-line error."""
+    meta = read_meta(checkpoint_dir) or load(checkpoint_dir)[2]
+    return {"checkpoint": Path(checkpoint_dir).resolve().name, "steps_done": meta.get("steps_done"),
+            "quantization": quantization, "format": 1, **extra}
+
+
+def read_export_stamp(folder: str | os.PathLike) -> dict | None:
+    """The ``narbench.json`` an export left in ``folder``, or None (none, unreadable, not JSON: damaged)."""
+    try:
+        record = json.loads((Path(folder) / META_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) else None

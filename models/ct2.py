@@ -20,15 +20,13 @@ torch, no transformers). The architecture is narbench's T5.1.1 variant:
 from __future__ import annotations
 
 import fcntl
-import json
-import shutil
 from pathlib import Path
 from typing import Any, Optional
 
 import numpy as np
 
 from narbench_core.errors import UserError
-from narbench_core.io import check_replaceable, replace_folder, stamp_folder, temp_dir
+from narbench_core.io import check_replaceable, write_export
 from narbench_core.tokens import EOS_ID, FIRST_REGULAR_ID, PAD_ID, UNK_ID
 
 QUANTIZATIONS = ("float32", "int8")
@@ -142,11 +140,9 @@ def vocabulary_pieces(vocab) -> list[str]:
 
 def _export_stamp(folder: Path) -> dict | None:
     """The ``narbench.json`` an export leaves in its folder (checkpoint, steps, quantization, format), or None."""
-    try:
-        record = json.loads((folder / "narbench.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):                      # none, unreadable, or not JSON (a damaged export)
-        return None
-    return record if isinstance(record, dict) else None
+    from models.checkpoint import read_export_stamp
+
+    return read_export_stamp(folder)
 
 
 def _is_export(folder: Path) -> bool:
@@ -169,9 +165,7 @@ def export(checkpoint_dir: str | Path, out_dir: str | Path, quantization: str = 
     if quantization not in QUANTIZATIONS:
         raise UserError(f"unknown quantization {quantization!r}; use one of {', '.join(QUANTIZATIONS)}")
     out_dir = Path(out_dir)
-    meta = checkpoint.read_meta(checkpoint_dir) or checkpoint.load(checkpoint_dir)[2]   # none: load's error
-    stamp = {"checkpoint": Path(checkpoint_dir).resolve().name, "steps_done": meta.get("steps_done"),
-             "quantization": quantization, "format": 1}
+    stamp = checkpoint.export_stamp(checkpoint_dir, quantization)
     if _export_stamp(out_dir) == stamp:
         return out_dir                                  # this export, already written
     if out_dir.exists() and not force:
@@ -182,17 +176,7 @@ def export(checkpoint_dir: str | Path, out_dir: str | Path, quantization: str = 
     spec = build_spec(config, params, vocabulary_pieces(vocab or checkpoint_vocabulary(meta)))
     spec.validate()
     spec.optimize(quantization=None if quantization == "float32" else quantization)
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = temp_dir(out_dir.parent, prefix=out_dir.name + ".")   # the umask's permissions, like every folder
-    try:
-        spec.save(str(tmp))
-        (tmp / "narbench.json").write_text(json.dumps(stamp, indent=1, sort_keys=True))
-        stamp_folder(tmp, "narbench export ct2")
-        replace_folder(tmp, out_dir, recognise=_is_export)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp)
-    return out_dir
+    return write_export(out_dir, lambda tmp: spec.save(str(tmp)), stamp, "narbench export ct2", _is_export)
 
 
 def translator(model_dir: str | Path, threads: int, compute_type: str = "default"):

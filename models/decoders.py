@@ -98,26 +98,10 @@ def detokenize(vocab: Any, ids) -> str:
 LOWER_PASSES = {"pass": 1, "pass2": 2}
 
 
-class _BaseDecoder:
-    ALGORITHMS: tuple[str, ...] = ()     # the decoder specs this class runs (greedy, beam, refine)
-    MODEL: str = ""                      # the checkpoint it runs on, for error messages
-    SPECS: str = ""                      # how to write its decoder specs, for error messages
-
-    def __init__(self, config: ModelConfig, params: Any, vocab: Any, parsed: _Parsed, name: str,
-                 buckets: Sequence[int] = defaults.DECODE_BUCKETS, max_decode_length: Optional[int] = None,
-                 force_length: Optional[int] = None):
-        """``force_length``: decode exactly this many target tokens whatever the model predicts (AR:
-        EOS ends nothing; PaDIR: every length hypothesis has it), for latency with random weights."""
-        self.config, self.vocab, self.parsed, self.name = config, vocab, parsed, name
-        self.model = t5.make_model(config)
-        self.params = jax.device_put(params)
-        self.buckets = tuple(sorted({int(b) for b in buckets}))
-        self.max_decode_length = int(min(max_decode_length or config.max_target_length, config.max_target_length))
-        if force_length is not None and not 1 <= int(force_length) <= self.max_decode_length:
-            raise UserError(f"force_length must be in [1, {self.max_decode_length}] (the max decode length), "
-                            f"got {force_length}")
-        self.force_length = None if force_length is None else int(force_length)
-        self._warm_batches: set[int] = set()
+class SourceBuckets:
+    """Shapes and the host side of a decoder: sources tokenized, cut to the largest bucket and padded to the
+    smallest that holds them; warm-up inputs for every bucket. The class that mixes it in sets ``vocab``,
+    ``buckets`` (sorted), ``max_decode_length`` and ``_warm_batches`` (a set)."""
 
     # -- shapes ---------------------------------------------------------------------------------
     def _capped_buckets(self) -> list[int]:
@@ -139,7 +123,6 @@ class _BaseDecoder:
         """How many of ``sources`` ``prepare`` cuts to ``max_source_tokens``."""
         return sum(len(self.vocab.encode(s)) + 1 > self.max_source_tokens for s in sources)
 
-    # -- Decoder protocol -------------------------------------------------------------------------
     def prepare(self, sources: Sequence[str]) -> Prepared:
         if len(sources) == 0:
             raise UserError("no sources to translate; give at least one sentence")
@@ -165,6 +148,28 @@ class _BaseDecoder:
 
     def _warmup_variants(self, inputs: np.ndarray, batch_size: int) -> list[Prepared]:
         return [Prepared(inputs, batch_size)]
+
+
+class _BaseDecoder(SourceBuckets):
+    ALGORITHMS: tuple[str, ...] = ()     # the decoder specs this class runs (greedy, beam, refine)
+    MODEL: str = ""                      # the checkpoint it runs on, for error messages
+    SPECS: str = ""                      # how to write its decoder specs, for error messages
+
+    def __init__(self, config: ModelConfig, params: Any, vocab: Any, parsed: _Parsed, name: str,
+                 buckets: Sequence[int] = defaults.DECODE_BUCKETS, max_decode_length: Optional[int] = None,
+                 force_length: Optional[int] = None):
+        """``force_length``: decode exactly this many target tokens whatever the model predicts (AR:
+        EOS ends nothing; PaDIR: every length hypothesis has it), for latency with random weights."""
+        self.config, self.vocab, self.parsed, self.name = config, vocab, parsed, name
+        self.model = t5.make_model(config)
+        self.params = jax.device_put(params)
+        self.buckets = tuple(sorted({int(b) for b in buckets}))
+        self.max_decode_length = int(min(max_decode_length or config.max_target_length, config.max_target_length))
+        if force_length is not None and not 1 <= int(force_length) <= self.max_decode_length:
+            raise UserError(f"force_length must be in [1, {self.max_decode_length}] (the max decode length), "
+                            f"got {force_length}")
+        self.force_length = None if force_length is None else int(force_length)
+        self._warm_batches: set[int] = set()
 
     def finish(self, outputs: DeviceOutput, prepared: Prepared) -> "DecodeOutput":
         tokens, passes = jax.device_get((outputs.tokens, outputs.passes))   # [B, n], [B]
@@ -285,14 +290,7 @@ class PaDIRDecoder(_BaseDecoder):
                  start: str = defaults.START, seed: int = 0, early_stop: bool = True,
                  length_bonus: int = defaults.LENGTH_BONUS, **kw):
         super().__init__(*args, **kw)
-        if remask not in defaults.REMASK_MODES:
-            raise UserError(f"unknown remask {remask!r}; use one of {', '.join(defaults.REMASK_MODES)}")
-        if start not in defaults.START_MODES:
-            raise UserError(f"unknown start {start!r}; use one of {', '.join(defaults.START_MODES)}")
-        if int(length_hyps) < 1:
-            raise UserError(f"length_hyps must be >= 1, got {length_hyps}")
-        if int(length_bonus) != length_bonus:
-            raise UserError(f"length_bonus must be a whole number of tokens, got {length_bonus}")
+        check_refine_options(remask, start, length_hyps, length_bonus)
         self.length_hyps, self.remask, self.start = int(length_hyps), remask, start
         self.length_bonus = int(length_bonus)
         self.early_stop, self.seed = bool(early_stop), int(seed)
@@ -372,6 +370,18 @@ class PaDIRDecoder(_BaseDecoder):
             return logits
 
         return jax.jit(chained).lower(self.params, encoded, jax.ShapeDtypeStruct((b, s), jnp.int32), tokens, tokens)
+
+
+def check_refine_options(remask: str, start: str, length_hyps: int, length_bonus: int) -> None:
+    """A one-line ``UserError`` for a PaDIR decoding option out of range (every runtime's PaDIR decoder)."""
+    if remask not in defaults.REMASK_MODES:
+        raise UserError(f"unknown remask {remask!r}; use one of {', '.join(defaults.REMASK_MODES)}")
+    if start not in defaults.START_MODES:
+        raise UserError(f"unknown start {start!r}; use one of {', '.join(defaults.START_MODES)}")
+    if int(length_hyps) < 1:
+        raise UserError(f"length_hyps must be >= 1, got {length_hyps}")
+    if int(length_bonus) != length_bonus:
+        raise UserError(f"length_bonus must be a whole number of tokens, got {length_bonus}")
 
 
 def encode_and_lengths(model, params, inputs, length_hyps: int, max_decode_length: int, force_length: int | None,

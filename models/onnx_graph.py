@@ -107,6 +107,15 @@ class GraphBuilder:
         logits = self.op("MatMul", q, k_t)                                            # [B, h, Nq, Nk]
         return self.attend_logits(logits, v, mask, bias, d_out, out_kernel)
 
+    def self_attention(self, x: str, att: dict, h: int, hd: int, mask: str, bias: str | None) -> str:
+        """Self-attention of the normed ``x`` [B, N, d]: one fused query-key-value matmul (the query kernel
+        scaled by 1/sqrt(head_dim)), then ``attend``."""
+        qkv = self.dense(x, np.concatenate([_flat_in(att["query"]["kernel"]) / np.sqrt(hd),
+                                            _flat_in(att["key"]["kernel"]), _flat_in(att["value"]["kernel"])], axis=1))
+        q, k, v = self.op("Split", qkv, self.ints([h * hd] * 3), axis=-1, outputs=3)
+        return self.attend(self.heads(q, h, hd), self.heads(k, h, hd, (0, 2, 3, 1)), self.heads(v, h, hd), mask, bias,
+                           h * hd, _flat_out(att["out"]["kernel"]))
+
     def attend_logits(self, logits: str, v: str, mask: str, bias: str | None, d_out: int, out_kernel: Any) -> str:
         if bias is not None:
             logits = self.op("Add", logits, bias)
@@ -189,16 +198,10 @@ def build_encoder(config, params: dict, max_source_tokens: int):
     bias = g.bias_slice(g.const(position_bias(enc["relpos_bias"]["rel_embedding"], positions, True,
                                               config.relative_attention_max_distance), "enc_bias"), g.dim(x, 1))
     mask = g.op("Unsqueeze", real, g.ints([1, 2]))                                            # [b, 1, 1, s]
-    scale = 1.0 / np.sqrt(hd)
     for i in range(config.num_encoder_layers):
         layer = enc[f"layers_{i}"]
-        att = layer["attention"]
-        y = g.rms_norm(x, layer["pre_attention_layer_norm"]["scale"])
-        qkv = g.dense(y, np.concatenate([_flat_in(att["query"]["kernel"]) * scale, _flat_in(att["key"]["kernel"]),
-                                         _flat_in(att["value"]["kernel"])], axis=1))
-        q, k, v = g.op("Split", qkv, g.ints([h * hd] * 3), axis=-1, outputs=3)
-        x = g.op("Add", x, g.attend(g.heads(q, h, hd), g.heads(k, h, hd, (0, 2, 3, 1)), g.heads(v, h, hd), mask, bias,
-                                    h * hd, _flat_out(att["out"]["kernel"])))
+        x = g.op("Add", x, g.self_attention(g.rms_norm(x, layer["pre_attention_layer_norm"]["scale"]),
+                                            layer["attention"], h, hd, mask, bias))
         x = g.op("Add", x, g.mlp(g.rms_norm(x, layer["pre_mlp_layer_norm"]["scale"]), layer["mlp"]))
     x = g.rms_norm(x, enc["encoder_norm"]["scale"])                                           # [b, (1+)s, d]
     predictor = params["length_predictor"]
@@ -259,13 +262,8 @@ def build_refine(config, params: dict):
     scale = 1.0 / np.sqrt(hd)
     for i in range(config.num_decoder_layers):
         layer = dec[f"layers_{i}"]
-        att = layer["self_attention"]
-        y = g.rms_norm(x, layer["pre_self_attention_layer_norm"]["scale"])
-        qkv = g.dense(y, np.concatenate([_flat_in(att["query"]["kernel"]) * scale, _flat_in(att["key"]["kernel"]),
-                                         _flat_in(att["value"]["kernel"])], axis=1))
-        q, k, v = g.op("Split", qkv, g.ints([h * hd] * 3), axis=-1, outputs=3)
-        x = g.op("Add", x, g.attend(g.heads(q, h, hd), g.heads(k, h, hd, (0, 2, 3, 1)), g.heads(v, h, hd), self_mask,
-                                    bias, h * hd, _flat_out(att["out"]["kernel"])))
+        x = g.op("Add", x, g.self_attention(g.rms_norm(x, layer["pre_self_attention_layer_norm"]["scale"]),
+                                            layer["self_attention"], h, hd, self_mask, bias))
         if config.positional_attention:      # positions as query and key (logits fixed per length), states as values
             pos = layer["positional_attention"]
             pq = jnp.einsum("nd,dhk->hnk", pos_table, _a(pos["query"]["kernel"])) * scale

@@ -13,24 +13,23 @@ from __future__ import annotations
 
 import fcntl
 import functools
-import json
-import shutil
 from pathlib import Path
 from typing import Any, NamedTuple, Optional, Sequence
 
 import numpy as np
 
+from models.checkpoint import read_export_stamp
+from models.decoders import SourceBuckets
 from narbench_core import defaults, phases
 from narbench_core.errors import UserError
-from narbench_core.io import check_replaceable, replace_folder, stamp_folder, temp_dir
+from narbench_core.io import check_replaceable, write_export
 from narbench_core.outputs import DecodeOutput
-from narbench_core.tokens import EOS_ID, FIRST_REGULAR_ID, MASK_ID, PAD_ID
+from narbench_core.tokens import EOS_ID, PAD_ID
 
 QUANTIZATIONS = ("float32", "int8")
 EXTRA_HINT = 'pip install -e ".[ort]"'
 GRAPHS = ("encoder.onnx", "refine.onnx")
 STAMP_KEYS = {"checkpoint", "steps_done", "quantization", "format", "max_source_tokens"}
-FORMAT = 1
 
 
 def require_onnxruntime():
@@ -45,16 +44,8 @@ def require_onnxruntime():
 
 
 # -- export ---------------------------------------------------------------------------------------------
-def _export_stamp(folder: Path) -> dict | None:
-    try:
-        record = json.loads((folder / "narbench.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return record if isinstance(record, dict) else None
-
-
 def _is_export(folder: Path) -> bool:
-    record = _export_stamp(folder)
+    record = read_export_stamp(folder)
     return record is not None and set(record) == STAMP_KEYS and all((folder / g).is_file() for g in GRAPHS)
 
 
@@ -96,10 +87,8 @@ def export(checkpoint_dir: str | Path, out_dir: str | Path, quantization: str = 
     if quantization not in QUANTIZATIONS:
         raise UserError(f"unknown quantization {quantization!r}; use one of {', '.join(QUANTIZATIONS)}")
     out_dir = Path(out_dir)
-    meta = checkpoint.read_meta(checkpoint_dir) or checkpoint.load(checkpoint_dir)[2]   # none: load's error
-    stamp = {"checkpoint": Path(checkpoint_dir).resolve().name, "steps_done": meta.get("steps_done"),
-             "quantization": quantization, "format": FORMAT, "max_source_tokens": int(max_source_tokens)}
-    if _export_stamp(out_dir) == stamp and not force and _is_export(out_dir):
+    stamp = checkpoint.export_stamp(checkpoint_dir, quantization, max_source_tokens=int(max_source_tokens))
+    if read_export_stamp(out_dir) == stamp and not force and _is_export(out_dir):
         return out_dir                                  # this export, already written
     if (out_dir.exists() or out_dir.is_symlink()) and not force:
         raise UserError(f"{out_dir} exists and holds something else; pass --force to replace it or choose another --out")
@@ -107,17 +96,8 @@ def export(checkpoint_dir: str | Path, out_dir: str | Path, quantization: str = 
         check_replaceable(out_dir, recognise=_is_export)     # --force replaces only narbench's own folders
     config, params, meta = checkpoint.load(checkpoint_dir)
     check_exportable(config)
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = temp_dir(out_dir.parent, prefix=out_dir.name + ".")
-    try:
-        write_graphs(tmp, config, params, quantization, int(max_source_tokens))
-        (tmp / "narbench.json").write_text(json.dumps(stamp, indent=1, sort_keys=True))
-        stamp_folder(tmp, "narbench export onnx")
-        replace_folder(tmp, out_dir, recognise=_is_export)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp)
-    return out_dir
+    return write_export(out_dir, lambda tmp: write_graphs(tmp, config, params, quantization, int(max_source_tokens)),
+                        stamp, "narbench export onnx", _is_export)
 
 
 def session_options(threads: int, spinning: Optional[bool] = None):
@@ -222,7 +202,7 @@ def _arange(n: int) -> np.ndarray:
 
 
 # -- the decoder -------------------------------------------------------------------------------------------
-class ORTPaDIRDecoder:
+class ORTPaDIRDecoder(SourceBuckets):
     """``refine:T`` on an ONNX export, behind narbench's decoder protocol.
 
     Shapes follow ``models.decoders.PaDIRDecoder``: sources padded to a bucket, the k hypotheses refined in
@@ -240,70 +220,30 @@ class ORTPaDIRDecoder:
                  spinning: Optional[bool] = None):
         import os
 
-        from models.decoders import parse_spec
+        from models.decoders import check_refine_options, parse_spec
 
         self.parsed = parse_spec(spec)
         if self.parsed.algorithm != "refine":
             raise UserError(f"ONNX Runtime runs PaDIR's refine:T, not {spec!r}")
-        if remask not in defaults.REMASK_MODES:
-            raise UserError(f"unknown remask {remask!r}; use one of {', '.join(defaults.REMASK_MODES)}")
-        if start not in defaults.START_MODES:
-            raise UserError(f"unknown start {start!r}; use one of {', '.join(defaults.START_MODES)}")
-        if int(length_hyps) < 1:
-            raise UserError(f"length_hyps must be >= 1, got {length_hyps}")
+        check_refine_options(remask, start, length_hyps, length_bonus)
         self.name, self.config, self.vocab = name or spec, config, vocab
         self.buckets = tuple(sorted({int(b) for b in buckets}))
         self.max_decode_length = int(min(max_decode_length or config.max_target_length, config.max_target_length))
         self.length_hyps, self.remask, self.start = int(length_hyps), remask, start
         self.seed, self.length_bonus, self.early_stop = int(seed), int(length_bonus), bool(early_stop)
         self.threads = int(threads) or (os.cpu_count() or 1)
-        stamp = _export_stamp(Path(model_dir)) or {}
+        stamp = read_export_stamp(Path(model_dir)) or {}
         if stamp.get("max_source_tokens", 0) < self.buckets[-1]:
             raise UserError(f"the export {model_dir} holds sources of {stamp.get('max_source_tokens')} tokens, "
                             f"fewer than the largest bucket {self.buckets[-1]}; re-export it with --force")
         self.encoder, self.refiner = sessions(model_dir, self.threads, spinning)
         self._warm_batches: set[int] = set()
 
-    # -- shapes (as models.decoders) ------------------------------------------------------------------
-    @property
-    def max_source_tokens(self) -> int:
-        return self.buckets[-1]
-
-    def count_truncated(self, sources: Sequence[str]) -> int:
-        return sum(len(self.vocab.encode(s)) + 1 > self.max_source_tokens for s in sources)
-
-    def target_buckets(self, source_bucket: int) -> list[int]:
-        from models.decoders import target_buckets
-
-        return target_buckets(self.buckets, self.max_decode_length, source_bucket)
-
-    def prepare(self, sources: Sequence[str]):
-        from models.decoders import Prepared, source_bucket
-
-        if len(sources) == 0:
-            raise UserError("no sources to translate; give at least one sentence")
-        cap = self.max_source_tokens
-        rows = [list(self.vocab.encode(s))[: cap - 1] + [EOS_ID] for s in sources]
-        bucket = source_bucket(self.buckets, max(len(r) for r in rows))
-        batch = min((b for b in self._warm_batches if b >= len(rows)), default=len(rows))
-        inputs = np.zeros((batch, bucket), np.int64)
-        inputs[len(rows):, 0] = EOS_ID                                       # batch-padding rows
-        for i, r in enumerate(rows):
-            inputs[i, : len(r)] = r
-        return Prepared(inputs, len(rows))
-
-    def warmup_inputs(self, batch_size: int) -> list:
-        """Every (source bucket, target bucket) pair once, and the random tokens of each shape."""
+    def _warmup_variants(self, inputs: np.ndarray, batch_size: int) -> list:
+        """Every target bucket of each source bucket (the random tokens of each shape are drawn then)."""
         from models.decoders import Prepared
 
-        self._warm_batches.add(int(batch_size))
-        out = []
-        for bucket in self.buckets:
-            inputs = np.zeros((batch_size, bucket), np.int64)
-            inputs[:, : bucket - 1] = FIRST_REGULAR_ID
-            inputs[:, bucket - 1] = EOS_ID
-            out.extend(Prepared(inputs, batch_size, t) for t in self.target_buckets(bucket))
-        return out
+        return [Prepared(inputs, batch_size, t) for t in self.target_buckets(inputs.shape[1])]
 
     # -- the loop ------------------------------------------------------------------------------------
     def _lengths(self, length_logits: np.ndarray, inputs: np.ndarray) -> np.ndarray:
@@ -406,7 +346,7 @@ def load_decoder(checkpoint_dir: str | Path, spec: str, quantization: str = "flo
     def ensure(rewrite: bool) -> None:
         with open(out.with_name(out.name + ".lock"), "w") as lock:   # workers load side by side: one exports
             fcntl.flock(lock, fcntl.LOCK_EX)
-            stamp = (_export_stamp(out) or {}).get("max_source_tokens") or 0
+            stamp = (read_export_stamp(out) or {}).get("max_source_tokens") or 0
             export(checkpoint_dir, out, quantization, force=rewrite or stamp < sources or not _is_export(out),
                    max_source_tokens=max(stamp, sources))
 

@@ -206,3 +206,22 @@ def replace_folder(new: str | os.PathLike, old: str | os.PathLike, recognise: Ca
         check_replaceable(old, recognise, hint)
         shutil.rmtree(old)
     os.rename(new, old)
+
+
+def write_export(out_dir: str | os.PathLike, fill: Callable[[Path], None], record: dict, written_by: str,
+                 recognise: Callable[[Path], bool] | None = None) -> Path:
+    """Write an exported model folder whole or not at all: ``fill(tmp)`` writes its files into a temporary
+    sibling (the umask's permissions, like every folder), ``record`` goes to its ``narbench.json``, the
+    stamp names ``written_by``, and the folder then replaces ``out_dir`` (``replace_folder``'s rules)."""
+    out_dir = Path(out_dir)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = temp_dir(out_dir.parent, prefix=out_dir.name + ".")
+    try:
+        fill(tmp)
+        (tmp / "narbench.json").write_text(json.dumps(record, indent=1, sort_keys=True))
+        stamp_folder(tmp, written_by)
+        replace_folder(tmp, out_dir, recognise=recognise)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp)
+    return out_dir

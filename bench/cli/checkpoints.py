@@ -109,13 +109,7 @@ def register(sub) -> None:
                         description="Write a CTranslate2 model folder built straight from the Flax parameters "
                         "(numpy only; no torch or transformers): T5.1.1 layout, shared SentencePiece vocabulary. "
                         "Translate with ctranslate2.Translator(OUT); sources are SentencePiece pieces plus </s>.")
-    c.add_argument("--checkpoint", required=True, type=Path, help="AR checkpoint folder written by `narbench train`")
-    c.add_argument("--out", required=True, type=Path, help="model folder to write")
-    c.add_argument("--quantization", choices=("float32", "int8"), default="float32",
-                   help="weights in float32 (default) or int8")
-    c.add_argument("--force", action="store_true",
-                   help="replace what --out holds if narbench wrote it (its .narbench stamp, or an earlier export); "
-                        "any other folder or file is refused")
+    _export_arguments(c, "AR")
     c.set_defaults(func=_export_ct2_command)
     o = esub.add_parser("onnx", help="ONNX Runtime, PaDIR checkpoints (needs the extra: pip install -e \".[ort]\")",
                         description="Write a PaDIR checkpoint as two ONNX graphs built straight from the Flax "
@@ -123,16 +117,21 @@ def register(sub) -> None:
                         "keys and values) and refine.onnx (one refinement pass -> each position's argmax token and "
                         "its log-prob). `narbench run` drives them with the suite's [ort] section; int8 is ONNX "
                         "Runtime's dynamic quantization of the weight matrices (no calibration data).")
-    o.add_argument("--checkpoint", required=True, type=Path, help="PaDIR checkpoint folder written by `narbench train`")
-    o.add_argument("--out", required=True, type=Path, help="model folder to write")
-    o.add_argument("--quantization", choices=("float32", "int8"), default="float32",
-                   help="weights in float32 (default) or int8")
+    _export_arguments(o, "PaDIR")
     o.add_argument("--max-source-tokens", type=int, default=max(defaults.DECODE_BUCKETS),
                    help=f"longest source the encoder graph takes, EOS included (default {max(defaults.DECODE_BUCKETS)})")
-    o.add_argument("--force", action="store_true",
-                   help="rewrite --out (only if narbench wrote it: its .narbench stamp, or an earlier export); any "
-                        "other folder or file is refused")
     o.set_defaults(func=_export_onnx_command)
+
+
+def _export_arguments(p: argparse.ArgumentParser, kind: str) -> None:
+    """The arguments every ``narbench export ENGINE`` takes."""
+    p.add_argument("--checkpoint", required=True, type=Path, help=f"{kind} checkpoint folder written by `narbench train`")
+    p.add_argument("--out", required=True, type=Path, help="model folder to write")
+    p.add_argument("--quantization", choices=("float32", "int8"), default="float32",
+                   help="weights in float32 (default) or int8")
+    p.add_argument("--force", action="store_true",
+                   help="rewrite what --out holds if narbench wrote it (its .narbench stamp, or an earlier export); "
+                        "any other folder or file is refused")
 
 
 # -- importable logic -----------------------------------------------------------------------------

@@ -64,6 +64,13 @@ class Context:
                                                # and seed): a family that runs another's models picks from them
 
 
+def thread_counts(value) -> tuple[int, ...]:
+    """A section's ``threads``: one count (0 = every core) or a list of distinct counts."""
+    from suites.spec import integer, list_of
+
+    return (integer(0)(value),) if not isinstance(value, list) else list_of(integer(0), "thread counts >= 0")(value)
+
+
 def search_words(decoder: str) -> str:
     """``greedy`` -> "greedy", ``beam:5`` -> "beam 5" (an AR search spec in words, for display names)."""
     return decoder.replace(":", " ")

@@ -28,9 +28,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from bench import families
-from bench.families.base import Context, Family, System, search_words
+from bench.families.base import Context, Family, System, search_words, thread_counts
 from narbench_core import defaults
-from suites.spec import integer, list_of, number, string
+from suites.spec import list_of, number, string
 
 OMP_ENV = {"OMP_WAIT_POLICY": "PASSIVE"}   # one-thread workers: libgomp sleeps when a call ends (see the docstring)
 DECODER_RE = re.compile(r"^(int8:)?(greedy|beam:([1-9][0-9]*))$")
@@ -41,11 +41,6 @@ class CT2Section:
     decoders: tuple[str, ...] = ("greedy", f"beam:{defaults.BEAM_SIZE}", "int8:greedy")
     length_penalty: float = defaults.LENGTH_PENALTY
     threads: tuple[int, ...] = (0,)
-
-
-def _threads(value) -> tuple[int, ...]:
-    """``threads``: one count (0 = every core) or a list of distinct counts."""
-    return (integer(0)(value),) if not isinstance(value, list) else list_of(integer(0), "thread counts >= 0")(value)
 
 
 def system_name(decoder: str) -> str:
@@ -65,7 +60,7 @@ class CT2Family(Family):
             decoders=table.get("decoders", list_of(string(DECODER_RE, what='"[int8:]greedy" or "[int8:]beam:K"'),
                                                    '"[int8:]greedy" or "[int8:]beam:K" strings'), d.decoders),
             length_penalty=table.get("length_penalty", number(0.0), d.length_penalty),
-            threads=table.get("threads", _threads, d.threads))
+            threads=table.get("threads", thread_counts, d.threads))
         table.done()
         return section
 

@@ -25,7 +25,7 @@ from typing import Any
 
 from bench import families
 from bench.columns import Column
-from bench.families.base import Context, Family, System
+from bench.families.base import Context, Family, System, thread_counts
 from suites.spec import boolean, integer, list_of, string
 
 QUANTIZATIONS = ("float32", "int8")
@@ -39,11 +39,6 @@ class ORTSection:
     distill: tuple[bool, ...] | None = None
     quantization: tuple[str, ...] = QUANTIZATIONS
     threads: tuple[int, ...] = (1,)
-
-
-def _threads(value) -> tuple[int, ...]:
-    """``threads``: one count (0 = every core) or a list of distinct counts."""
-    return (integer(0)(value),) if not isinstance(value, list) else list_of(integer(0), "thread counts >= 0")(value)
 
 
 def _keeps(section: ORTSection, system: System) -> bool:
@@ -68,7 +63,7 @@ class ORTFamily(Family):
             distill=table.get("distill", list_of(boolean, "true/false"), None),
             quantization=table.get("quantization", list_of(string(choices=QUANTIZATIONS),
                                                            f"one of {', '.join(QUANTIZATIONS)}"), QUANTIZATIONS),
-            threads=table.get("threads", _threads, ORTSection.threads))
+            threads=table.get("threads", thread_counts, ORTSection.threads))
         table.done()
         return section
 
