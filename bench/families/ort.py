@@ -6,7 +6,7 @@ Spec section (needs the optional extra: ``pip install -e ".[ort]"``); it picks w
 section's systems also run on ONNX Runtime (each list a filter; an absent key keeps every value)::
 
     [ort]
-    iterations = [1, 2, 4, 10]           # refinement iterations T of the [padir] systems to run
+    iterations = [1, 2, 4, 10]           # refinement iterations T of the [padir] systems to run ([]: none)
     length_hyps = [1, 5]                 # their length hypotheses k
     distill = [true]                     # their models: distilled, raw or both
     quantization = ["float32", "int8"]   # weights and matmuls in float32, or int8 (dynamic quantization)
@@ -16,7 +16,12 @@ A system is the [padir] system's name plus ``-ort-{quantization}`` and, when ``t
 counts, ``-t{N}``: ``padir-s4-distill-k1-...-ort-int8-t1``. It runs the same model (nothing more is
 trained), exported once per checkpoint and quantization into ``<data root>/onnx/``, with the same decoding
 options (T, k, remask, start, length bonus, seed); float32 reproduces JAX PaDIR's outputs: each row names
-its JAX system (``reproduces``) and the share of sentences where the two agree (``reproduced_agreement``). Each system is timed in a worker process of its own.
+its JAX system (``reproduces``) and the share of sentences where the two agree (``reproduced_agreement``). Each system is timed in a worker process of its own. A session on more than one thread runs with its pool's
+spinning off (``session.intra_op.allow_spinning = 0``): in a plain script on the 2-core Intel Xeon of
+results/default/20261127T090139Z-34276f4b (one thread per core), 2-thread float32 T = 1 took 7.2 ms p50 with it
+off against 10.4 ms spinning, int8 T = 4 11.7 against 19.2 ms; in that run, timed spinning, the float32 T = 1
+2-thread row's solo check read 0.84 (its solo time slower than its interleaved one). One thread was faster than
+two for every system there, so the default suite times one thread and `anchors` both.
 """
 from __future__ import annotations
 
@@ -56,11 +61,11 @@ class ORTFamily(Family):
                           "dynamic quantization)"),)
 
     def parse(self, table) -> ORTSection:
-        positive = list_of(integer(1), "positive integers")
-        section = ORTSection(
+        positive = list_of(integer(1), "positive integers", empty=True)       # []: none (a suite that extends
+        section = ORTSection(                                                 # another drops its systems so)
             iterations=table.get("iterations", positive, None),
             length_hyps=table.get("length_hyps", positive, None),
-            distill=table.get("distill", list_of(boolean, "true/false"), None),
+            distill=table.get("distill", list_of(boolean, "true/false", empty=True), None),
             quantization=table.get("quantization", list_of(string(choices=QUANTIZATIONS),
                                                            f"one of {', '.join(QUANTIZATIONS)}"), QUANTIZATIONS),
             threads=table.get("threads", thread_counts, ORTSection.threads))
@@ -73,7 +78,8 @@ class ORTFamily(Family):
         for system in (s for s in ctx.earlier if s.family == SOURCE and _keeps(section, s)):
             for quantization in section.quantization:
                 for threads in section.threads:
-                    options = {**dict(system.options), "quantization": quantization, "threads": threads}
+                    options = {**dict(system.options), "quantization": quantization, "threads": threads,
+                               **({} if threads == 1 else {"spinning": False})}
                     suffix = f"-ort-{quantization}" + (f"-t{threads}" if swept else "")
                     info = {**dict(system.info), "quantization": quantization, "reproduces": system.name,
                             "variant": (dict(system.info).get("variant") or system.name) + suffix}

@@ -2,6 +2,8 @@
 rows name the runtime, the quantization and the threads, and how often they reproduce their JAX system."""
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from bench import report, store as st
@@ -38,7 +40,8 @@ def test_the_section_picks_padir_systems_and_trains_nothing_more(tmp_path):
         source = padir[info["reproduces"]]
         assert s.name == (f"{source.name}-ort-{options['quantization']}-t{options['threads']}")
         assert s.decoder == source.decoder and s.cell == source.cell and s.baseline == "ar-greedy"
-        assert {k: v for k, v in options.items() if k not in ("quantization", "threads")} == dict(source.options)
+        assert {k: v for k, v in options.items() if k not in ("quantization", "threads", "spinning")} == dict(source.options)
+        assert options.get("spinning", True) is (options["threads"] == 1)       # a pool of several: no spinning
         assert info["variant"] != dict(source.info)["variant"]                # its own line in T plots
 
 
@@ -74,14 +77,20 @@ def test_rows_name_runtime_quantization_threads_and_agreement(tmp_path):
 
 
 def test_plan_lists_the_default_suites_runtime_systems(tmp_path, monkeypatch, capsys):
-    """README's main job times the headline's distilled PaDIR systems on ONNX Runtime too."""
+    """README's main job times the headline's distilled PaDIR systems (k = 1) on ONNX Runtime too, on one
+    thread; `anchors` adds k = 5 and two threads, with the pool's spinning off."""
     monkeypatch.setenv("NARBENCH_DATA", str(tmp_path / "data"))
     assert main(["plan", "--results", str(tmp_path / "results")]) == 0
     out = capsys.readouterr().out
-    assert "PaDIR ORT 24" in out
+    assert "PaDIR ORT 8" in out
     for t in (1, 2, 4, 10):
-        assert f"padir-s{t}-distill-k1-lb1-init-ar-glat-lenoff-ort-int8-t1" in out
-    assert "padir-s4-distill-lb1-init-ar-glat-lenoff-ort-float32-t2" in out             # k = 5
+        for q in ("float32", "int8"):
+            assert re.search(rf"padir-s{t}-distill-k1-lb1-init-ar-glat-lenoff-ort-{q}[,\n]", out)
+    anchors = {s.name: dict(s.options) for s in expand(load_suite("anchors")).systems if s.family == "ort"}
+    assert len(anchors) == 24
+    assert anchors["padir-s4-distill-lb1-init-ar-glat-lenoff-ort-int8-t2"]["spinning"] is False      # k = 5
+    assert "spinning" not in anchors["padir-s4-distill-lb1-init-ar-glat-lenoff-ort-int8-t1"]
+    assert not [s for s in expand(load_suite("grid-de-en")).systems if s.family == "ort"]
 
 
 def test_a_missing_runtime_stops_a_run_before_it_trains(tmp_path, monkeypatch, capsys):
