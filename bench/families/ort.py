@@ -11,6 +11,7 @@ section's systems also run on ONNX Runtime (each list a filter; an absent key ke
     distill = [true]                     # their models: distilled, raw or both
     quantization = ["float32", "int8"]   # weights and matmuls in float32, or int8 (dynamic quantization)
     threads = [1, 2]                     # intra-op threads (0 = every core): one value, or an axis
+    exclude = [{iterations = 10, length_hyps = 5}]   # (T, k) combinations left out
 
 A system is the [padir] system's name plus ``-ort-{quantization}`` and, when ``threads`` lists several
 counts, ``-t{N}``: ``padir-s4-distill-k1-...-ort-int8-t1``. It runs the same model (nothing more is
@@ -44,13 +45,36 @@ class ORTSection:
     distill: tuple[bool, ...] | None = None
     quantization: tuple[str, ...] = QUANTIZATIONS
     threads: tuple[int, ...] = (1,)
+    exclude: tuple[dict[str, Any], ...] = ()         # combinations of iterations and length_hyps left out
+
+
+EXCLUDABLE = ("iterations", "length_hyps")
 
 
 def _keeps(section: ORTSection, system: System) -> bool:
     info = dict(system.info)
     return ((section.iterations is None or info.get("iterations") in section.iterations)
             and (section.length_hyps is None or info.get("length_hyps") in section.length_hyps)
-            and (section.distill is None or (system.cell.teacher is not None) in section.distill))
+            and (section.distill is None or (system.cell.teacher is not None) in section.distill)
+            and not any(all(info.get(k) in (v if isinstance(v, list) else [v]) for k, v in rule.items())
+                        for rule in section.exclude))
+
+
+def _exclusions(value) -> tuple[dict[str, Any], ...]:
+    """``exclude``: tables of ``iterations`` and ``length_hyps`` values (a number or a list of them); a
+    [padir] system with all the values of one table does not run on ONNX Runtime ([]: no rule, so a suite
+    that extends another can drop its rules)."""
+    from suites.spec import Invalid
+
+    if not isinstance(value, list) or not all(isinstance(r, dict) and r for r in value):   # []: none
+        raise Invalid(f"expected a list of tables such as {{iterations = 10, length_hyps = 5}}, got {value!r}")
+    for rule in value:
+        for key, v in rule.items():
+            if key not in EXCLUDABLE:
+                raise Invalid(f"{key!r} cannot be excluded here; use {' or '.join(EXCLUDABLE)}")
+            if not all(type(x) is int and x >= 1 for x in (v if isinstance(v, list) else [v])) or v == []:
+                raise Invalid(f"{key} = {v!r}: expected a positive integer or a non-empty list of them")
+    return tuple(dict(r) for r in value)
 
 
 class ORTFamily(Family):
@@ -68,7 +92,8 @@ class ORTFamily(Family):
             distill=table.get("distill", list_of(boolean, "true/false", empty=True), None),
             quantization=table.get("quantization", list_of(string(choices=QUANTIZATIONS),
                                                            f"one of {', '.join(QUANTIZATIONS)}"), QUANTIZATIONS),
-            threads=table.get("threads", thread_counts, ORTSection.threads))
+            threads=table.get("threads", thread_counts, ORTSection.threads),
+            exclude=table.get("exclude", _exclusions, ()))
         table.done()
         return section
 

@@ -47,8 +47,11 @@ def test_the_section_picks_padir_systems_and_trains_nothing_more(tmp_path):
 
 @pytest.mark.parametrize("section, message", [
     ('quantization = ["int4"]', r"ort\.quantization.*one of float32, int8"),
+    ("exclude = [{unmask_rate = 0.3}]", r"ort\.exclude: 'unmask_rate' cannot be excluded here; use iterations or "
+                                        "length_hyps"),
+    ("exclude = [{iterations = 0}]", r"ort\.exclude: iterations = 0: expected a positive integer"),
     ("threads = [-1]", r"ort\.threads"),
-    ("runtime = 1", r"ort\.runtime: unknown key \(known keys here: distill, iterations"),
+    ("runtime = 1", r"ort\.runtime: unknown key \(known keys here: distill, exclude, iterations"),
 ])
 def test_a_bad_section_is_one_line(tmp_path, section, message):
     with pytest.raises(UserError, match=message):
@@ -77,15 +80,16 @@ def test_rows_name_runtime_quantization_threads_and_agreement(tmp_path):
 
 
 def test_plan_lists_the_default_suites_runtime_systems(tmp_path, monkeypatch, capsys):
-    """README's main job times the headline's distilled PaDIR systems (k = 1) on ONNX Runtime too, on one
-    thread; `anchors` adds k = 5 and two threads, with the pool's spinning off."""
+    """README's main job times the distilled PaDIR systems on ONNX Runtime too (k = 1, and k = 5 at T = 4: its
+    exclude), on one thread; `anchors` all of them on two threads as well, with the pool's spinning off."""
     monkeypatch.setenv("NARBENCH_DATA", str(tmp_path / "data"))
     assert main(["plan", "--results", str(tmp_path / "results")]) == 0
     out = capsys.readouterr().out
-    assert "PaDIR ORT 8" in out
+    assert "PaDIR ORT 10" in out
     for t in (1, 2, 4, 10):
         for q in ("float32", "int8"):
             assert re.search(rf"padir-s{t}-distill-k1-lb1-init-ar-glat-lenoff-ort-{q}[,\n]", out)
+            assert (f"padir-s{t}-distill-lb1-init-ar-glat-lenoff-ort-{q}" in out) is (t == 4)     # k = 5: T = 4 only
     anchors = {s.name: dict(s.options) for s in expand(load_suite("anchors")).systems if s.family == "ort"}
     assert len(anchors) == 24
     assert anchors["padir-s4-distill-lb1-init-ar-glat-lenoff-ort-int8-t2"]["spinning"] is False      # k = 5

@@ -104,15 +104,16 @@ def test_leaderboard_sorted_with_signature_env_command_and_links(run_dir):
     section = text.split("## bible_de_en:test\n")[1].split("##")[0]
     lines = [ln for ln in section.splitlines() if ln.startswith("| ") and ln[2].isdigit()]
     bleus = [float(ln.split("|")[3].strip(" *")) for ln in lines]
-    # 14 JAX, 6 CTranslate2 (3 x 1-2 threads), 8 PaDIR on ONNX Runtime (T = 1, 2, 4, 10 x float32-int8)
-    assert len(bleus) == 28 and bleus == sorted(bleus, reverse=True)
+    # 14 JAX, 6 CTranslate2 (3 x 1-2 threads), 10 PaDIR on ONNX Runtime (T = 1, 2, 4, 10 at k = 1 and T = 4 at k = 5,
+    # x float32-int8)
+    assert len(bleus) == 30 and bleus == sorted(bleus, reverse=True)
     # At most ~10 columns, systems by display names (the ids in the legend), a summary from the rows.
     header = next(ln for ln in section.splitlines() if ln.startswith("| # |"))
     assert header.count("|") - 1 <= 10 and "| len ratio |" not in header and "| Family |" not in header
     names = {ln.split("|")[2].strip() for ln in lines}
     assert {"AR greedy", "AR beam 5", "PaDIR T=4 k=3, distilled", "PaDIR T=1 k=1, raw"} <= names, names
-    assert len(names) == 28 and any(n.startswith("CTranslate2 greedy, int8") for n in names), names
-    assert "PaDIR ORT T=4, distilled, int8, 1 thread" in names, names
+    assert len(names) == 30 and any(n.startswith("CTranslate2 greedy, int8") for n in names), names
+    assert "PaDIR ORT T=4 k=1, distilled, int8, 1 thread" in names, names
     assert "| PaDIR T=4 k=3, distilled | `padir-s4-distill-k3-lb1-init-ar-glat-lenoff` |" in text
     assert "**What this run says** on bible_de_en:test: the best BLEU is " in section
     assert "The best non-autoregressive system, PaDIR " in section and "against the fastest AR-side system" in section
