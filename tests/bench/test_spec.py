@@ -203,11 +203,11 @@ def test_cli_exits_2_with_one_line(tmp_path, capsys, suite, expected):
 
 
 def test_extends_lays_a_suite_on_a_built_in_one(tmp_path):
-    """`extends`: anchors is the default suite with its own name, description and AR layouts; tables
+    """`extends`: anchors is the default suite with its own name, description, AR layouts and [ort]; tables
     merge key by key (the [ar] decoders stay), arrays replace; unknown parents and cycles are errors."""
     default, anchors = load_spec("default").to_dict(), load_spec("anchors").to_dict()
     changed = {k for k in default if default[k] != anchors[k]}
-    assert changed == {"name", "description", "ar"}
+    assert changed == {"name", "description", "ar", "ort"}
     assert {k for k in default["ar"] if default["ar"][k] != anchors["ar"][k]} == {"layers"}
     assert anchors["ar"]["layers"] == ["6-1"]
     path = tmp_path / "child.toml"
