@@ -127,6 +127,8 @@ class SplitPreview:
     sentences: int | None
     seconds: float | None
     costs: dict[str, tuple[est.SystemCost, float | None]]      # system -> (cost, its seconds)
+    served: list[str] = field(default_factory=list)             # [serving]: the systems served under load
+    serving_seconds: float | None = 0.0                        # their LoadGen tests (bench.serving.measure)
 
 
 @dataclass
@@ -146,7 +148,8 @@ class Preview:
 
         out = {"training": total([c.estimate.seconds for c in self.cells if c.estimate is not None]),
                "distillation": total([d.estimate.seconds for d in self.distillations if d.estimate is not None]),
-               "timing": total([s.seconds for s in self.splits])}
+               "timing": total([s.seconds for s in self.splits]),
+               "serving": total([s.serving_seconds for s in self.splits])}
         out["total"] = total(list(out.values()))
         return out
 
@@ -262,10 +265,28 @@ def _splits(spec: SuiteSpec, plan: Plan, locator: Locator, measured: est.Measure
             seconds = None if n is None else est.timing_seconds(cost, n, spec.timing.repeats, solo)
             costs[s.name] = (cost, seconds)
         parts = [sec for _, sec in costs.values()]
+        served, serving_seconds = _serving(spec, systems, costs)
         out.append(SplitPreview(task, split, list(dict.fromkeys(c.test_set.name for c in cells)),
                                 [s.name for s in systems], families.worker_processes(systems), n,
-                                None if any(p is None for p in parts) else float(sum(parts)), costs))
+                                None if any(p is None for p in parts) else float(sum(parts)), costs,
+                                served, serving_seconds))
     return out
+
+
+def _serving(spec: SuiteSpec, systems: list[System], costs: dict) -> tuple[list[str], float | None]:
+    """The systems ``[serving]`` serves on a split and the seconds of their LoadGen tests (None if a system's
+    batch-1 latency is unknown), the driver's empty system included."""
+    if spec.serving is None:
+        return [], 0.0
+    from bench.serving.measure import estimate_seconds
+    from bench.serving.run import chosen
+
+    names = [s.name for s in chosen(spec, systems)]
+    latencies = [costs[n][0].latency_ms for n in names]
+    if any(x is None for x in latencies):
+        return names, None
+    driver = max(spec.serving.min_duration_s, spec.serving.min_queries * 1e-4)
+    return names, driver + float(sum(estimate_seconds(spec.serving, x) for x in latencies))
 
 
 # ------------------------------------------------------------------------------------------- rendering
@@ -307,6 +328,12 @@ def render_text(p: Preview) -> str:
         n = "? sentences" if s.sentences is None else f"{s.sentences:,} sentences"
         lines.append(f"  {' and '.join(s.test_sets)}: {len(s.systems)} systems in {s.processes} worker "
                      f"process{'es' * (s.processes != 1)}, {n}, timed once: ~{est.duration(s.seconds)}")
+        if s.served:
+            sv = spec.serving
+            lines.append(f"    served under load by MLPerf LoadGen (on {s.test_sets[0]}): {len(s.served)} systems and the "
+                         f"driver's empty one, one at a time; {', '.join(sv.scenarios)}; bounds "
+                         f"{', '.join(f'{b:g}' for b in sv.bounds_ms)} ms at p{sv.percentile * 100:g}; batches up to "
+                         f"{sv.max_batch}: ~{est.duration(s.serving_seconds)}")
     lines.extend(["", *render_estimate(p)])
     return "\n".join(lines) + "\n"
 
@@ -327,6 +354,9 @@ def render_estimate(p: Preview) -> list[str]:
              f"{'s' * (p.spec.timing.repeats != 1)} + {p.spec.timing.solo_sentences} solo) at its mean latency, "
              f"plus warm-up; {timed - new - unknown} measured before, {new} from a per-pass model"
              + (f", {unknown} not estimated: nothing comparable was timed" if unknown else "") + ")",
+             *([f"  serving       {est.duration(t['serving']):>12s}  (LoadGen's tests, each its minimum duration or "
+                f"its queries at the rate it runs, whichever is longer; rates from the batch-1 latency: "
+                f"bench/serving/measure.py)"] if p.spec.serving is not None else []),
              f"  total         {est.duration(t['total']):>12s}  (scoring, the report and process start-up not counted)",
              f"  sources: {len(m.trained)} trained models, {len(m.distillations)} distillations and {len(m.timed)} "
              f"timed rows measured on this machine, from {len(m.runs)} runs under the results folder and "
@@ -353,7 +383,8 @@ def to_json(p: Preview) -> dict[str, Any]:
                        "seconds": s.seconds, "worker_processes": s.processes,
                        "systems": [{"system": name, "latency_ms": cost.latency_ms, "compile_s": cost.compile_s,
                                     "seconds": seconds, "how": cost.how}
-                                   for name, (cost, seconds) in s.costs.items()]}
+                                   for name, (cost, seconds) in s.costs.items()],
+                       "served": s.served, "serving_seconds": s.serving_seconds}
                       for s in p.splits],
         "estimate": {**{f"{k}_seconds": v for k, v in p.totals().items()},
                      "sources": {"runs": p.measured.runs, "skipped_runs": p.measured.skipped,

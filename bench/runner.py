@@ -202,7 +202,8 @@ class Runner:
         plan = plan or expand(self.spec)
         done = self.store.done_keys() if self.store is not None else set()
         todo = [c for c in plan.eval_cells if c.key not in done]
-        jobs = self.training_jobs(needed_cells(plan, todo))
+        serve = self._to_serve(plan)
+        jobs = self.training_jobs(needed_cells(plan, todo + serve))
         # Test sets reading the same (task, split) share one timed measurement.
         splits = list(dict.fromkeys((ts.task, ts.split) for ts in self.spec.test_sets()))
         groups = [((task, split), [c for c in todo if (c.test_set.task, c.test_set.split) == (task, split)])
@@ -254,9 +255,51 @@ class Runner:
                         rows.extend(self.evaluate(systems, data, targets))
                     board.set(key, executors.DONE)
                     bar.update(len(group))
+                if serve and not host.remote:
+                    bar.set_postfix_str("serve under load")
+                    self._serve(serve)
+                elif serve:
+                    import sys
+
+                    print("narbench: [serving] serves from the machine that drives the run, and this run times on the "
+                          "cluster's timing node: nothing was served; run the suite without --executor ray to serve",
+                          file=sys.stderr)
         finally:
             bar.close()
         return rows
+
+    # ---------------------------------------------------------------------------------------- serving
+
+    def _to_serve(self, plan: Plan) -> list:
+        """The evaluation cells whose systems ``[serving]`` still has to serve (on the first test set of each
+        split), after their batch-1 timing; none without a store (`narbench latency`)."""
+        if self.spec.serving is None or self.store is None:
+            return []
+        from bench.serving.run import chosen
+
+        served = self.store.served_keys()
+        names = {s.name for s in chosen(self.spec, list(dict.fromkeys(c.system for c in plan.eval_cells)))}
+        first = {}
+        for ts in self.spec.test_sets():
+            first.setdefault((ts.task, ts.split), ts)
+        return [c for c in plan.eval_cells if c.system.name in names and c.test_set in first.values()
+                and c.key not in served]
+
+    def _serve(self, cells: list) -> None:
+        """Serve ``cells``' systems under LoadGen (``bench.serving.run``), one split at a time."""
+        from bench.serving.loadgen import require_loadgen
+        from bench.serving.run import plan_served, serve_all
+
+        require_loadgen()
+        for ts in dict.fromkeys(c.test_set for c in cells):
+            systems = [(c.system, self.checkpoints[c.system.cell]) for c in cells if c.test_set == ts]
+            data = load_test_data(self.spec, self.deps, ts.task, ts.split, False)
+            factory = self.deps.worker_factory
+            if factory is None:
+                raise UserError("serving needs the systems in worker processes; drop `isolate = false` from [timing]")
+            served = plan_served(self.spec, self.store, systems, ts.name, data.sources, factory, self.platform)
+            serve_all(self.spec, self.store, served, data.sources, data.references[0],
+                      self.deps.target_lang(data.task), _env_fields(self.env), self.progress)
 
     # ---------------------------------------------------------------------------------- training jobs
 

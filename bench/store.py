@@ -11,6 +11,9 @@ Layout (docs/results_format.md, the public contract)::
                           /curves.jsonl  one object per learning-curve point of each trained model
                           /distill.json  the distillation record (models.distill), keyed by task when
                                          the run distils several tasks (or seeds)
+                          /serving.jsonl one object per LoadGen test of a served system (bench.serving)
+                          /serving/      LoadGen's summary and detail logs, <system>/<test>/
+                          /serving.md    the serving page (bench.serving.report)
                           /cells.json    the last session's jobs (trainings, distillations, evaluations)
                                          and their states, host, attempt (`narbench status`)
                           /logs/         with --executor ray: each job's output, <job>.<attempt>.log
@@ -44,6 +47,7 @@ from narbench_core.io import read_jsonl, write_bytes, write_json, write_jsonl, w
 from narbench_core.runs import LATEST, check_name, make_run_id, utc_now
 
 CURVES = "curves.jsonl"
+SERVING, SERVING_LOGS = "serving.jsonl", "serving"   # bench.serving: its records and LoadGen's logs
 CELLS = "cells.json"           # the driver's view of the run's jobs (bench.executors.Board; `narbench status`)
 LOGS = "logs"                  # a Ray run's job logs, <job>.<attempt>.log (bench.executors.raycluster)
 SAMPLE_FIELDS = ("system", "test_set", "index", "source", "reference", "hypothesis", "latency_ms", "passes")
@@ -137,6 +141,22 @@ class RunStore:
         old_rows = [r for r in self.rows() if r.key not in keys]
         write_jsonl(self.path / ROWS, [dict(r) for r in old_rows + list(rows)])
 
+    def serving(self) -> list[dict]:
+        """``serving.jsonl``: one record per LoadGen test (``bench.serving.rows``)."""
+        return self._records(SERVING)
+
+    def served_keys(self) -> set[tuple[str, str]]:
+        return {(r["system"], r["test_set"]) for r in self.serving()}
+
+    def save_serving(self, records: list[dict]) -> None:
+        """Add (or replace) served systems' records, keyed by ``(system, test_set)``; a system's records are
+        written together once all of its LoadGen tests ran, so a killed serving run resumes at that system."""
+        if self.finished and not self.allow_finished:
+            raise UserError(f"run {self.path} is finished and is never modified; start a new run")
+        keys = {(r["system"], r["test_set"]) for r in records}
+        write_jsonl(self.path / SERVING, [r for r in self.serving() if (r["system"], r["test_set"]) not in keys]
+                    + list(records))
+
     def save_distill(self, key: str, record: dict, keyed: bool) -> None:
         """Copy a distillation's record to ``distill.json``: the record itself, or with ``keyed`` (the run
         distils several tasks or seeds) one entry per ``key`` beside the others."""
@@ -185,13 +205,13 @@ class RunStore:
         a cut-off line), or None."""
         if report is not None and not (self.path / report).is_file():
             return f"its {report} is missing"
-        torn = [name for name in (ROWS, SAMPLES, CURVES) if torn_tail(self.path / name) is not None]
+        torn = [name for name in (ROWS, SAMPLES, CURVES, SERVING) if torn_tail(self.path / name) is not None]
         return f"the last line of {torn[0]} was cut off" if torn else None
 
     def repair(self) -> None:
         """Drop a cut-off last line of each JSON-lines file, then the rows whose cell lacks samples (those
         cells are computed again)."""
-        for name in (ROWS, SAMPLES, CURVES):
+        for name in (ROWS, SAMPLES, CURVES, SERVING):
             path = self.path / name
             cut = torn_tail(path)
             if cut is not None:
@@ -221,6 +241,16 @@ class RunStore:
             raise UserError(f"{self.path / SPEC} is missing or incomplete; the run folder is damaged: re-run "
                             "the suite with `narbench run --force`")
         return {"bootstrap_resamples": int(spec["bootstrap_resamples"])}
+
+    def serving_settings(self) -> dict:
+        """The recorded spec's ``[serving]`` section with its defaults filled in ({} for a run without one)."""
+        import dataclasses
+        import tomllib
+
+        from suites.spec import ServingSpec
+
+        table = tomllib.loads(self.spec_text()).get("serving")
+        return {} if table is None else {**dataclasses.asdict(ServingSpec()), **table}
 
 
 def references(cell: list[dict]) -> list[list[str]]:

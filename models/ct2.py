@@ -212,7 +212,8 @@ class CT2Decoder:
 
     def __init__(self, model_dir: str | Path, vocab: Any, spec: str, name: str = "", *,
                  buckets=None, max_decode_length: Optional[int] = None, max_target_length: int = 128,
-                 length_penalty: Optional[float] = None, threads: int = 0, compute_type: str = "default"):
+                 length_penalty: Optional[float] = None, threads: int = 0, compute_type: str = "default",
+                 max_batch_size: int = 0, batch_type: str = "examples"):
         import os
 
         from models.decoders import parse_spec
@@ -226,6 +227,9 @@ class CT2Decoder:
         self.max_decode_length = int(min(max_decode_length or max_target_length, max_target_length))
         self.length_penalty = defaults.LENGTH_PENALTY if length_penalty is None else float(length_penalty)
         self.threads = int(threads) or (os.cpu_count() or 1)
+        if batch_type not in ("examples", "tokens"):
+            raise UserError(f"batch_type must be examples or tokens, not {batch_type!r}")
+        self.max_batch_size, self.batch_type = int(max_batch_size), batch_type   # translate_batch's own batching
         self.translator = translator(model_dir, self.threads, compute_type)
 
     def _max_len(self, pieces: list[list[str]]) -> int:
@@ -253,7 +257,8 @@ class CT2Decoder:
         max_len = self._max_len(prepared)
         results = self.translator.translate_batch(
             prepared, beam_size=beam, max_decoding_length=max_len, min_decoding_length=0,
-            length_penalty=self.length_penalty if beam > 1 else 1.0, return_scores=beam > 1, max_batch_size=0)
+            length_penalty=self.length_penalty if beam > 1 else 1.0, return_scores=beam > 1,
+            max_batch_size=self.max_batch_size, batch_type=self.batch_type)
         return [(r.hypotheses[0], max_len) for r in results]
 
     def finish(self, outputs, prepared):

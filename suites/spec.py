@@ -138,6 +138,39 @@ class TimingSpec:
     turn: int = 10         # batches a system decodes back to back when its turn comes (bench.measure.timing, step 2)
 
 
+SCENARIOS = ("SingleStream", "Offline", "Server")   # MLPerf LoadGen's scenarios narbench serves (bench.serving)
+
+
+@dataclass(frozen=True)
+class ServingSpec:
+    """``[serving]``: each chosen system served under MLPerf LoadGen's scenarios from its own worker process,
+    with a dynamic batcher in the driver (bench.serving). Durations and query counts are CPU-sized, not
+    MLPerf's submission minimums."""
+
+    systems: tuple[str, ...] = ()          # system names of the suite to serve (empty: every system)
+    scenarios: tuple[str, ...] = SCENARIOS
+    bounds_ms: tuple[float, ...] = (100.0, 250.0)   # Server: the latency bounds whose peak QPS is searched
+    percentile: float = 0.99               # Server: the latency percentile a bound holds for
+    max_batch: int = 16                    # the batcher's largest batch (JAX decoders warm every power of 2 up to it)
+    max_wait_ms: float = 0.0               # how long the batcher holds a partial batch for more queries
+    min_duration_s: float = 10.0           # each LoadGen run's minimum duration
+    min_queries: int = 700                 # SingleStream, the Server curve and the validation runs (p99 early stopping)
+    search_queries: int = 200              # each step of FindPeakPerformance's search
+    loads: tuple[float, ...] = (0.25, 0.5, 0.75)    # Server curve points: shares of the Offline throughput
+    start_qps: float | None = None         # FindPeakPerformance's first QPS (None: a share of the Offline throughput)
+    ct2_batch_type: str = "examples"       # CTranslate2's translate_batch(batch_type=...) when serving
+    ct2_max_batch_size: int = 0            # CTranslate2's translate_batch(max_batch_size=...) (0: the whole batch)
+
+    @property
+    def batch_sizes(self) -> tuple[int, ...]:
+        """The batch shapes a decoder is warmed up for: powers of two below ``max_batch``, and ``max_batch``."""
+        sizes, b = [], 1
+        while b < self.max_batch:
+            sizes.append(b)
+            b *= 2
+        return (*sizes, self.max_batch)
+
+
 @dataclass(frozen=True)
 class SuiteSpec:
     name: str
@@ -154,6 +187,7 @@ class SuiteSpec:
     bootstrap_resamples: int = 1000    # resamples of sacrebleu's paired bootstrap of BLEU vs the AR baseline
     decode_buckets: tuple[int, ...] | None = None   # source-length shape buckets of every decoder
     max_decode_length: int | None = None            # target length cap of every decoder
+    serving: ServingSpec | None = None              # [serving]: LoadGen scenarios (bench.serving), None: none
     source: str = ""   # where it was loaded from (not part of the hash)
 
     def replace(self, **changes: Any) -> "SuiteSpec":
@@ -198,6 +232,7 @@ class SuiteSpec:
             "distill": {k: v for k, v in clean(dataclasses.asdict(self.distill)).items()
                         if not (k == "engine" and v == defaults.DISTILL_ENGINE)},   # hashes of earlier specs
             "timing": clean(dataclasses.asdict(self.timing)),
+            **({"serving": clean(dataclasses.asdict(self.serving))} if self.serving else {}),
         }
 
     def spec_hash(self) -> str:
@@ -453,6 +488,31 @@ def _tasks(source: str, value: Any, base_dir: Path | None = None) -> tuple[TaskS
     return tuple(out)
 
 
+def _serving(r: Reader) -> ServingSpec:
+    d = ServingSpec()
+    positive = number(0.0, lo_open=True)
+    start = r.get("start_qps", positive, None)
+    spec = ServingSpec(
+        systems=r.get("systems", list_of(string(what="a system name"), "system names", empty=True), d.systems),
+        scenarios=r.get("scenarios", list_of(string(choices=SCENARIOS), f"scenarios of {list(SCENARIOS)}"),
+                        d.scenarios),
+        bounds_ms=r.get("bounds_ms", list_of(positive, "latency bounds in ms > 0"), d.bounds_ms),
+        percentile=r.get("percentile", number(0.5, 1.0, hi_open=True), d.percentile),
+        max_batch=r.get("max_batch", integer(1), d.max_batch),
+        max_wait_ms=r.get("max_wait_ms", number(0.0), d.max_wait_ms),
+        min_duration_s=r.get("min_duration_s", positive, d.min_duration_s),
+        min_queries=r.get("min_queries", integer(1), d.min_queries),
+        search_queries=r.get("search_queries", integer(1), d.search_queries),
+        loads=r.get("loads", list_of(number(0.0, 1.0, lo_open=True), "shares of the Offline throughput in (0, 1]",
+                                     empty=True), d.loads),
+        start_qps=start,
+        ct2_batch_type=r.get("ct2_batch_type", string(choices=("examples", "tokens")), d.ct2_batch_type),
+        ct2_max_batch_size=r.get("ct2_max_batch_size", integer(0), d.ct2_max_batch_size),
+    )
+    r.done()
+    return spec
+
+
 def _model(r: Reader) -> ModelSpec:
     preset = r.get("preset", string(_NAME, what="a preset name (tiny, small, paper)"), required=True)
     o = r.sub("overrides")
@@ -533,6 +593,7 @@ def parse_spec(data: dict[str, Any], source: str = "<spec>",
                         solo_sentences=t.get("solo_sentences", integer(0), TimingSpec.solo_sentences),
                         turn=t.get("turn", integer(1), TimingSpec.turn))
     t.done()
+    serving = _serving(top.sub("serving")) if "serving" in data else None
 
     spec = SuiteSpec(
         name=name, description=description, tasks=tasks, model=model, systems=systems, budgets=budgets,
@@ -543,6 +604,7 @@ def parse_spec(data: dict[str, Any], source: str = "<spec>",
         bootstrap_resamples=top.get("bootstrap_resamples", integer(10), 1000),
         decode_buckets=top.get("decode_buckets", list_of(integer(1), "positive integers"), None),
         max_decode_length=top.get("max_decode_length", integer(1), None),
+        serving=serving,
         source=source,
     )
     top.done()

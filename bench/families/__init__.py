@@ -70,6 +70,10 @@ def check_installed(spec) -> None:
     for family in all_families():
         if spec.section(family.name) is not None:
             family.check_installed()
+    if getattr(spec, "serving", None) is not None:
+        from bench.serving.loadgen import require_loadgen
+
+        require_loadgen()
 
 
 def worker_group(family: str) -> str | None:

@@ -164,6 +164,12 @@ class Family:
         before any library loads: thread pools, wait policies). Recorded in env.json."""
         return {}
 
+    def serving_options(self, serving: Any) -> dict[str, Any]:
+        """Decoder options the family's systems take when served under load (``bench.serving``; ``serving``: the
+        suite's ``ServingSpec``): the engine's own batching settings, as its users would set them. None by
+        default: the dynamic batcher's batches go to the decoder as they are."""
+        return {}
+
     # -- the report ------------------------------------------------------------------------------------
     def sort_key(self, row) -> tuple:
         """Order of the family's rows in tables (families themselves sort in registry order)."""

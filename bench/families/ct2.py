@@ -92,6 +92,11 @@ class CT2Family(Family):
 
         return ct2.load_decoder(checkpoint_dir, spec, **options)
 
+    def serving_options(self, serving) -> dict[str, Any]:
+        """CTranslate2's own batching of a served batch (``translate_batch``'s max_batch_size and batch_type, which
+        its documentation recommends setting for throughput; batch_type "tokens" sorts a batch by length)."""
+        return {"max_batch_size": serving.ct2_max_batch_size, "batch_type": serving.ct2_batch_type}
+
     def worker_env(self, options) -> dict[str, str]:
         return dict(OMP_ENV) if options.get("threads") == 1 else {}
 

@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 CONCURRENT = "concurrent_narbench"   # env.json: other narbench processes busy while this run timed
-LIBRARIES = ("jax", "jaxlib", "flax", "tensorflow", "sacrebleu", "numpy", "optax", "seqio", "sentencepiece")
+LIBRARIES = ("jax", "jaxlib", "flax", "tensorflow", "sacrebleu", "numpy", "optax", "seqio", "sentencepiece",
+             "mlcommons-loadgen")
 REPO_DIR = Path(__file__).resolve().parents[1]
 
 

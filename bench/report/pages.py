@@ -200,6 +200,10 @@ def render_leaderboard(rows: list[Row], info: dict, env: dict, run_dir: Path, sa
         if verdict:
             lines.extend([verdict, ""])
     lines.extend(render_modes(rows, samples))
+    if (run_dir / st.SERVING).is_file():
+        from bench.serving.report import leaderboard_section
+
+        lines.extend(leaderboard_section(st.RunStore(run_dir).serving(), shown))
     lines.extend(isolation_note(rows))
     lines.extend(fastest_ar(rows, samples, shown))
     note = tests_note(rows)
@@ -230,6 +234,8 @@ def render_leaderboard(rows: list[Row], info: dict, env: dict, run_dir: Path, sa
                   + (f", [{st.CURVES}]({st.CURVES})" if (run_dir / st.CURVES).is_file() else ""),
                   *([f"- [{GRID_PAGE}]({GRID_PAGE}): what each ablation axis costs and buys"]
                     if (run_dir / GRID_PAGE).is_file() else []),
+                  *(["- [serving.md](serving.md): the systems served under load by MLPerf LoadGen"]
+                    if (run_dir / "serving.md").is_file() else []),
                   *(f"- ![{p}]({p})" for p in (*PLOTS, CURVE_PLOT, DIAL_PLOT, GRID_PLOT) if (run_dir / p).is_file()),
                   ""])
     theory = _theory_links(run_dir)
@@ -268,6 +274,12 @@ def write_report(run_dir: str | Path, finished: str | None = None) -> list[Path]
         plot_dial(rows, modes, run.path / DIAL_PLOT)
     settings = run.spec_settings()
     grid = write_grid(run.path, rows, samples, info, settings["bootstrap_resamples"], defaults.SIGNIFICANCE_SEED)
+    served = run.serving() if (run.path / st.SERVING).is_file() else []
+    if served:
+        from bench.serving import report as serving_report
+
+        grid = [*grid, *serving_report.write(run.path, served, display_names(rows), run.serving_settings(), env,
+                                             run.run_id)]
     write_text(run.path / "table.md", render_table(rows, info, env))
     write_text(run.path / "leaderboard.md", render_leaderboard(rows, info, env, run.path, samples))
     return [run.path / "table.md", run.path / "leaderboard.md", *grid,

@@ -120,6 +120,13 @@ def test_greedy_agrees_with_narbench_ar_greedy(trained_ar, tiny_vocab, toy_sente
     assert all(1 <= o.passes[0] <= 32 for o in out) and theirs.xla_costs is False
     with pytest.raises(UserError, match="no XLA program"):
         theirs.lower(theirs.prepare(["a"]), "pass")
+    # served in batches with CTranslate2's own batching (bench.serving): the batch's outputs are the one-by-one ones
+    batched = ct2.load_decoder(trained_ar, "greedy", vocab=tiny_vocab, threads=1, max_batch_size=3,
+                               batch_type="tokens", **opts)
+    prepared = batched.prepare(sources[:8])
+    assert batched.finish(batched.run(prepared), prepared).hypotheses == b[:8]
+    with pytest.raises(UserError, match="batch_type must be examples or tokens"):
+        ct2.load_decoder(trained_ar, "greedy", vocab=tiny_vocab, batch_type="sentences", **opts)
     # int8 weights: a model of their own, still translating
     int8 = ct2.load_decoder(trained_ar, "greedy", quantization="int8", vocab=tiny_vocab, threads=1, **opts)
     hyps = [int8.finish(int8.run(p), p).hypotheses[0] for p in (int8.prepare([s]) for s in sources[:20])]

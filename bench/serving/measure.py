@@ -1,0 +1,158 @@
+"""Serve one system under LoadGen's scenarios; one record per LoadGen test (``bench.serving.rows`` names the fields).
+
+The order, for one system in its own worker process (``bench.measure.workers``), warmed up at every batch
+shape the batcher can form (``ServingSpec.batch_sizes``):
+
+1. SingleStream: one query at a time, batch 1, no wait: the cross-check against the harness's own batch-1
+   timing of the same system (p50 and p90).
+2. Offline: every query at once, batches of ``max_batch``: sentences per second. LoadGen issues as many
+   samples as the expected rate fills in the minimum duration; a first guess that ends early is run again
+   at the rate it measured.
+3. Server at ``loads`` x the Offline throughput (Poisson arrivals, PerformanceOnly): the latency-QPS curve.
+4. Server, per latency bound: LoadGen's FindPeakPerformance (it widens, then bisects, checking the bound at
+   each step with ``search_queries``), from the largest curve QPS that held the bound; then a PerformanceOnly
+   test at the peak with ``min_queries`` validates it (p99 needs hundreds of queries for LoadGen's early
+   stopping); if LoadGen calls that INVALID on latency, 10% less, at most ``VALIDATIONS`` times. A bound that
+   SingleStream's p99 already misses is recorded as unreachable without a search.
+
+Each sample's outputs are compared with the system's batch-1 outputs (share identical, BLEU difference).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Sequence
+
+from bench.serving.loadgen import Result, Settings, run_test
+from suites.spec import ServingSpec
+
+VALIDATIONS = 3           # validation tests per bound before the peak is given up as INVALID
+STEP_DOWN = 0.9           # the next validation's QPS after a latency failure
+BIG_BOUND_MS = 60_000.0   # the curve's tests hold no bound: LoadGen's early stopping then only needs enough queries
+
+
+@dataclass(frozen=True)
+class Baseline:
+    """What the harness's own batch-1 timing said of the system (its row and outputs)."""
+
+    p50_ms: float
+    p90_ms: float
+    hypotheses: list[str]          # batch-1 outputs, aligned with the sources
+
+
+def serve_system(serve: Callable[[list[int]], list[str]], n: int, baseline: Baseline, serving: ServingSpec,
+                 log_root: Path, seed: int, score: Callable[[list[str]], float] | None = None,
+                 on_test: Callable[[str], None] = lambda label: None) -> list[dict]:
+    """Every LoadGen test of one system, as records (``bench.serving.rows.record`` adds the run's fields)."""
+    records: list[dict] = []
+    base_bleu = score(baseline.hypotheses) if score else None
+
+    def test(label: str, settings: Settings, purpose: str, bound: float | None = None) -> Result:
+        on_test(label)
+        result = run_test(settings, serve, n, log_root / label)
+        records.append(_record(label, settings, purpose, bound, result, baseline, score, base_bleu))
+        return result
+
+    common = dict(min_duration_s=serving.min_duration_s, seed=seed)
+    single = None
+    if "SingleStream" in serving.scenarios:
+        single = test("singlestream", Settings("SingleStream", min_queries=serving.min_queries,
+                                               expected_latency_ms=baseline.p50_ms, **common), "singlestream")
+    batch = dict(max_batch=serving.max_batch, max_wait_ms=serving.max_wait_ms)
+    offline_qps = 1000.0 / baseline.p50_ms
+    if "Offline" in serving.scenarios or "Server" in serving.scenarios:
+        expected = offline_qps * serving.max_batch ** 0.5
+        result = test("offline", Settings("Offline", min_queries=1, expected_qps=expected, **batch, **common),
+                      "offline")
+        if not result.valid and result.checks.get("min_duration") is False and result.qps:
+            result = test("offline-2", Settings("Offline", min_queries=1, expected_qps=result.qps * 1.1, **batch,
+                                                **common), "offline")
+        offline_qps = result.qps or offline_qps
+    if "Server" not in serving.scenarios:
+        return records
+    curve: list[tuple[float, Result]] = []
+    for load in serving.loads:
+        qps = load * offline_qps
+        curve.append((qps, test(f"server-load{load:g}", Settings(
+            "Server", min_queries=serving.min_queries, target_qps=qps, bound_ms=BIG_BOUND_MS,
+            percentile=serving.percentile, **batch, **common), "curve")))
+    for bound in serving.bounds_ms:
+        if single is not None and single.latency_ms["p99"] is not None and single.latency_ms["p99"] > bound:
+            records.append(_unreachable(bound, single))
+            continue
+        held = [q for q, r in curve if r.valid and (r.latency_ms["p99"] or 0) <= bound]
+        start = serving.start_qps or (max(held) if held else 0.5 * min([q for q, _ in curve] or [offline_qps]))
+        search = test(f"server-{bound:g}ms-search", Settings(
+            "Server", mode="FindPeakPerformance", min_queries=serving.search_queries, target_qps=start,
+            bound_ms=bound, percentile=serving.percentile, **batch, **common), "peak-search", bound)
+        qps = search.peak_qps or start
+        for attempt in range(1, VALIDATIONS + 1):
+            result = test(f"server-{bound:g}ms-peak{attempt}", Settings(
+                "Server", min_queries=serving.min_queries, target_qps=qps, bound_ms=bound,
+                percentile=serving.percentile, **batch, **common), "peak", bound)
+            if result.valid or result.checks.get("latency") is not False:
+                break
+            qps *= STEP_DOWN
+    return records
+
+
+def _record(label: str, settings: Settings, purpose: str, bound: float | None, result: Result, baseline: Baseline,
+            score, base_bleu) -> dict:
+    outputs = result.outputs
+    same = [texts == {baseline.hypotheses[i]} for i, texts in outputs.items()]
+    first = [min(outputs[i]) if i in outputs else baseline.hypotheses[i] for i in range(len(baseline.hypotheses))]
+    return {
+        "test": label, "scenario": settings.scenario, "purpose": purpose, "mode": settings.mode,
+        "bound_ms": bound, "percentile": settings.percentile if settings.scenario == "Server" else None,
+        "target_qps": settings.target_qps, "validity": result.validity, "invalid_reason": result.invalid_reason,
+        "checks": result.checks, "qps": result.qps, "peak_qps": result.peak_qps,
+        **{f"latency_{k}_ms": v for k, v in result.latency_ms.items()}, "queries": result.queries,
+        "max_batch": settings.max_batch, "max_wait_ms": settings.max_wait_ms, "batches": result.batches,
+        "mean_batch": (sum(k * v for k, v in result.batches.items()) / max(1, sum(result.batches.values()))),
+        "samples_served": len(outputs),
+        "same_as_batch1": (sum(same) / len(same)) if same else None,
+        "bleu_delta_vs_batch1": (score(first) - base_bleu) if score and outputs else None,
+        "batch1_p50_ms": baseline.p50_ms, "batch1_p90_ms": baseline.p90_ms,
+    }
+
+
+def _unreachable(bound: float, single: Result) -> dict:
+    """A bound the system misses at batch 1 with no queue (SingleStream's p99 is over it): no QPS holds it."""
+    return {"test": f"server-{bound:g}ms-unreachable", "scenario": "Server", "purpose": "peak", "mode": None,
+            "bound_ms": bound, "validity": "UNREACHABLE",
+            "invalid_reason": f"SingleStream p99 {single.latency_ms['p99']:.1f} ms is over the bound", "qps": 0.0}
+
+
+def check_systems(names: Sequence[str], chosen: Sequence[str], source: str) -> None:
+    """``[serving] systems`` must name systems of the suite."""
+    from narbench_core.errors import UserError
+
+    unknown = [s for s in chosen if s not in set(names)]
+    if unknown:
+        raise UserError(f"{source}: serving.systems: {unknown[0]!r} is not a system of this suite; "
+                        f"choose from {', '.join(sorted(names)[:12])}")
+
+
+SEARCH_STEPS = 9          # FindPeakPerformance's tests to a step of 1 QPS (8 to 10 seen: it widens, then bisects)
+BATCH_GAIN = 0.5          # throughput at batch B taken as B ** BATCH_GAIN x batch 1's (plan's rough model)
+
+
+def estimate_seconds(serving: ServingSpec, latency_ms: float) -> float:
+    """Seconds of LoadGen tests for one system of batch-1 latency ``latency_ms`` (``narbench plan``): each test
+    lasts its minimum duration or as long as its queries take at the rate it runs at, whichever is longer."""
+    d, one = serving.min_duration_s, max(latency_ms, 0.01) / 1000.0
+    offline = serving.max_batch ** BATCH_GAIN / one                  # sentences/s, batched
+    seconds = 0.0
+    if "SingleStream" in serving.scenarios:
+        seconds += max(d, serving.min_queries * one)
+    if "Offline" in serving.scenarios or "Server" in serving.scenarios:
+        seconds += d * 1.5                                           # a first guess may run again
+    if "Server" in serving.scenarios:
+        for load in serving.loads:
+            seconds += max(d, serving.min_queries / (load * offline))
+        for bound in serving.bounds_ms:
+            if bound < 2 * latency_ms:                               # likely unreachable: no search runs
+                continue
+            peak = 0.6 * offline
+            seconds += SEARCH_STEPS * max(d, serving.search_queries / peak) + max(d, serving.min_queries / peak)
+    return seconds

@@ -1,0 +1,202 @@
+"""The serving page (``serving.md``), its plot (``serving.png``) and the leaderboard's serving section.
+
+Only tests LoadGen called VALID are reported as results; the INVALID ones are counted and stay in
+serving.jsonl with LoadGen's reason. Tables are rendered from column lists of ``bench.serving.rows``.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Mapping, Sequence
+
+from bench.columns import fixed, ms
+from bench.serving.rows import cell
+from bench.serving.run import DRIVER
+from narbench_core import markdown
+
+PAGE, PLOT = "serving.md", "serving.png"
+SINGLE_AGREES = 0.10      # SingleStream's p50 and p90 within 10% of the harness's batch-1 figures
+
+
+def _valid(records: Sequence[dict], **match) -> list[dict]:
+    return [r for r in records if r["validity"] == "VALID" and all(r.get(k) == v for k, v in match.items())]
+
+
+def peaks(records: Sequence[dict]) -> dict[tuple[str, float], dict]:
+    """(system, bound) -> the VALID peak test (the validation LoadGen accepted) of each system at each bound."""
+    out = {}
+    for r in _valid(records, purpose="peak"):
+        key = (r["system"], r["bound_ms"])
+        if key not in out or r["qps"] > out[key]["qps"]:
+            out[key] = r
+    return out
+
+
+def _name(shown: Mapping[str, str], system: str) -> str:
+    return shown.get(system, system)
+
+
+def _table(records: Sequence[dict], names: Sequence[str], shown, header: Sequence[str] | None = None,
+           extra: Sequence[tuple[str, callable]] = ()) -> list[str]:
+    head = ["System", *(header or [cell_header(n) for n in names]), *(h for h, _ in extra)]
+    body = [[_name(shown, r["system"]), *(cell(r, n) for n in names), *(f(r) for _, f in extra)] for r in records]
+    return markdown.table(head, body, "l")
+
+
+def cell_header(name: str) -> str:
+    from bench.serving.rows import column
+
+    return column(name).header
+
+
+def single_stream_rows(records: Sequence[dict]) -> list[dict]:
+    return [r for r in _valid(records, scenario="SingleStream") if r["system"] != DRIVER]
+
+
+def agreement(r: dict) -> tuple[float | None, float | None]:
+    """SingleStream's p50 and p90 over the harness's batch-1 p50 and p90."""
+    def ratio(a, b):
+        return None if a is None or not b else a / b
+    return ratio(r["latency_p50_ms"], r["batch1_p50_ms"]), ratio(r["latency_p90_ms"], r["batch1_p90_ms"])
+
+
+def verdict(records: Sequence[dict], shown: Mapping[str, str]) -> list[str]:
+    """At each bound: the system that serves the most sentences per second (and its BLEU), and where the best
+    NAR system stands against the fastest AR."""
+    found = peaks(records)
+    lines = []
+    for bound in sorted({b for _, b in found}):
+        at = [r for (s, b), r in found.items() if b == bound]
+        best = max(at, key=lambda r: r["qps"])
+        ar = [r for r in at if r["paradigm"] == "ar"]
+        nar = [r for r in at if r["paradigm"] != "ar"]
+        text = (f"- **p{_pct(best)} under {bound:g} ms**: {_name(shown, best['system'])} serves the most, "
+                f"{best['qps']:.1f} sentences/s at {fixed(2)(best['bleu'])} BLEU")
+        if ar and nar:
+            a, n = max(ar, key=lambda r: r["qps"]), max(nar, key=lambda r: r["qps"])
+            text += (f"; the best NAR system ({_name(shown, n['system'])}, {n['qps']:.1f}/s, {fixed(2)(n['bleu'])} BLEU) "
+                     f"serves {n['qps'] / a['qps']:.2f}x the fastest AR ({_name(shown, a['system'])}, "
+                     f"{a['qps']:.1f}/s, {fixed(2)(a['bleu'])} BLEU)")
+        lines.append(text + ".")
+    unreachable = sorted({(r["system"], r["bound_ms"]) for r in records if r["validity"] == "UNREACHABLE"})
+    if unreachable:
+        lines.append("- No load holds the bound (SingleStream's p99 is over it): " + ", ".join(
+            f"{_name(shown, s)} at {b:g} ms" for s, b in unreachable) + ".")
+    return lines
+
+
+def _pct(r: dict) -> str:
+    return f"{(r.get('percentile') or 0.99) * 100:g}"
+
+
+def render(records: Sequence[dict], shown: Mapping[str, str], settings: Mapping, env: Mapping, run_id: str) -> str:
+    invalid = [r for r in records if r["validity"] == "INVALID"]
+    driver = [r for r in _valid(records, system=DRIVER)]
+    version = env.get("versions", {}).get("mlcommons-loadgen")
+    lines = [f"# Serving under load (run {run_id})", "",
+             f"Each system served by MLPerf LoadGen{f' (mlcommons-loadgen {version})' if version else ''} "
+             f"on {env.get('cpu_model')} ({env.get('cores')} cores), from its own worker process; LoadGen and the "
+             "dynamic batcher run in the driver. Sentences are LoadGen's samples (the test set is its query sample "
+             "library); latency is from LoadGen's issue to the system's completion, detokenized text included.", "",
+             f"Settings: minimum duration {settings['min_duration_s']:g} s a test, at least {settings['min_queries']} "
+             f"queries for SingleStream, the Server curve and each peak's validation, {settings['search_queries']} for "
+             f"each step of FindPeakPerformance; the batcher's largest batch {settings['max_batch']}, held up to "
+             f"{settings['max_wait_ms']:g} ms for more queries. These are CPU-sized: MLPerf's submission rules "
+             "ask for 10 minutes a test (and 270,336 queries for Server), which would take days here. Only tests "
+             "LoadGen called VALID are reported; "
+             f"{len(invalid)} INVALID test(s) stay in serving.jsonl with LoadGen's reason.", ""]
+    if driver:
+        d = driver[0]
+        lines += [f"**The driver's cost**: an empty system (it returns its sources) served SingleStream: p50 "
+                  f"{ms(d['latency_p50_ms'])} ms, p99 {ms(d['latency_p99_ms'])} ms a query (LoadGen, batcher, the "
+                  "worker's pipe). That much of every latency below is the driver's.", ""]
+    says = verdict(records, shown)
+    if says:
+        lines += ["## What serving under load says", "", *says, ""]
+    found = peaks(records)
+    if found:
+        lines += ["## Server: the highest QPS whose latency percentile holds the bound", "",
+                  "Found by LoadGen's FindPeakPerformance (it widens, then bisects), then validated by a "
+                  "PerformanceOnly test at that QPS (10% lower after a failed validation).", ""]
+        for bound in sorted({b for _, b in found}):
+            rs = sorted((r for (s, b), r in found.items() if b == bound), key=lambda r: -r["qps"])
+            lines += [f"### Bound {bound:g} ms", "", *_table(rs, ["bleu", "qps", "latency_p50_ms", "latency_p99_ms",
+                                                               "mean_batch", "same_as_batch1", "bleu_delta_vs_batch1"],
+                                                          shown), ""]
+    offline = sorted((r for r in _valid(records, scenario="Offline")), key=lambda r: -r["qps"])
+    if offline:
+        lines += ["## Offline: every query at once", "", "Sentences per second with batches of up to the batcher's "
+                  "largest; the outputs under batching against the system's batch-1 outputs.", "",
+                  *_table(offline, ["bleu", "qps", "mean_batch", "same_as_batch1", "bleu_delta_vs_batch1"], shown), ""]
+    single = single_stream_rows(records)
+    if single:
+        lines += ["## SingleStream against the harness's batch-1 timing", "",
+                  f"LoadGen's SingleStream (one query at a time) against narbench's own interleaved batch-1 timing "
+                  f"of the same system (rows.jsonl); they should agree within {SINGLE_AGREES:.0%}.", "",
+                  *_table(single, ["latency_p50_ms", "batch1_p50_ms", "latency_p90_ms", "batch1_p90_ms"], shown, extra=(
+                      ("p50 ratio", lambda r: fixed(3)(agreement(r)[0])),
+                      ("p90 ratio", lambda r: fixed(3)(agreement(r)[1])))), ""]
+    curve = sorted(_valid(records, purpose="curve"), key=lambda r: (r["system"], r["target_qps"]))
+    if curve:
+        lines += ["## Server: latency against load", "", "Poisson arrivals at shares of the system's Offline "
+                  "throughput, no bound; with the peaks and SingleStream in [serving.png](serving.png).", "",
+                  *_table(curve, ["target_qps", "qps", "latency_p50_ms", "latency_p99_ms", "mean_batch"], shown), ""]
+    lines += ["## How this differs from the WMT efficiency task", "",
+              "The WMT efficiency shared task (Helcl, Haddow and Birch used its protocol) times latency one sentence "
+              "at a time and throughput on the whole test set in large batches using every core. Here: throughput "
+              "is LoadGen's Offline with the batcher's largest batch, not a tuned batch per system; each engine "
+              "keeps the thread count of its batch-1 system (one thread for CTranslate2 and ONNX Runtime, XLA's "
+              "pool for JAX), and LoadGen's threads and the batcher share the same cores; Server has no WMT "
+              "counterpart; and the test set is LoadGen's sample library, so sentences repeat when a test needs "
+              "more queries than it has.", "", "Files: [serving.jsonl](serving.jsonl) (every test, VALID or not), "
+              "LoadGen's logs under `serving/<system>/<test>/`.", ""]
+    return "\n".join(lines)
+
+
+def plot(records: Sequence[dict], shown: Mapping[str, str], path: Path) -> None:
+    """p50 and p99 against the QPS served, per system: SingleStream, the Server curve and the validated peaks."""
+    import matplotlib.pyplot as plt
+
+    systems = list(dict.fromkeys(r["system"] for r in records if r["system"] != DRIVER))
+    fig, ax = plt.subplots(1, 2, figsize=(12, 4.8), sharey=True)
+    for system in systems:
+        pts = sorted((r["qps"], r["latency_p50_ms"], r["latency_p99_ms"], r["purpose"] == "peak")
+                     for r in _valid(records, system=system)
+                     if r["purpose"] in ("singlestream", "curve", "peak") and r["qps"])
+        if not pts:
+            continue
+        for a, k in ((ax[0], 1), (ax[1], 2)):
+            line, = a.plot([p[0] for p in pts], [p[k] for p in pts], marker="o", ms=3, label=_name(shown, system))
+            peak = [p for p in pts if p[3]]
+            a.scatter([p[0] for p in peak], [p[k] for p in peak], s=40, color=line.get_color(), zorder=3)
+    for a, label in ((ax[0], "p50"), (ax[1], "p99")):
+        a.set_title(f"{label} latency against load (large dots: each bound's validated peak)", fontsize=10)
+    for bound in sorted({r["bound_ms"] for r in records if r["purpose"] == "peak" and r["bound_ms"]}):
+        for a in ax:
+            a.axhline(bound, color="#888", ls=":", lw=1)
+    for a in ax:
+        a.set_xlabel("sentences per second served")
+        a.set_yscale("log")
+        a.grid(alpha=0.3, which="both")
+    ax[0].set_ylabel("latency, ms (log scale)")
+    if ax[1].get_legend_handles_labels()[0]:
+        ax[1].legend(fontsize=7, loc="best")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def leaderboard_section(records: Sequence[dict], shown: Mapping[str, str]) -> list[str]:
+    says = verdict(records, shown)
+    if not says:
+        return []
+    return ["## Serving under load", "", *says, "", f"Every scenario, LoadGen's validity and the latency-load "
+            f"plot: [{PAGE}]({PAGE}).", ""]
+
+
+def write(run_dir: Path, records: Sequence[dict], shown: Mapping[str, str], settings: Mapping, env: Mapping,
+          run_id: str) -> list[Path]:
+    from narbench_core.io import write_text
+
+    write_text(run_dir / PAGE, render(records, shown, settings, env, run_id))
+    plot(records, shown, run_dir / PLOT)
+    return [run_dir / PAGE, run_dir / PLOT]

@@ -1,0 +1,305 @@
+"""Serving under load (bench.serving): the dynamic batcher, LoadGen driving a fake system of known service time in a
+worker process (Offline throughput and the Server queue as theory predicts them), LoadGen's INVALID kept as such, a
+suite's [serving] step through the runner (records, resume after a kill, the page), bad spec values, the plan."""
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("mlperf_loadgen")
+
+from bench.families import load_suite                                     # noqa: E402
+from bench.measure import workers                                         # noqa: E402
+from bench.measure.decoder import DecodeOutput                            # noqa: E402
+from bench.report import write_report                                     # noqa: E402
+from bench.runner import Runner                                           # noqa: E402
+from bench.serving import loadgen                                         # noqa: E402
+from bench.serving.batcher import DynamicBatcher                          # noqa: E402
+from bench.serving.measure import Baseline, serve_system                  # noqa: E402
+from bench.serving.rows import SERVING_COLUMNS, serving_markdown          # noqa: E402
+from bench.store import open_run                                          # noqa: E402
+from grid_fakes import FakeFactory, fake_deps, fake_spec                  # noqa: E402
+from narbench_core.errors import UserError                                # noqa: E402
+from suites.spec import ServingSpec                                       # noqa: E402
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+class SleepDecoder:
+    """A system of known service time: a batch of b sentences takes ``service_s * (1 + efficiency * (b - 1))``."""
+
+    threads = 1
+
+    def __init__(self, name: str, service_s: float, efficiency: float):
+        self.name, self.service_s, self.efficiency = name, service_s, efficiency
+
+    def prepare(self, sources):
+        return list(sources)
+
+    def run(self, prepared):
+        time.sleep(self.service_s * (1 + self.efficiency * (len(prepared) - 1)))
+        return prepared
+
+    def finish(self, outputs, prepared):
+        return DecodeOutput([s.upper() for s in outputs], np.ones(len(outputs), np.int64))
+
+    def warmup_inputs(self, batch_size):
+        return [["warm"] * batch_size]
+
+
+SOURCES = [f"sentence {i}" for i in range(64)]
+
+
+def serve_fn(worker):
+    return lambda indices: worker.timed([SOURCES[i] for i in indices], "end_to_end").hypotheses
+
+
+@pytest.fixture(scope="module")
+def sleeper():
+    """One worker process hosting fake systems of 10 ms (batches 25% dearer per extra sentence) and 20 ms."""
+    specs = [workers.WorkerSpec("s10", SleepDecoder, ("s10", 0.010, 0.25)),
+             workers.WorkerSpec("s20", SleepDecoder, ("s20", 0.020, 0.25))]
+    with workers.WorkerPool(specs) as pool:
+        yield {w.name: w for w in pool.workers}
+
+
+# ------------------------------------------------------------------------------------------------ batcher
+
+def test_the_batcher_serves_waiting_queries_in_batches_of_at_most_max_batch():
+    served, done = [], []
+    gate = threading.Event()
+
+    def serve(indices):
+        gate.wait(5)
+        served.append(list(indices))
+        return [str(i) for i in indices]
+
+    batcher = DynamicBatcher(serve, lambda batch, out: done.extend((q.index, o) for q, o in zip(batch, out)),
+                             max_batch=4, max_wait_s=0.0)
+    batcher.submit([(0, 0)])                 # taken at once: the server is free, no wait
+    time.sleep(0.05)
+    batcher.submit([(i, i) for i in range(1, 10)])
+    gate.set()
+    batcher.close()
+    assert served[0] == [0] and [len(b) for b in served[1:]] == [4, 4, 1]
+    assert sorted(done) == [(i, str(i)) for i in range(10)]
+    assert batcher.batches == {1: 2, 4: 2}
+
+
+def test_a_partial_batch_waits_up_to_max_wait_for_more_queries():
+    served = []
+    batcher = DynamicBatcher(lambda ix: served.append(list(ix)) or ["x"] * len(ix), lambda b, o: None,
+                             max_batch=3, max_wait_s=0.5)
+    batcher.submit([(0, 0)])
+    time.sleep(0.05)
+    batcher.submit([(1, 1)])
+    time.sleep(0.05)
+    batcher.submit([(2, 2)])                 # the batch fills before the wait runs out
+    batcher.close()
+    assert served == [[0, 1, 2]]
+
+
+def test_a_server_error_completes_every_query_and_is_raised_after():
+    completed = []
+
+    def serve(indices):
+        raise RuntimeError("engine broke")
+
+    batcher = DynamicBatcher(serve, lambda b, o: completed.extend(b), max_batch=2, max_wait_s=0.0)
+    batcher.submit([(0, 0), (1, 1), (2, 2)])
+    batcher.close()
+    assert len(completed) == 3 and isinstance(batcher.error, RuntimeError)
+
+
+# ------------------------------------------------------------------- LoadGen on a fake of known service time
+
+def test_offline_throughput_is_batches_of_max_batch_at_their_service_time(sleeper, tmp_path):
+    settings = loadgen.Settings("Offline", min_duration_s=3.0, min_queries=1, expected_qps=150.0, max_batch=8)
+    result = loadgen.run_test(settings, serve_fn(sleeper["s20"]), len(SOURCES), tmp_path / "offline")
+    expected = 8 / (0.020 * (1 + 0.25 * 7))                  # 145.5 sentences/s
+    assert result.valid, result.invalid_reason
+    assert abs(result.qps / expected - 1) < 0.05, (result.qps, expected)
+    assert result.outputs and all(texts == {SOURCES[i].upper()} for i, texts in result.outputs.items())
+    assert (tmp_path / "offline" / loadgen.SUMMARY).is_file() and (tmp_path / "offline" / (loadgen.DETAIL + ".gz")).is_file()
+
+
+def test_server_latency_at_half_load_is_the_md1_queues(sleeper, tmp_path):
+    service, load = 0.010, 0.5
+    settings = loadgen.Settings("Server", min_duration_s=4.0, min_queries=100, target_qps=load / service,
+                                bound_ms=1000.0, max_batch=1)
+    result = loadgen.run_test(settings, serve_fn(sleeper["s10"]), len(SOURCES), tmp_path / "server")
+    md1 = 1000 * service * (1 + load / (2 * (1 - load)))     # mean time in an M/D/1 system: 15 ms
+    assert abs(result.latency_ms["mean"] / md1 - 1) < 0.15, (result.latency_ms, md1)
+    assert result.batches == {1: result.batches[1]}
+
+
+def test_a_qps_far_over_capacity_is_recorded_invalid_and_never_reported(sleeper, tmp_path):
+    settings = loadgen.Settings("Server", min_duration_s=0.5, min_queries=20, target_qps=300.0, bound_ms=50.0,
+                                max_batch=1)
+    result = loadgen.run_test(settings, serve_fn(sleeper["s10"]), len(SOURCES), tmp_path / "over")
+    assert result.validity == "INVALID" and result.checks["latency"] is False
+    from bench.serving.measure import _record
+    from bench.serving.report import peaks, render
+
+    rec = {**_record("over", settings, "peak", 50.0, result, Baseline(10, 11, [s.upper() for s in SOURCES]),
+                     None, None), "system": "s10", "paradigm": "ar", "bleu": 1.0}
+    assert rec["validity"] == "INVALID" and peaks([rec]) == {}
+    page = render([rec], {}, {**ServingSpec().__dict__}, {}, "r")
+    assert "1 INVALID test(s)" in page and "Bound 50 ms" not in page
+
+
+def test_serve_system_runs_every_scenario_and_checks_outputs_against_batch_1(sleeper, tmp_path):
+    serving = ServingSpec(bounds_ms=(5.0, 400.0), min_duration_s=0.3, min_queries=40, search_queries=20, loads=(0.5,),
+                          max_batch=4)
+    base = Baseline(10.0, 11.0, [s.upper() for s in SOURCES])
+    records = serve_system(serve_fn(sleeper["s10"]), len(SOURCES), base, serving, tmp_path, seed=0,
+                           score=lambda hyps: 100.0 * np.mean([h == b for h, b in zip(hyps, base.hypotheses)]))
+    purposes = [r["purpose"] for r in records]
+    assert purposes[:3] == ["singlestream", "offline", "curve"]
+    unreachable = [r for r in records if r["validity"] == "UNREACHABLE"]
+    assert [r["bound_ms"] for r in unreachable] == [5.0]          # 10 ms a sentence never holds 5 ms
+    assert "peak-search" in purposes and purposes[-1] == "peak"
+    search = next(r for r in records if r["purpose"] == "peak-search")
+    assert search["peak_qps"] and search["mode"] == "FindPeakPerformance"
+    served = [r for r in records if r.get("samples_served")]
+    assert all(r["same_as_batch1"] == 1.0 and r["bleu_delta_vs_batch1"] == 0.0 for r in served)
+
+
+# ----------------------------------------------------------------------------- a suite's [serving] step
+
+SERVING = ('\n[serving]\nsystems = ["ar-greedy", "padir-s4-u0.15-distill"]\nbounds_ms = [60]\nmin_duration_s = 0.3\n'
+           "min_queries = 500\nsearch_queries = 10\nloads = [0.5]\nmax_batch = 4\nstart_qps = 50\n")
+
+
+class DyingFactory(FakeFactory):
+    """Fake decoders of 5 ms a call (so LoadGen's peak search stays in the hundreds of QPS); the distilled PaDIR
+    system's worker dies when asked to serve a batch of more than one sentence."""
+
+    def __call__(self, family, checkpoint_dir, spec, **options):
+        decoder = super().__call__(family, checkpoint_dir, spec, **options)
+        run, dies = decoder.run, bool(options.get("die_serving"))
+
+        def slow_run(prepared):
+            if dies and len(prepared["sources"]) > 1:
+                os._exit(7)
+            time.sleep(0.005)
+            return run(prepared)
+
+        decoder.run = slow_run
+        return decoder
+
+
+def _suite(tmp_path, extra=SERVING):
+    path = tmp_path / "servetest.toml"
+    path.write_text(fake_spec("servetest", test=["test", "test+refs"], ar_decoders=["greedy"], padir_iterations=[4],
+                              max_test_sentences=12) + "\n[timing]\nsolo_sentences = 0\ncosts = false\n" + extra)
+    return load_suite(path)
+
+
+def test_a_suite_serves_its_chosen_systems_after_timing_and_resumes_after_a_kill(tmp_path, monkeypatch):
+    spec = _suite(tmp_path)
+    run, _ = open_run(tmp_path / "results", spec.name, spec.spec_hash(), spec.to_toml(), "test")
+    deps = fake_deps(tmp_path / "ckpt")
+    deps.worker_factory = DyingFactory()
+    monkeypatch.setattr("bench.families.padir.PaDIRFamily.serving_options",
+                        lambda self, serving: {"die_serving": True}, raising=False)
+    with pytest.raises(UserError, match=r"^system padir-s4-u0.15-distill: its worker process .* died with exit code 7"):
+        Runner(spec, deps, run, progress=False).run()
+    first = run.serving()
+    assert {r["system"] for r in first} == {"driver", "ar-greedy"}      # saved before the kill; padir-s4 not
+    assert len(run.rows()) == 6                                         # batch-1 timing finished first
+
+    monkeypatch.undo()
+    deps.worker_factory = DyingFactory()
+    Runner(spec, deps, run, progress=False).run()
+    records = run.serving()
+    assert records[:len(first)] == first                                # the served systems were not served again
+    assert {r["system"] for r in records} == {"driver", "ar-greedy", "padir-s4-u0.15-distill"}
+    assert {r["test_set"] for r in records} == {"fake_task:test"}
+    assert all(set(r) == {c.name for c in SERVING_COLUMNS} for r in records)
+    ar = [r for r in records if r["system"] == "ar-greedy"]
+    assert {r["scenario"] for r in ar} == {"SingleStream", "Offline", "Server"}
+    assert all(r["same_as_batch1"] == 1.0 for r in ar if r["samples_served"])
+    assert ar[0]["batch1_p50_ms"] == next(r for r in run.rows() if r.system == "ar-greedy"
+                                          and r.test_set == "fake_task:test").latency_p50_ms
+    assert (run.path / "serving" / "padir-s4-u0.15-distill" / "offline" / loadgen.SUMMARY).is_file()
+
+    write_report(run.path)
+    page = (run.path / "serving.md").read_text()
+    assert "SingleStream against the harness's batch-1 timing" in page and "driver's cost" in page
+    assert (run.path / "serving.png").is_file()
+    assert "serving.md" in (run.path / "leaderboard.md").read_text()
+
+
+@pytest.mark.parametrize("line, message", [
+    ("start_qps = 0", "serving.start_qps: expected a number > 0"),
+    ("bounds_ms = [0]", "serving.bounds_ms: expected latency bounds in ms > 0"),
+    ("max_batch = 0", "serving.max_batch: expected an integer >= 1"),
+    ('scenarios = ["MultiStream"]', "serving.scenarios: expected scenarios of"),
+    ("loads = [1.5]", "serving.loads: expected shares of the Offline throughput"),
+])
+def test_bad_serving_values_are_one_line_errors(tmp_path, line, message):
+    with pytest.raises(UserError) as err:
+        _suite(tmp_path, f"\n[serving]\n{line}\n")
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_serving_an_unknown_system_is_a_one_line_error(tmp_path):
+    spec = _suite(tmp_path, '\n[serving]\nsystems = ["ar-beam9"]\n')
+    from bench.plan import expand
+    from bench.serving.run import chosen
+
+    with pytest.raises(UserError, match="serving.systems: 'ar-beam9' is not a system of this suite"):
+        chosen(spec, expand(spec).systems)
+
+
+def test_a_suite_without_serving_keeps_its_spec_hash():
+    assert load_suite("default").spec_hash().startswith("691feb19")   # results/default/20261127T095230Z-691feb19
+
+
+def test_the_serving_suite_serves_the_default_models_and_plan_estimates_it():
+    from bench.plan import expand
+
+    spec = load_suite("serving")
+    default = {c.label for c in expand(load_suite("default")).train_cells}
+    assert {c.label for c in expand(spec).train_cells} <= default           # trains nothing the default does not
+    assert spec.serving.bounds_ms == (100.0, 250.0) and len(expand(spec).systems) == 11
+    from bench.serving.measure import estimate_seconds
+
+    assert estimate_seconds(spec.serving, 10.0) > estimate_seconds(spec.serving, 1.0) > 0
+
+
+def test_results_format_lists_the_serving_columns():
+    text = (REPO / "docs" / "results_format.md").read_text(encoding="utf-8")
+    block = serving_markdown()
+    assert block in text, "docs/results_format.md's serving columns differ: paste bench.serving.rows.serving_markdown()"
+    assert json.dumps([c.name for c in SERVING_COLUMNS])
+
+
+def _peak(system, paradigm, bound, qps, bleu, validity="VALID"):
+    from bench.serving.rows import record
+
+    return record({"scenario": "Server", "purpose": "peak", "bound_ms": bound, "validity": validity, "qps": qps,
+                   "percentile": 0.99}, system=system, paradigm=paradigm, bleu=bleu)
+
+
+def test_the_verdict_names_the_most_served_system_per_bound_and_the_best_nar_against_the_fastest_ar():
+    from bench.serving.report import leaderboard_section, verdict
+
+    records = [_peak("ar", "ar", 100.0, 40.0, 25.0), _peak("ct2", "ar", 100.0, 90.0, 24.9),
+               _peak("nar", "nar", 100.0, 120.0, 12.7), _peak("nar", "nar", 100.0, 300.0, 12.7, "INVALID"),
+               _peak("ar", "ar", 250.0, 60.0, 25.0),
+               {**_peak("nar", "nar", 250.0, 0.0, 12.7, "UNREACHABLE")}]
+    lines = verdict(records, {"ct2": "CTranslate2 int8"})
+    assert lines[0].startswith("- **p99 under 100 ms**: nar serves the most, 120.0 sentences/s at 12.70 BLEU")
+    assert "serves 1.33x the fastest AR (CTranslate2 int8, 90.0/s, 24.90 BLEU)" in lines[0]
+    assert lines[1].startswith("- **p99 under 250 ms**: ar serves the most") and "NAR" not in lines[1]
+    assert lines[2] == "- No load holds the bound (SingleStream's p99 is over it): nar at 250 ms."
+    assert leaderboard_section(records, {})[0] == "## Serving under load"
+    assert leaderboard_section([], {}) == []
