@@ -282,11 +282,11 @@ def _serving(spec: SuiteSpec, systems: list[System], costs: dict) -> tuple[list[
     from bench.serving.run import chosen
 
     names = [s.name for s in chosen(spec, systems)]
-    latencies = [costs[n][0].latency_ms for n in names]
-    if any(x is None for x in latencies):
+    if any(costs[n][0].latency_ms is None for n in names):
         return names, None
     driver = max(spec.serving.min_duration_s, spec.serving.min_queries * 1e-4)
-    return names, driver + float(sum(estimate_seconds(spec.serving, x) for x in latencies))
+    return names, driver + float(sum(estimate_seconds(spec.serving, costs[n][0].latency_ms, costs[n][0].compile_s)
+                                      for n in names))
 
 
 # ------------------------------------------------------------------------------------------- rendering

@@ -10,9 +10,11 @@ shape the batcher can form (``ServingSpec.batch_sizes``):
    at the rate it measured.
 3. Server at ``loads`` x the Offline throughput (Poisson arrivals, PerformanceOnly): the latency-QPS curve.
 4. Server, per latency bound: LoadGen's FindPeakPerformance (it widens, then bisects, checking the bound at
-   each step with ``search_queries``), from the largest curve QPS that held the bound; then a PerformanceOnly
-   test at the peak with ``min_queries`` validates it (p99 needs hundreds of queries for LoadGen's early
-   stopping); if LoadGen calls that INVALID on latency, 10% less, at most ``VALIDATIONS`` times. A bound that
+   each step with ``search_queries``), from the largest curve QPS that held the bound, else from a quarter of
+   SingleStream's QPS; a search whose first QPS already misses the bound finds nothing, and runs again from half
+   of it (``SEARCHES`` in all). Then a PerformanceOnly test at the peak with ``min_queries`` validates it (p99
+   needs hundreds of queries for LoadGen's early stopping); while LoadGen calls it INVALID for the bound (its
+   latency check, or early stopping's bound on the p99), 10% less, at most ``VALIDATIONS`` tests. A bound that
    SingleStream's p99 already misses is recorded as unreachable without a search.
 
 Each sample's outputs are compared with the system's batch-1 outputs (share identical, BLEU difference).
@@ -26,8 +28,10 @@ from typing import Callable, Sequence
 from bench.serving.loadgen import Result, Settings, run_test
 from suites.spec import ServingSpec
 
-VALIDATIONS = 3           # validation tests per bound before the peak is given up as INVALID
-STEP_DOWN = 0.9           # the next validation's QPS after a latency failure
+VALIDATIONS = 4           # validation tests per bound before the peak is given up as INVALID
+STEP_DOWN = 0.9           # the next validation's QPS after the bound was missed
+SEARCHES = 3              # FindPeakPerformance searches per bound, each from half the last one's first QPS
+START_SHARE = 0.25        # a bound no curve point held starts its search at this share of SingleStream's QPS
 BIG_BOUND_MS = 60_000.0   # the curve's tests hold no bound: LoadGen's early stopping then only needs enough queries
 
 
@@ -76,23 +80,28 @@ def serve_system(serve: Callable[[list[int]], list[str]], n: int, baseline: Base
         curve.append((qps, test(f"server-load{load:g}", Settings(
             "Server", min_queries=serving.min_queries, target_qps=qps, bound_ms=BIG_BOUND_MS,
             percentile=serving.percentile, **batch, **common), "curve")))
+    single_qps = single.qps if single is not None and single.qps else 1000.0 / baseline.p50_ms
     for bound in serving.bounds_ms:
         if single is not None and single.latency_ms["p99"] is not None and single.latency_ms["p99"] > bound:
             records.append(_unreachable(bound, single))
             continue
         held = [q for q, r in curve if r.valid and (r.latency_ms["p99"] or 0) <= bound]
-        start = serving.start_qps or (max(held) if held else 0.5 * min([q for q, _ in curve] or [offline_qps]))
-        search = test(f"server-{bound:g}ms-search", Settings(
-            "Server", mode="FindPeakPerformance", min_queries=serving.search_queries, target_qps=start,
-            bound_ms=bound, percentile=serving.percentile, **batch, **common), "peak-search", bound)
+        start = serving.start_qps or (max(held) if held else START_SHARE * single_qps)
+        for attempt in range(1, SEARCHES + 1):
+            search = test(f"server-{bound:g}ms-search{attempt}", Settings(
+                "Server", mode="FindPeakPerformance", min_queries=serving.search_queries, target_qps=start,
+                bound_ms=bound, percentile=serving.percentile, **batch, **common), "peak-search", bound)
+            if search.peak_qps:
+                break
+            start *= 0.5                     # LoadGen's first QPS already missed the bound: start lower
         qps = search.peak_qps or start
         for attempt in range(1, VALIDATIONS + 1):
             result = test(f"server-{bound:g}ms-peak{attempt}", Settings(
                 "Server", min_queries=serving.min_queries, target_qps=qps, bound_ms=bound,
                 percentile=serving.percentile, **batch, **common), "peak", bound)
-            if result.valid or result.checks.get("latency") is not False:
+            if result.valid or not (result.checks.get("min_duration") and result.checks.get("min_queries")):
                 break
-            qps *= STEP_DOWN
+            qps *= STEP_DOWN                 # the bound missed (latency, or early stopping's p99 bound): 10% less
     return records
 
 
@@ -135,14 +144,17 @@ def check_systems(names: Sequence[str], chosen: Sequence[str], source: str) -> N
 
 SEARCH_STEPS = 9          # FindPeakPerformance's tests to a step of 1 QPS (8 to 10 seen: it widens, then bisects)
 BATCH_GAIN = 0.5          # throughput at batch B taken as B ** BATCH_GAIN x batch 1's (plan's rough model)
+VALIDATIONS_SEEN = 2      # validation tests a bound took on average (results/serving, 2026-11-28: 1 to 3)
 
 
-def estimate_seconds(serving: ServingSpec, latency_ms: float) -> float:
-    """Seconds of LoadGen tests for one system of batch-1 latency ``latency_ms`` (``narbench plan``): each test
-    lasts its minimum duration or as long as its queries take at the rate it runs at, whichever is longer."""
+def estimate_seconds(serving: ServingSpec, latency_ms: float, compile_s: float = 0.0) -> float:
+    """Seconds to serve one system of batch-1 latency ``latency_ms`` whose batch-1 warm-up took ``compile_s``
+    (``narbench plan``): the warm-up of every batch shape, then LoadGen's tests, each lasting its minimum duration or
+    as long as its queries take at the rate it runs, whichever is longer, with ``VALIDATIONS_SEEN`` validations a
+    bound."""
     d, one = serving.min_duration_s, max(latency_ms, 0.01) / 1000.0
     offline = serving.max_batch ** BATCH_GAIN / one                  # sentences/s, batched
-    seconds = 0.0
+    seconds = compile_s * len(serving.batch_sizes)
     if "SingleStream" in serving.scenarios:
         seconds += max(d, serving.min_queries * one)
     if "Offline" in serving.scenarios or "Server" in serving.scenarios:
@@ -154,5 +166,6 @@ def estimate_seconds(serving: ServingSpec, latency_ms: float) -> float:
             if bound < 2 * latency_ms:                               # likely unreachable: no search runs
                 continue
             peak = 0.6 * offline
-            seconds += SEARCH_STEPS * max(d, serving.search_queries / peak) + max(d, serving.min_queries / peak)
+            seconds += (SEARCH_STEPS * max(d, serving.search_queries / peak)
+                        + VALIDATIONS_SEEN * max(d, serving.min_queries / peak))
     return seconds
