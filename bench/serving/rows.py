@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from bench.columns import Column, fixed, ms, plain, yes_no
+from bench.columns import Column, fixed, ms, plain
 from narbench_core import markdown
 
 C = Column
@@ -85,4 +85,4 @@ def serving_markdown() -> str:
                       END]) + "\n"
 
 
-__all__ = ["SERVING_COLUMNS", "record", "serving_markdown", "yes_no"]
+__all__ = ["SERVING_COLUMNS", "record", "serving_markdown"]

@@ -271,9 +271,17 @@ def test_the_serving_suite_serves_the_default_models_and_plan_estimates_it():
     default = {c.label for c in expand(load_suite("default")).train_cells}
     assert {c.label for c in expand(spec).train_cells} <= default           # trains nothing the default does not
     assert spec.serving.bounds_ms == (100.0, 250.0) and len(expand(spec).systems) == 11
+
+
+
+def test_plans_serving_estimate_is_the_documented_arithmetic():
     from bench.serving.measure import estimate_seconds
 
-    assert estimate_seconds(spec.serving, 10.0) > estimate_seconds(spec.serving, 1.0) > 0
+    serving = ServingSpec(bounds_ms=(15.0, 100.0), min_duration_s=5, min_queries=700, search_queries=200, loads=(0.5,),
+                          max_batch=16)
+    # warm-up 2 s x 5 batch shapes; SingleStream 700 x 10 ms; Offline 1.5 x 5 s; the curve at 0.5 x 400/s: 5 s;
+    # 15 ms < 2 x 10 ms: no search; 100 ms: 9 search steps of 5 s, 2 validations of 5 s at 0.6 x 400/s
+    assert estimate_seconds(serving, 10.0, compile_s=2.0) == pytest.approx(10 + 7 + 7.5 + 5 + 45 + 10)
 
 
 def test_results_format_lists_the_serving_columns():
