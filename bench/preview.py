@@ -333,7 +333,7 @@ def render_text(p: Preview) -> str:
             lines.append(f"    served under load by MLPerf LoadGen (on {s.test_sets[0]}): {len(s.served)} systems and the "
                          f"driver's empty one, one at a time; {', '.join(sv.scenarios)}; bounds "
                          f"{', '.join(f'{b:g}' for b in sv.bounds_ms)} ms at p{sv.percentile * 100:g}; batches up to "
-                         f"{sv.max_batch}: ~{est.duration(s.serving_seconds)}")
+                         f"{' or '.join(map(str, sv.max_batch))}: ~{est.duration(s.serving_seconds)}")
     lines.extend(["", *render_estimate(p)])
     return "\n".join(lines) + "\n"
 

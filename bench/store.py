@@ -263,7 +263,9 @@ def references(cell: list[dict]) -> list[list[str]]:
 
 def torn_tail(path: Path) -> int | None:
     """Where the whole lines of a JSON-lines file end when its last line was cut off mid-write (no
-    newline and not valid JSON), else None (also for a missing file)."""
+    newline, not valid JSON, but the start of a record: text opening with ``{`` after a whole line that is
+    valid JSON), else None (also for a missing file, and for a damaged one, which ``read_jsonl`` names as
+    not valid JSON)."""
     try:
         f = open(path, "rb")
     except (FileNotFoundError, IsADirectoryError):
@@ -286,7 +288,36 @@ def torn_tail(path: Path) -> int | None:
             json.loads(tail[cut:].decode("utf-8"))
             return None
         except ValueError:                     # UnicodeDecodeError is one
-            return pos + cut
+            pass
+        if not _record_start(tail[cut:]) or (pos + cut > 0 and not _whole_line_before(f, pos + cut)):
+            return None                        # not a record cut short: the file is damaged, not torn
+        return pos + cut
+
+
+def _record_start(text: bytes) -> bool:
+    """``text`` could be a JSON record cut short: it opens with ``{`` and is UTF-8 but for a character cut at its end."""
+    if not text.startswith(b"{"):
+        return False
+    for cut in range(4):
+        try:
+            text[:len(text) - cut].decode("utf-8")
+            return True
+        except UnicodeDecodeError:
+            continue
+    return False
+
+
+def _whole_line_before(f, end: int) -> bool:
+    """The whole line ending at ``end`` (just after its newline) is valid JSON."""
+    start = max(0, end - (1 << 20))
+    f.seek(start)
+    block = f.read(end - start)[:-1]
+    line = block[block.rfind(b"\n") + 1:]
+    try:
+        json.loads(line.decode("utf-8"))
+        return True
+    except ValueError:
+        return False
 
 
 def open_run(out_root: Path, suite: str, spec_hash: str, spec_toml: str | Callable[[Path], str], command: str,

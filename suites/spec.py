@@ -151,8 +151,10 @@ class ServingSpec:
     scenarios: tuple[str, ...] = SCENARIOS
     bounds_ms: tuple[float, ...] = (100.0, 250.0)   # Server: the latency bounds whose peak QPS is searched
     percentile: float = 0.99               # Server: the latency percentile a bound holds for
-    max_batch: int = 16                    # the batcher's largest batch (JAX decoders warm every power of 2 up to it)
+    max_batch: tuple[int, ...] = (16,)     # the batcher's largest batch; several: Offline measures each, and the
+                                           # system is served at the one it was fastest at (its users' choice)
     max_wait_ms: float = 0.0               # how long the batcher holds a partial batch for more queries
+    group_by_length: bool = True           # a batch cut from a longer queue: the oldest query and those nearest its length
     min_duration_s: float = 10.0           # each LoadGen run's minimum duration
     min_queries: int = 700                 # SingleStream, the Server curve and the validation runs (p99 early stopping)
     search_queries: int = 200              # each step of FindPeakPerformance's search
@@ -161,14 +163,19 @@ class ServingSpec:
     ct2_batch_type: str = "examples"       # CTranslate2's translate_batch(batch_type=...) when serving
     ct2_max_batch_size: int = 0            # CTranslate2's translate_batch(max_batch_size=...) (0: the whole batch)
 
+    def __post_init__(self):
+        if isinstance(self.max_batch, int):
+            object.__setattr__(self, "max_batch", (self.max_batch,))
+
     @property
     def batch_sizes(self) -> tuple[int, ...]:
-        """The batch shapes a decoder is warmed up for: powers of two below ``max_batch``, and ``max_batch``."""
-        sizes, b = [], 1
-        while b < self.max_batch:
+        """The batch shapes a decoder is warmed up for: powers of two below the largest ``max_batch``, and each
+        ``max_batch``."""
+        top, sizes, b = max(self.max_batch), [], 1
+        while b < top:
             sizes.append(b)
             b *= 2
-        return (*sizes, self.max_batch)
+        return tuple(sorted({*sizes, *self.max_batch}))
 
 
 @dataclass(frozen=True)
@@ -369,6 +376,20 @@ def boolean(v):
     return v
 
 
+def one_or_list(item: Callable[[Any], Any], what: str) -> Callable[[Any], Any]:
+    """One ``item`` (an int stays an int), or a non-empty list of distinct ones (a tuple)."""
+    many = list_of(item, what)
+
+    def check(v):
+        if isinstance(v, list):
+            return many(v)
+        try:
+            return item(v)
+        except Invalid as err:
+            raise Invalid(f"{err} (or a list of {what})") from None
+    return check
+
+
 def list_of(item: Callable[[Any], Any], what: str, unique: bool = True,
             empty: bool = False) -> Callable[[Any], tuple]:
     def check(v):
@@ -488,6 +509,10 @@ def _tasks(source: str, value: Any, base_dir: Path | None = None) -> tuple[TaskS
     return tuple(out)
 
 
+def _max_batch(value) -> tuple[int, ...]:
+    return tuple(sorted(set(value))) if isinstance(value, (list, tuple)) else (value,)
+
+
 def _serving(r: Reader) -> ServingSpec:
     d = ServingSpec()
     positive = number(0.0, lo_open=True)
@@ -498,8 +523,9 @@ def _serving(r: Reader) -> ServingSpec:
                         d.scenarios),
         bounds_ms=r.get("bounds_ms", list_of(positive, "latency bounds in ms > 0"), d.bounds_ms),
         percentile=r.get("percentile", number(0.5, 1.0, hi_open=True), d.percentile),
-        max_batch=r.get("max_batch", integer(1), d.max_batch),
+        max_batch=_max_batch(r.get("max_batch", one_or_list(integer(1), "integers >= 1"), d.max_batch)),
         max_wait_ms=r.get("max_wait_ms", number(0.0), d.max_wait_ms),
+        group_by_length=r.get("group_by_length", boolean, d.group_by_length),
         min_duration_s=r.get("min_duration_s", positive, d.min_duration_s),
         min_queries=r.get("min_queries", integer(1), d.min_queries),
         search_queries=r.get("search_queries", integer(1), d.search_queries),

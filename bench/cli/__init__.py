@@ -55,8 +55,13 @@ def os_error_line(err: OSError) -> str | None:
     """The one line (what is wrong with which path, and the fix) for an ``OSError`` the user's files or
     disk cause; None for any other (a bug: it keeps its traceback)."""
     if not isinstance(err.filename, (str, bytes, os.PathLike)):     # no path to name (or a descriptor)
+        if err.errno in (errno.ENOSPC, errno.EDQUOT):               # a write into an open file: no name
+            return (f"no space left on the device ({err.strerror or 'disk full'}); free some space (`df -h`) and "
+                    "re-run the same command (finished work is kept)")
         return None
     path = Path(os.fsdecode(err.filename))
+    if err.errno == errno.EEXIST and os.path.lexists(path) and not os.path.isdir(path):
+        return f"{path} is a file, not a folder; move it or choose another path"
     if err.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
         what = f"cannot use {path}" if os.path.exists(path) else f"cannot write in {path.parent}"   # new: its folder
         return f"{what}: {err.strerror}; make it writable (and readable) or choose another location"
@@ -85,9 +90,9 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as err:
         print(f"narbench: error: {err}", file=sys.stderr)
         return err.exit_code
-    except BrokenPipeError:              # the reader of stdout left (`narbench tasks | head -3`): not an error
-        _drop_stdout()
-        return 0
+    except BrokenPipeError:              # the reader of stdout left (`narbench tasks | head -3`): not an error,
+        _drop_stdout()                   # but a verdict the command reached before it printed keeps its exit
+        return int(getattr(args, "exit_on_closed_pipe", 0))
     except OSError as err:
         line = os_error_line(err)
         if line is None:

@@ -266,6 +266,7 @@ def cmd_check(args) -> int:
         checked = suite_data_defects(spec, args.max_words)
         if not checked:
             raise UserError(f"{args.spec} has no [[tasks]] on its own files; pass the files to check instead")
+        args.exit_on_closed_pipe = 1 if any(defects for _, defects in checked.values()) else 0
         for task in spec.tasks:
             if task.files is None:
                 continue
@@ -278,14 +279,17 @@ def cmd_check(args) -> int:
     else:
         limit = args.max_words or files.MAX_WORDS
         reports = []
-        for arg in args.files:
+        for arg in args.files:            # every file checked before anything is printed: see below
             split = files.SplitFiles(tuple(p for p in arg.split(",") if p))
             report = files.check_split(split, args.source_lang, args.target_lang, limit)
             for earlier in reports:
                 report.defects.extend(files.duplicate_defects(earlier, report))
             reports.append(report)
-            _print_report(split.label(), report, args.source_lang, args.target_lang, report.defects, args.show)
-            found += len(report.defects)
+        found = sum(len(r.defects) for r in reports)
+        args.exit_on_closed_pipe = 1 if found else 0      # `data check ... | head` keeps the verdict's exit
+        for report in reports:
+            _print_report(report.files.label(), report, args.source_lang, args.target_lang, report.defects,
+                          args.show)
     print(f"{found} defects" + ("" if found else ": the data is clean"))
     return 1 if found else 0
 

@@ -141,9 +141,11 @@ def _float(x) -> float | None:
     return None if x is None else float(x)
 
 
-def run_test(settings: Settings, serve: Callable[[list[int]], list[str]], n_samples: int, log_dir: Path) -> Result:
+def run_test(settings: Settings, serve: Callable[[list[int]], list[str]], n_samples: int, log_dir: Path,
+             length: Callable[[int], int] | None = None) -> Result:
     """Run one LoadGen test of ``serve`` (sample indices -> outputs) over ``n_samples`` samples; its summary log
-    and its detail log (gzip) stay in ``log_dir``, which is replaced whole."""
+    and its detail log (gzip) stay in ``log_dir``, which is replaced whole. ``length`` (a sample index -> its
+    length) makes the batcher group queries of similar length (``DynamicBatcher``)."""
     lg = require_loadgen()
     log_dir = Path(log_dir)
     if log_dir.exists():
@@ -156,7 +158,7 @@ def run_test(settings: Settings, serve: Callable[[list[int]], list[str]], n_samp
             outputs.setdefault(q.index, set()).add(text)
         lg.QuerySamplesComplete([lg.QuerySampleResponse(q.id, 0, 0) for q in batch])
 
-    batcher = DynamicBatcher(serve, complete, settings.max_batch, settings.max_wait_ms / 1e3)
+    batcher = DynamicBatcher(serve, complete, settings.max_batch, settings.max_wait_ms / 1e3, length)
     sut = lg.ConstructSUT(lambda samples: batcher.submit([(s.id, s.index) for s in samples]), lambda: None)
     qsl = lg.ConstructQSL(n_samples, n_samples, lambda indices: None, lambda indices: None)
     log = lg.LogSettings()

@@ -4,11 +4,15 @@ The order, for one system in its own worker process (``bench.measure.workers``),
 shape the batcher can form (``ServingSpec.batch_sizes``):
 
 1. SingleStream: one query at a time, batch 1, no wait: the cross-check against the harness's own batch-1
-   timing of the same system (p50 and p90).
-2. Offline: every query at once, batches of ``max_batch``: sentences per second. LoadGen issues as many
-   samples as the expected rate fills in the minimum duration; a first guess that ends early is run again
-   at the rate it measured.
-3. Server at ``loads`` x the Offline throughput (Poisson arrivals, PerformanceOnly): the latency-QPS curve.
+   timing of the same system (p50 and p90): the suite's interleaved timing (rows.jsonl), and the harness's timing
+   of the same worker alone right before SingleStream (``Baseline.solo_p50_ms``), which separates the machine's
+   drift since the suite's timing from a difference of method.
+2. Offline: every query at once, batches of up to ``max_batch``, once for each of the spec's ``max_batch``
+   values: sentences per second. LoadGen issues as many samples as the expected rate fills in the minimum
+   duration; a first guess that ends early is run again at the rate it measured. The largest batch of the
+   fastest VALID Offline test (``best_offline``) is the system's batch from here on, as its users would
+   choose: batching triples one engine's throughput and halves another's (docs/serving.md).
+3. Server at ``loads`` x that Offline throughput (Poisson arrivals, PerformanceOnly): the latency-QPS curve.
 4. Server, per latency bound: LoadGen's FindPeakPerformance (it widens, then bisects, checking the bound at
    each step with ``search_queries``), from the largest curve QPS that held the bound, else from a quarter of
    SingleStream's QPS; a search whose first QPS already misses the bound finds nothing, and runs again from half
@@ -42,18 +46,22 @@ class Baseline:
     p50_ms: float
     p90_ms: float
     hypotheses: list[str]          # batch-1 outputs, aligned with the sources
+    solo_p50_ms: float | None = None   # the harness's batch-1 timing of the serving worker alone, before SingleStream
+    solo_p90_ms: float | None = None
 
 
 def serve_system(serve: Callable[[list[int]], list[str]], n: int, baseline: Baseline, serving: ServingSpec,
                  log_root: Path, seed: int, score: Callable[[list[str]], float] | None = None,
-                 on_test: Callable[[str], None] = lambda label: None) -> list[dict]:
-    """Every LoadGen test of one system, as records (``bench.serving.rows.record`` adds the run's fields)."""
+                 on_test: Callable[[str], None] = lambda label: None,
+                 length: Callable[[int], int] | None = None) -> list[dict]:
+    """Every LoadGen test of one system, as records (``bench.serving.rows.record`` adds the run's fields);
+    ``length`` (a sample index -> its source's length) is the batcher's, where ``serving.group_by_length``."""
     records: list[dict] = []
     base_bleu = score(baseline.hypotheses) if score else None
 
     def test(label: str, settings: Settings, purpose: str, bound: float | None = None) -> Result:
         on_test(label)
-        result = run_test(settings, serve, n, log_root / label)
+        result = run_test(settings, serve, n, log_root / label, length if serving.group_by_length else None)
         records.append(_record(label, settings, purpose, bound, result, baseline, score, base_bleu))
         return result
 
@@ -61,17 +69,23 @@ def serve_system(serve: Callable[[list[int]], list[str]], n: int, baseline: Base
     single = None
     if "SingleStream" in serving.scenarios:
         single = test("singlestream", Settings("SingleStream", min_queries=serving.min_queries,
-                                               expected_latency_ms=baseline.p50_ms, **common), "singlestream")
-    batch = dict(max_batch=serving.max_batch, max_wait_ms=serving.max_wait_ms)
-    offline_qps = 1000.0 / baseline.p50_ms
+                                               expected_latency_ms=baseline.solo_p50_ms or baseline.p50_ms,
+                                               **common), "singlestream")
+    offline_qps, best = 1000.0 / baseline.p50_ms, serving.max_batch[-1]
     if "Offline" in serving.scenarios or "Server" in serving.scenarios:
-        expected = offline_qps * serving.max_batch ** 0.5
-        result = test("offline", Settings("Offline", min_queries=1, expected_qps=expected, **batch, **common),
-                      "offline")
-        if not result.valid and result.checks.get("min_duration") is False and result.qps:
-            result = test("offline-2", Settings("Offline", min_queries=1, expected_qps=result.qps * 1.1, **batch,
-                                                **common), "offline")
-        offline_qps = result.qps or offline_qps
+        for b in serving.max_batch:
+            name = "offline" if len(serving.max_batch) == 1 else f"offline-b{b}"
+            batch = dict(max_batch=b, max_wait_ms=serving.max_wait_ms)
+            expected = 1000.0 / baseline.p50_ms * b ** BATCH_GAIN
+            result = test(name, Settings("Offline", min_queries=1, expected_qps=expected, **batch, **common),
+                          "offline")
+            if not result.valid and result.checks.get("min_duration") is False and result.qps:
+                result = test(f"{name}-2", Settings("Offline", min_queries=1, expected_qps=result.qps * 1.1, **batch,
+                                                    **common), "offline")
+        chosen = best_offline(records)
+        if chosen is not None:
+            offline_qps, best = chosen["qps"], chosen["max_batch"]
+    batch = dict(max_batch=best, max_wait_ms=serving.max_wait_ms)
     if "Server" not in serving.scenarios:
         return records
     curve: list[tuple[float, Result]] = []
@@ -105,6 +119,14 @@ def serve_system(serve: Callable[[list[int]], list[str]], n: int, baseline: Base
     return records
 
 
+def best_offline(records: Sequence[dict], system: str | None = None) -> dict | None:
+    """The VALID Offline test of the highest throughput (of ``system``, when records hold several systems'): its
+    ``max_batch`` is the batch the system is served at in Server."""
+    offline = [r for r in records if r["scenario"] == "Offline" and r["validity"] == "VALID" and r["qps"]
+               and (system is None or r.get("system") == system)]
+    return max(offline, key=lambda r: (r["qps"], -r["max_batch"]), default=None)
+
+
 def _record(label: str, settings: Settings, purpose: str, bound: float | None, result: Result, baseline: Baseline,
             score, base_bleu) -> dict:
     outputs = result.outputs
@@ -122,6 +144,7 @@ def _record(label: str, settings: Settings, purpose: str, bound: float | None, r
         "same_as_batch1": (sum(same) / len(same)) if same else None,
         "bleu_delta_vs_batch1": (score(first) - base_bleu) if score and outputs else None,
         "batch1_p50_ms": baseline.p50_ms, "batch1_p90_ms": baseline.p90_ms,
+        "solo_p50_ms": baseline.solo_p50_ms, "solo_p90_ms": baseline.solo_p90_ms,
     }
 
 
@@ -153,12 +176,12 @@ def estimate_seconds(serving: ServingSpec, latency_ms: float, compile_s: float =
     as long as its queries take at the rate it runs, whichever is longer, with ``VALIDATIONS_SEEN`` validations a
     bound."""
     d, one = serving.min_duration_s, max(latency_ms, 0.01) / 1000.0
-    offline = serving.max_batch ** BATCH_GAIN / one                  # sentences/s, batched
+    offline = max(serving.max_batch) ** BATCH_GAIN / one             # sentences/s, batched
     seconds = compile_s * len(serving.batch_sizes)
     if "SingleStream" in serving.scenarios:
         seconds += max(d, serving.min_queries * one)
     if "Offline" in serving.scenarios or "Server" in serving.scenarios:
-        seconds += d * 1.5                                           # a first guess may run again
+        seconds += d * 1.5 * len(serving.max_batch)                 # a first guess may run again
     if "Server" in serving.scenarios:
         for load in serving.loads:
             seconds += max(d, serving.min_queries / (load * offline))

@@ -54,6 +54,10 @@ SERVING_COLUMNS = (
     C("bleu", "BLEU", fixed(2), True, doc="the system's batch-1 BLEU on the test set (rows.jsonl)"),
     C("batch1_p50_ms", "batch-1 p50 ms", ms, False, doc="the harness's own batch-1 p50 of the system (rows.jsonl)"),
     C("batch1_p90_ms", "batch-1 p90 ms", ms, False, doc="the harness's own batch-1 p90"),
+    C("solo_p50_ms", "solo p50 ms", ms, False,
+      doc="the harness's batch-1 p50 of the same worker, timed alone on the test set right before SingleStream "
+          "(the suite's timing ran earlier, interleaved with the other systems)"),
+    C("solo_p90_ms", "solo p90 ms", ms, False, doc="the same timing's p90"),
     C("engine_threads", doc="the engine's threads in the serving worker"),
     C("cpu_model", align="left", doc="the CPU's name"),
     C("git_commit", align="left", doc="the commit that served"),

@@ -2,7 +2,10 @@
 
 One system at a time, in a worker process of its own (``bench.measure.workers``, started with the family's
 environment and serving options, as for timing): LoadGen, its threads and the dynamic batcher run in the
-driver, the system's engine in the worker. First an empty system (``Echo``: it returns its sources) is served
+driver, the system's engine in the worker. After the warm-up at every batch shape, the harness times the
+worker alone at batch 1 on the whole test set, with the suite's protocol (``bench.measure.timing``), right
+before SingleStream: so SingleStream is checked against the harness at the same moment, not only against
+the suite's interleaved timing minutes earlier (a 2-core VM drifts within minutes). First an empty system (``Echo``: it returns its sources) is served
 SingleStream, so the driver's own round trip (LoadGen, batcher, pipe) is measured and recorded as system
 ``driver``. A system's records are saved once all its tests ran: a killed run resumes at the next system.
 While it serves, the process is registered busy, as timing is (``narbench_core.lock.busy``).
@@ -103,15 +106,20 @@ def serve_all(spec, store, served: list[Served], sources: list[str], references:
             for b in serving.batch_sizes:
                 bar.set_postfix_str(f"{name}: warm up batch {b}")
                 worker.warmup(b)
+            baseline = item.baseline
+            if item.system is not None and "SingleStream" in serving.scenarios:
+                bar.set_postfix_str(f"{name}: batch-1 timing, alone")
+                baseline = solo_baseline(worker, sources, baseline, spec.timing)
 
             def serve(indices: list[int]) -> list[str]:
                 return worker.timed([sources[i] for i in indices], "end_to_end").hypotheses
 
-            figures = serve_system(serve, len(sources), item.baseline,
+            figures = serve_system(serve, len(sources), baseline,
                                    serving if item.system is not None else _driver_only(serving),
                                    store.path / "serving" / name, spec.seeds[0],
                                    score if item.system is not None else None,
-                                   on_test=lambda label: bar.set_postfix_str(f"{name}: {label}"))
+                                   on_test=lambda label: bar.set_postfix_str(f"{name}: {label}"),
+                                   length=lambda i: len(sources[i].split()))
             threads = worker.info["threads"]
         date = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         fields = {**{k: env_fields.get(k) for k in ("cpu_model", "git_commit")}, **item.fields,
@@ -120,6 +128,16 @@ def serve_all(spec, store, served: list[Served], sources: list[str], references:
         store.save_serving(records)
         out.extend(records)
     return out
+
+
+def solo_baseline(worker, sources: list[str], baseline: Baseline, timing) -> Baseline:
+    """``baseline`` with the p50 and p90 of the harness's batch-1 timing of ``worker`` alone on ``sources`` (the
+    suite's phase and turn; a turn's first call untimed, as in the suite's schedule)."""
+    from bench.measure.timing import measure_systems
+
+    measured = measure_systems([worker], sources, 1, timing.phase, turn=timing.turn, rotate=False)
+    p50, p90 = (float(v) for v in np.percentile(measured.latencies(worker.name), [50, 90]))
+    return dataclasses.replace(baseline, solo_p50_ms=p50, solo_p90_ms=p90)
 
 
 def _driver_only(serving: ServingSpec) -> ServingSpec:

@@ -23,10 +23,11 @@ from bench.serving import loadgen                                         # noqa
 from bench.serving.batcher import DynamicBatcher                          # noqa: E402
 from bench.serving.measure import Baseline, serve_system                  # noqa: E402
 from bench.serving.rows import SERVING_COLUMNS, serving_markdown          # noqa: E402
+from bench.serving.run import solo_baseline                               # noqa: E402
 from bench.store import open_run                                          # noqa: E402
 from grid_fakes import FakeFactory, fake_deps, fake_spec                  # noqa: E402
 from narbench_core.errors import UserError                                # noqa: E402
-from suites.spec import ServingSpec                                       # noqa: E402
+from suites.spec import ServingSpec, TimingSpec                           # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -90,6 +91,23 @@ def test_the_batcher_serves_waiting_queries_in_batches_of_at_most_max_batch():
     assert served[0] == [0] and [len(b) for b in served[1:]] == [4, 4, 1]
     assert sorted(done) == [(i, str(i)) for i in range(10)]
     assert batcher.batches == {1: 2, 4: 2}
+
+
+def test_grouping_by_length_serves_the_oldest_with_the_waiting_queries_nearest_its_length():
+    served, gate = [], threading.Event()
+    lengths = [9, 1, 30, 10, 2, 8, 29, 11]
+
+    def serve(indices):
+        gate.wait(5)
+        served.append(sorted(indices))
+        return [""] * len(indices)
+
+    batcher = DynamicBatcher(serve, lambda b, o: None, max_batch=3, max_wait_s=0.0, length=lengths.__getitem__)
+    batcher.submit([(i, i) for i in range(len(lengths))])
+    gate.set()
+    batcher.close()
+    # oldest 0 (9 words) with 5 (8) and 3 (10); then 1 (1) with 4 (2) and 7 (11); then 2 (30) with 6 (29)
+    assert served == [[0, 3, 5], [1, 4, 7], [2, 6]]
 
 
 def test_a_partial_batch_waits_up_to_max_wait_for_more_queries():
@@ -156,12 +174,19 @@ def test_a_qps_far_over_capacity_is_recorded_invalid_and_never_reported(sleeper,
 
 def test_serve_system_runs_every_scenario_and_checks_outputs_against_batch_1(sleeper, tmp_path):
     serving = ServingSpec(bounds_ms=(5.0, 400.0), min_duration_s=0.3, min_queries=40, search_queries=20, loads=(0.5,),
-                          max_batch=4)
+                          max_batch=(1, 4))
     base = Baseline(10.0, 11.0, [s.upper() for s in SOURCES])
     records = serve_system(serve_fn(sleeper["s10"]), len(SOURCES), base, serving, tmp_path, seed=0,
                            score=lambda hyps: 100.0 * np.mean([h == b for h, b in zip(hyps, base.hypotheses)]))
     purposes = [r["purpose"] for r in records]
-    assert purposes[:3] == ["singlestream", "offline", "curve"]
+    assert list(dict.fromkeys(purposes))[:3] == ["singlestream", "offline", "curve"]   # Offline may run twice a batch
+    offline = [r for r in records if r["purpose"] == "offline" and r["validity"] == "VALID"]
+    assert {r["max_batch"] for r in offline} == {1, 4}
+    # batches of 4 take 17.5 ms (100/s at batch 1, 229/s at 4): Server serves at 4, from the fastest Offline test
+    best = max(offline, key=lambda r: r["qps"])
+    assert best["max_batch"] == 4
+    curve = next(r for r in records if r["purpose"] == "curve")
+    assert curve["max_batch"] == 4 and curve["target_qps"] == pytest.approx(0.5 * best["qps"])
     unreachable = [r for r in records if r["validity"] == "UNREACHABLE"]
     assert [r["bound_ms"] for r in unreachable] == [5.0]          # 10 ms a sentence never holds 5 ms
     assert "peak-search" in purposes and purposes[-1] == "peak"
@@ -170,6 +195,13 @@ def test_serve_system_runs_every_scenario_and_checks_outputs_against_batch_1(sle
     assert searches[-1]["peak_qps"] or len(searches) == 3     # a search that found nothing ran again, lower
     served = [r for r in records if r.get("samples_served")]
     assert all(r["same_as_batch1"] == 1.0 and r["bleu_delta_vs_batch1"] == 0.0 for r in served)
+
+
+def test_the_solo_timing_is_the_harness_protocol_on_the_serving_worker(sleeper):
+    timing = TimingSpec(turn=4)
+    base = solo_baseline(sleeper["s20"], SOURCES[:12], Baseline(1.0, 2.0, []), timing)
+    assert (base.p50_ms, base.p90_ms) == (1.0, 2.0)                 # the suite's figures kept beside
+    assert 20.0 <= base.solo_p50_ms <= base.solo_p90_ms              # every call sleeps 20 ms at batch 1
 
 
 # ----------------------------------------------------------------------------- a suite's [serving] step
@@ -229,6 +261,8 @@ def test_a_suite_serves_its_chosen_systems_after_timing_and_resumes_after_a_kill
     assert all(r["same_as_batch1"] == 1.0 for r in ar if r["samples_served"])
     assert ar[0]["batch1_p50_ms"] == next(r for r in run.rows() if r.system == "ar-greedy"
                                           and r.test_set == "fake_task:test").latency_p50_ms
+    assert ar[0]["purpose"] == "singlestream" and ar[0]["solo_p50_ms"] >= 5.0      # timed alone: >= its 5 ms sleep
+    assert all(r["solo_p50_ms"] == ar[0]["solo_p50_ms"] for r in ar if r["validity"] != "UNREACHABLE")
     assert (run.path / "serving" / "padir-s4-u0.15-distill" / "offline" / loadgen.SUMMARY).is_file()
 
     write_report(run.path)
@@ -242,6 +276,9 @@ def test_a_suite_serves_its_chosen_systems_after_timing_and_resumes_after_a_kill
     ("start_qps = 0", "serving.start_qps: expected a number > 0"),
     ("bounds_ms = [0]", "serving.bounds_ms: expected latency bounds in ms > 0"),
     ("max_batch = 0", "serving.max_batch: expected an integer >= 1"),
+    ("max_batch = [4, 0]", "serving.max_batch: expected integers >= 1, got 0"),
+    ("max_batch = [4, 4]", "serving.max_batch: expected distinct integers >= 1"),
+    ("group_by_length = 1", "serving.group_by_length: expected true or false"),
     ('scenarios = ["MultiStream"]', "serving.scenarios: expected scenarios of"),
     ("loads = [1.5]", "serving.loads: expected shares of the Offline throughput"),
 ])
