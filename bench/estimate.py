@@ -156,6 +156,7 @@ class Measured:
     timed: list[TimedSystem] = field(default_factory=list)
     runs: list[str] = field(default_factory=list)        # run folders read
     skipped: list[str] = field(default_factory=list)     # run folders measured on another machine
+    damaged: list[str] = field(default_factory=list)     # run folders whose files cannot be read (left out)
     checkpoints: int = 0                                  # checkpoint records read
     _seen_models: set = field(default_factory=set, repr=False)   # (checkpoint, steps, seconds) already read
 
@@ -174,12 +175,19 @@ class Measured:
                 name = f"{folder.parent.name}/{folder.name}"
                 if name in skip:
                     continue
-                env = _json(folder / "env.json") or {}
+                env = _json(folder / "env.json") if (folder / "env.json").exists() else {}
+                if not isinstance(env, dict):                # damaged: a measurement of no known machine
+                    out.damaged.append(name)
+                    continue
                 if (env.get("cpu_model"), env.get("threads")) != (machine["cpu_model"], machine["threads"]):
                     out.skipped.append(name)
                     continue
+                try:
+                    out._read_run(folder, name)
+                except (UserError, ValueError, OSError):     # a damaged spec.toml, rows.jsonl or curves.jsonl
+                    out.damaged.append(name)
+                    continue
                 out.runs.append(name)
-                out._read_run(folder, name)
         if data_root is not None:
             out._read_data_root(Path(data_root))
         return out

@@ -265,7 +265,7 @@ def _splits(spec: SuiteSpec, plan: Plan, locator: Locator, measured: est.Measure
             seconds = None if n is None else est.timing_seconds(cost, n, spec.timing.repeats, solo)
             costs[s.name] = (cost, seconds)
         parts = [sec for _, sec in costs.values()]
-        served, serving_seconds = _serving(spec, systems, costs)
+        served, serving_seconds = _serving(spec, systems, costs, n)
         out.append(SplitPreview(task, split, list(dict.fromkeys(c.test_set.name for c in cells)),
                                 [s.name for s in systems], families.worker_processes(systems), n,
                                 None if any(p is None for p in parts) else float(sum(parts)), costs,
@@ -273,9 +273,10 @@ def _splits(spec: SuiteSpec, plan: Plan, locator: Locator, measured: est.Measure
     return out
 
 
-def _serving(spec: SuiteSpec, systems: list[System], costs: dict) -> tuple[list[str], float | None]:
-    """The systems ``[serving]`` serves on a split and the seconds of their LoadGen tests (None if a system's
-    batch-1 latency is unknown), the driver's empty system included."""
+def _serving(spec: SuiteSpec, systems: list[System], costs: dict, sentences: int | None) -> tuple[list[str],
+                                                                                             float | None]:
+    """The systems ``[serving]`` serves on a split of ``sentences`` and the seconds of their LoadGen tests (None if
+    a system's batch-1 latency is unknown), the driver's empty system included."""
     if spec.serving is None:
         return [], 0.0
     from bench.serving.measure import estimate_seconds
@@ -285,8 +286,8 @@ def _serving(spec: SuiteSpec, systems: list[System], costs: dict) -> tuple[list[
     if any(costs[n][0].latency_ms is None for n in names):
         return names, None
     driver = max(spec.serving.min_duration_s, spec.serving.min_queries * 1e-4)
-    return names, driver + float(sum(estimate_seconds(spec.serving, costs[n][0].latency_ms, costs[n][0].compile_s)
-                                      for n in names))
+    return names, driver + float(sum(estimate_seconds(spec.serving, costs[n][0].latency_ms, costs[n][0].compile_s,
+                                                      sentences or 0) for n in names))
 
 
 # ------------------------------------------------------------------------------------------- rendering
@@ -362,6 +363,7 @@ def render_estimate(p: Preview) -> list[str]:
              f"timed rows measured on this machine, from {len(m.runs)} runs under the results folder and "
              f"{m.checkpoints} checkpoint records under the data root"
              + (f" ({len(m.skipped)} runs from other machines left out)" if m.skipped else "")
+             + (f" ({len(m.damaged)} damaged run folder(s) left out: {', '.join(m.damaged[:3])})" if m.damaged else "")
              + "; the arithmetic: bench/estimate.py"]
     return lines
 
@@ -388,6 +390,7 @@ def to_json(p: Preview) -> dict[str, Any]:
                       for s in p.splits],
         "estimate": {**{f"{k}_seconds": v for k, v in p.totals().items()},
                      "sources": {"runs": p.measured.runs, "skipped_runs": p.measured.skipped,
+                                 "damaged_runs": p.measured.damaged,
                                  "checkpoint_records": p.measured.checkpoints,
                                  "trained_models": len(p.measured.trained),
                                  "distillations": len(p.measured.distillations),

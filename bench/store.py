@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -73,8 +74,7 @@ class RunStore:
 
     @property
     def info(self) -> dict:
-        file = self.path / RUN
-        return json.loads(file.read_text()) if file.is_file() else {}
+        return _json_object(self.path / RUN)
 
     @property
     def finished(self) -> bool:
@@ -162,7 +162,7 @@ class RunStore:
         distils several tasks or seeds) one entry per ``key`` beside the others."""
         file = self.path / DISTILL
         if keyed:
-            record = {**(json.loads(file.read_text()) if file.is_file() else {}), key: record}
+            record = {**_json_object(file), key: record}
         write_json(file, record)
 
     def curves(self) -> list[dict]:
@@ -181,10 +181,7 @@ class RunStore:
 
     def board(self) -> dict | None:
         """``cells.json`` (None before a run has one)."""
-        try:
-            return json.loads((self.path / CELLS).read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            return None
+        return _json_object(self.path / CELLS) if (self.path / CELLS).is_file() else None
 
     def update_info(self, **changes: Any) -> None:
         write_json(self.path / RUN, {**self.info, **changes, "updated": utc_now().isoformat()})
@@ -193,8 +190,17 @@ class RunStore:
         write_json(self.path / ENV, env)
 
     def env(self) -> dict:
-        file = self.path / ENV
-        return json.loads(file.read_text()) if file.is_file() else {}
+        return _json_object(self.path / ENV)
+
+    def spec_table(self) -> dict:
+        """The recorded spec, parsed ({} without one); a damaged one is one line naming it."""
+        import tomllib
+
+        try:
+            return tomllib.loads(self.spec_text())
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as err:
+            raise UserError(f"{self.path / SPEC} is damaged ({str(err).splitlines()[0]}); restore it, or delete the run "
+                            f"folder {self.path} and re-run its suite") from None
 
     def spec_text(self) -> str:
         file = self.path / SPEC
@@ -234,9 +240,7 @@ class RunStore:
 
     def spec_settings(self) -> dict[str, int]:
         """The recorded spec's settings that the figures depend on: the paired bootstrap's resamples."""
-        import tomllib
-
-        spec = tomllib.loads(self.spec_text())
+        spec = self.spec_table()
         if "bootstrap_resamples" not in spec or not spec.get("seeds"):
             raise UserError(f"{self.path / SPEC} is missing or incomplete; the run folder is damaged: re-run "
                             "the suite with `narbench run --force`")
@@ -245,12 +249,14 @@ class RunStore:
     def serving_settings(self) -> dict:
         """The recorded spec's ``[serving]`` section with its defaults filled in ({} for a run without one)."""
         import dataclasses
-        import tomllib
 
         from suites.spec import ServingSpec
 
-        table = tomllib.loads(self.spec_text()).get("serving")
-        return {} if table is None else {**dataclasses.asdict(ServingSpec()), **table}
+        table = self.spec_table().get("serving")
+        if table is None:
+            return {}
+        before = {"group_by_length": False}      # keys added later: what a run recorded without them did
+        return {**dataclasses.asdict(ServingSpec()), **before, **table}
 
 
 def references(cell: list[dict]) -> list[list[str]]:
@@ -259,6 +265,22 @@ def references(cell: list[dict]) -> list[list[str]]:
     if "references" not in cell[0]:
         return [[s["reference"] for s in cell]]
     return [[s["references"][k] for s in cell] for k in range(len(cell[0]["references"]))]
+
+
+def _json_object(path: Path) -> dict:
+    """A run folder's JSON file as a dict ({} when absent); a damaged one is one line naming it and the fix."""
+    try:
+        value = json.loads(path.read_bytes().decode("utf-8"))
+    except FileNotFoundError:
+        return {}
+    except (ValueError, IsADirectoryError) as err:       # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        why = err.msg if isinstance(err, json.JSONDecodeError) else type(err).__name__
+        raise UserError(f"{path} is damaged (not valid JSON: {why}); restore it, or delete the run folder "
+                        f"{path.parent} and re-run its suite") from None
+    if not isinstance(value, dict):
+        raise UserError(f"{path} is damaged (not a JSON object); restore it, or delete the run folder {path.parent} "
+                        "and re-run its suite")
+    return value
 
 
 def torn_tail(path: Path) -> int | None:
@@ -335,7 +357,11 @@ def open_run(out_root: Path, suite: str, spec_hash: str, spec_toml: str | Callab
     if not force:
         for candidate in sorted(suite_dir.glob(f"*-{spec_hash[:8]}"), reverse=True):
             store = RunStore(candidate)
-            if not _resumable(store, spec_hash, report):
+            try:
+                if not _resumable(store, spec_hash, report):
+                    continue
+            except UserError as err:                    # a damaged old folder never blocks a new run
+                print(f"narbench: skipping a damaged run folder: {err}", file=sys.stderr)
                 continue
             lock.acquire(candidate, command)
             try:
@@ -373,9 +399,26 @@ def open_run(out_root: Path, suite: str, spec_hash: str, spec_toml: str | Callab
 
 
 def _resumable(store: RunStore, spec_hash: str, report: str | None) -> bool:
+    """The run folder is this spec's and not finished; a damaged one (a file a resumed run reads cannot be
+    parsed) raises a ``UserError`` naming the file."""
     info = store.info
-    return info.get("spec_hash") == spec_hash and (info.get("status") != "finished"
-                                                    or store.incomplete(report) is not None)
+    if info.get("spec_hash") != spec_hash or (info.get("status") == "finished" and store.incomplete(report) is None):
+        return False
+    store.env(), store.board(), store.spec_table()       # what resuming reads: damaged ones are named now
+    return True
+
+
+def finished_runs(out_root: Path, suite: str, spec_hash: str) -> list[Path]:
+    """The finished run folders of this spec in the suite's folder, oldest first (damaged ones left out)."""
+    out = []
+    for candidate in sorted((Path(out_root) / suite).glob(f"*-{spec_hash[:8]}")):
+        try:
+            info = RunStore(candidate).info
+        except UserError:
+            continue
+        if info.get("spec_hash") == spec_hash and info.get("status") == "finished":
+            out.append(candidate)
+    return out
 
 
 def finish_run(store: RunStore, finished: str | None = None) -> None:
@@ -391,7 +434,11 @@ def resolve_run_dir(arg: str | Path) -> Path:
     if path.is_file() and path.name == LATEST:
         path = path.parent
     if path.is_dir() and not (path / ROWS).exists() and not (path / RUN).exists() and (path / LATEST).is_file():
-        path = path / (path / LATEST).read_text().strip()
+        name = (path / LATEST).read_text(encoding="utf-8", errors="replace").strip()
+        if not name or name in (".", "..") or "/" in name or "\\" in name or name.startswith("."):
+            raise UserError(f"{path / LATEST} points at {name[:80]!r}, not a run folder of its suite; write the "
+                            "name of one of the folders beside it into it, or delete it")
+        path = path / name
     if not path.is_dir() or not ((path / RUN).is_file() or (path / ROWS).is_file()):
         raise UserError(f"{arg} is not a run folder; pass results/<suite>/<run_id> or results/<suite> "
                         "(its latest run), e.g. from `narbench run`")

@@ -216,13 +216,14 @@ class CT2Decoder:
                  max_batch_size: int = 0, batch_type: str = "examples"):
         import os
 
-        from models.decoders import parse_spec
+        from models.decoders import check_beam, parse_spec
         from narbench_core import defaults
 
         self.parsed = parse_spec(spec)
         if self.parsed.algorithm not in ("greedy", "beam"):
             raise UserError(f"CTranslate2 runs greedy or beam:K, not {spec!r}")
         self.name, self.vocab = name or spec, vocab
+        check_beam(self.parsed, vocab.vocab_size)
         self.buckets = tuple(sorted({int(b) for b in (buckets or defaults.DECODE_BUCKETS)}))
         self.max_decode_length = int(min(max_decode_length or max_target_length, max_target_length))
         self.length_penalty = defaults.LENGTH_PENALTY if length_penalty is None else float(length_penalty)

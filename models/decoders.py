@@ -86,6 +86,15 @@ def parse_spec(spec: str) -> _Parsed:
     raise UserError(f"unknown decoder {spec!r}; use greedy, beam:K or refine:T (e.g. beam:5, refine:4)")
 
 
+def check_beam(parsed: _Parsed, vocab_size: int) -> None:
+    """A beam wider than the tokens a step can choose from keeps the same hypotheses several times and fills
+    memory with them (``beam:99999`` asked for 99,999 rows of KV cache a sentence): refused in one line."""
+    choices = vocab_size - FIRST_REGULAR_ID
+    if parsed.algorithm == "beam" and parsed.k > choices:
+        raise UserError(f"decoder beam:{parsed.k}: the beam cannot be wider than the {choices} tokens the "
+                        f"vocabulary offers a step; use beam:K with K <= {choices} (beam:4 or beam:5 are usual)")
+
+
 def detokenize(vocab: Any, ids) -> str:
     """Token ids -> text: cut at the first EOS, special ids (pad, unk, <mask>) dropped."""
     ids = [int(i) for i in ids]
@@ -200,6 +209,7 @@ class ARDecoder(_BaseDecoder):
         self.cached, self.length_penalty = bool(cached), float(length_penalty)
         if self.parsed.algorithm == "beam" and not self.cached:
             raise UserError("beam search always uses the KV cache; drop cached=False")
+        check_beam(self.parsed, config.vocab_size)
         self._encode_jit = jax.jit(self._encode)
         self._decode_jit = jax.jit(self._device_decode, static_argnums=(4,))
 

@@ -166,12 +166,15 @@ def read_jsonl(path: str | os.PathLike) -> list[dict]:
     if not path.is_file():
         return []
     out = []
-    for i, line in enumerate(read_lines(path), 1):
-        if line.strip():
+    with open(path, "rb") as f:
+        for i, raw in enumerate(f, 1):             # bytes: only b"\n" ends a line, and bad UTF-8 is this line's fault
+            if not raw.strip():
+                continue
             try:
-                out.append(json.loads(line))
-            except json.JSONDecodeError as err:
-                raise UserError(f"{path}:{i}: not valid JSON ({err.msg}); delete the file's run folder "
+                out.append(json.loads(raw.decode("utf-8")))
+            except (json.JSONDecodeError, UnicodeDecodeError) as err:
+                why = err.msg if isinstance(err, json.JSONDecodeError) else "not UTF-8 text"
+                raise UserError(f"{path}:{i}: not valid JSON ({why}); delete the file's run folder "
                                 "and re-run") from None
     return out
 

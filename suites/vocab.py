@@ -111,11 +111,22 @@ def _as_user_error(settings: VocabSettings):
 def train_vocabulary(name: str, files: Sequence[Path], settings: VocabSettings,
                      fields: Sequence[int] | None = None, progress: bool = True) -> Path:
     """Train (or reuse) the SentencePiece model for ``files``; returns the ``.model`` path."""
-    import sentencepiece as spm
-
     path = model_path(name, files, settings, fields)
     if path.exists():
         return path
+    from narbench_core import lock
+
+    # One builder at a time on a shared data root: a second process waits for the first's model, and uses it.
+    with lock.hold(path.parent, f"building the vocabulary {path.name}", wait=True):
+        if path.exists():
+            return path
+        return _train(name, path, files, settings, fields, progress)
+
+
+def _train(name: str, path: Path, files: Sequence[Path], settings: VocabSettings, fields: Sequence[int] | None,
+           progress: bool) -> Path:
+    import sentencepiece as spm
+
     n_lines = sum(1 for _ in _sentences(files, fields))
     if progress:
         print(f"narbench: training SentencePiece vocabulary {path.name} ({settings.vocab_size} "

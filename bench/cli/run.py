@@ -211,6 +211,11 @@ def cmd_run(args) -> int:
                                   force=args.force)
     try:
         print(f"narbench: {'resuming' if resumed else 'starting'} {spec.name} in {run.path}", file=sys.stderr)
+        done = [] if resumed or args.force else store.finished_runs(Path(args.out), spec.name, spec.spec_hash())
+        if done:
+            print(f"narbench: run {done[-1].name} of this spec has finished (its results: {done[-1] / store.REPORT}); "
+                  "a finished run is never changed, so this one times every cell again (trained models are "
+                  "reused); stop it (Ctrl-C) if you wanted those results", file=sys.stderr)
         env = {**benv.capture(seeds=_seeds(spec), platform=platform),
                **{k: v for k, v in run.env().items() if k == benv.CONCURRENT}}
         timed_env = run.env() if run.rows() else None      # it has timed cells: it must time on their CPU
@@ -337,6 +342,7 @@ def cmd_status(args) -> int:
 
     run = store.RunStore(store.resolve_run_dir(args.run_dir), allow_finished=True)
     info, board = run.info, run.board()
+    run.env(), run.spec_table()              # a damaged file of the run is named in one line
     holder = lock.read_holder(run.path)
     stopped = False
     if info.get("status") == "finished":

@@ -170,16 +170,16 @@ BATCH_GAIN = 0.5          # throughput at batch B taken as B ** BATCH_GAIN x bat
 VALIDATIONS_SEEN = 2      # validation tests a bound took on average (results/serving, 2026-11-28: 1 to 3)
 
 
-def estimate_seconds(serving: ServingSpec, latency_ms: float, compile_s: float = 0.0) -> float:
+def estimate_seconds(serving: ServingSpec, latency_ms: float, compile_s: float = 0.0, sentences: int = 0) -> float:
     """Seconds to serve one system of batch-1 latency ``latency_ms`` whose batch-1 warm-up took ``compile_s``
-    (``narbench plan``): the warm-up of every batch shape, then LoadGen's tests, each lasting its minimum duration or
-    as long as its queries take at the rate it runs, whichever is longer, with ``VALIDATIONS_SEEN`` validations a
-    bound."""
+    (``narbench plan``) on a test set of ``sentences``: the warm-up of every batch shape, the solo batch-1 timing
+    before SingleStream, then LoadGen's tests, each lasting its minimum duration or as long as its queries take at
+    the rate it runs, whichever is longer, with ``VALIDATIONS_SEEN`` validations a bound."""
     d, one = serving.min_duration_s, max(latency_ms, 0.01) / 1000.0
     offline = max(serving.max_batch) ** BATCH_GAIN / one             # sentences/s, batched
     seconds = compile_s * len(serving.batch_sizes)
     if "SingleStream" in serving.scenarios:
-        seconds += max(d, serving.min_queries * one)
+        seconds += sentences * one + max(d, serving.min_queries * one)
     if "Offline" in serving.scenarios or "Server" in serving.scenarios:
         seconds += d * 1.5 * len(serving.max_batch)                 # a first guess may run again
     if "Server" in serving.scenarios:

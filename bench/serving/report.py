@@ -146,7 +146,10 @@ def render(records: Sequence[dict], shown: Mapping[str, str], settings: Mapping,
              f"Settings: minimum duration {settings['min_duration_s']:g} s a test, at least {settings['min_queries']} "
              f"queries for SingleStream, the Server curve and each peak's validation, {settings['search_queries']} for "
              f"each step of FindPeakPerformance; the batcher's largest batch {_batches(settings['max_batch'])}, held up to "
-             f"{settings['max_wait_ms']:g} ms for more queries. These are CPU-sized: MLPerf's submission rules "
+             f"{settings['max_wait_ms']:g} ms for more queries"
+             + (", a batch cut from a longer queue grouping the oldest query with those nearest its length (in words)"
+                if settings.get("group_by_length") else ", first come, first served") + ". "
+             "These are CPU-sized: MLPerf's submission rules "
              "ask for 10 minutes a test (and 270,336 queries for Server), which would take days here. Only tests "
              "LoadGen called VALID are reported; "
              f"{len(invalid)} INVALID test(s) stay in serving.jsonl with LoadGen's reason.", ""]

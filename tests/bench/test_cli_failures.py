@@ -215,3 +215,100 @@ def test_a_reader_that_leaves_early_is_not_an_error(monkeypatch, capsys):
     monkeypatch.setattr(sys, "stdout", ClosedPipe())
     assert main(["results", "--columns"]) == 0
     assert capsys.readouterr().err == ""
+
+
+# -- hardening, part 2 (issue 53, item 4): each failed with a traceback or a wrong line on e9e801b ----------------
+def test_a_file_where_a_folder_is_expected_is_one_line(capsys, tmp_path):
+    """EEXIST (mkdir over a file) had no branch: `train --out FILE`, `data export --out FILE`, NARBENCH_DATA=FILE."""
+    from bench.cli import os_error_line
+
+    taken = tmp_path / "taken"
+    taken.write_text("mine\n")
+    err = FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), str(taken))
+    assert os_error_line(err) == f"{taken} is a file, not a folder; move it or choose another path"
+    assert os_error_line(FileExistsError(errno.EEXIST, "File exists", str(tmp_path))) is None   # a folder: a bug
+    code, _, stderr = run_cli(["data", "export", "synthetic_d0", "--limit", "2", "--out", str(taken)], capsys)
+    one_line(code, stderr.strip().splitlines(), f"{taken} is a file, not a folder")
+    assert taken.read_text() == "mine\n"
+
+
+def test_a_full_disk_without_a_file_name_is_one_line(monkeypatch, capsys, tmp_path):
+    from bench.cli import os_error_line
+
+    nameless = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))      # a write into an open file names none
+    assert os_error_line(nameless).startswith("no space left on the device (No space left on device)")
+    import bench.cli.run as run_module
+
+    def full(args):
+        raise nameless
+    monkeypatch.setattr(run_module, "cmd_report", full)
+    code, _, stderr = run_cli(["report", str(tmp_path)], capsys)
+    one_line(code, stderr.strip().splitlines(), "no space left on the device", "re-run the same command")
+
+
+def test_data_check_keeps_its_nonzero_exit_when_its_reader_leaves_early(monkeypatch, capsys, tmp_path):
+    """`narbench data check FILES | head -1`: the defects were found, so the exit says so even if the pipe closed."""
+    class ClosedPipe:
+        def write(self, text):
+            raise BrokenPipeError(errno.EPIPE, "Broken pipe")
+
+        def flush(self):
+            raise BrokenPipeError(errno.EPIPE, "Broken pipe")
+
+    tsv = tmp_path / "bad.tsv"
+    tsv.write_text("ein Haus\ta house\nkaputt\n\tno source\n")
+    clean = tmp_path / "good.tsv"
+    clean.write_text("ein Haus\ta house\nzwei\ttwo\n")
+    monkeypatch.setattr(sys, "stdout", ClosedPipe())
+    assert main(["data", "check", str(tsv), "--source-lang", "de", "--target-lang", "en"]) == 1
+    assert main(["data", "check", str(clean), "--source-lang", "de", "--target-lang", "en"]) == 0
+    assert capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize("name, damage", [
+    ("run.json", b'{"status": "fini'), ("cells.json", b"\x00\x01"), ("env.json", b"[1, 2]"),
+    ("spec.toml", b"name = \n[[["),
+])
+def test_a_damaged_run_file_is_one_line_in_status_and_report_and_never_blocks_a_new_run(env, capsys, name, damage):
+    from bench import store as st
+
+    spec, out, _ = env
+    assert main(["run", "--suite", str(spec), "--out", str(out), "--no-progress"]) == 0
+    capsys.readouterr()
+    old = st.resolve_run_dir(out / "clitest")
+    if name != "run.json":                  # an unfinished run is the one a new run would resume
+        st.RunStore(old).update_info(status="running")
+    (old / name).write_bytes(damage)
+    code, _, err = run_cli(["status", str(old)], capsys)                 # status checks every file of the run
+    one_line(code, err.strip().splitlines(), str(old / name), "damaged")
+    code, _, err = run_cli(["report", str(old)], capsys)                 # report: one line, if it reads the file
+    assert code == 0 or one_line(code, err.strip().splitlines(), str(old / name), "damaged")
+    code, _, err = run_cli(["run", "--suite", str(spec), "--out", str(out), "--no-progress"], capsys)
+    assert code == 0, err
+    assert f"skipping a damaged run folder: {old / name} is damaged" in err
+    new = st.resolve_run_dir(out / "clitest")
+    assert new != old and (new / "leaderboard.md").is_file()
+    assert (old / name).read_bytes() == damage                         # the damaged folder is left as it was
+
+
+@pytest.mark.parametrize("pointer", ["../../elsewhere", "/etc", "..", ""])
+def test_a_latest_pointer_outside_its_suite_folder_is_one_line(env, capsys, pointer):
+    spec, out, _ = env
+    assert main(["run", "--suite", str(spec), "--out", str(out), "--no-progress"]) == 0
+    capsys.readouterr()
+    (out / "clitest" / "latest").write_text(pointer + "\n")
+    code, _, err = run_cli(["report", str(out / "clitest")], capsys)
+    one_line(code, err.strip().splitlines(), "latest points at", "not a run folder of its suite")
+
+
+def test_rerunning_a_finished_run_says_it_starts_a_new_one_and_names_the_finished(env, capsys):
+    from bench import store as st
+
+    spec, out, _ = env
+    code, _, err = run_cli(["run", "--suite", str(spec), "--out", str(out), "--no-progress"], capsys)
+    assert code == 0 and "has finished" not in err
+    first = st.resolve_run_dir(out / "clitest")
+    code, _, err = run_cli(["run", "--suite", str(spec), "--out", str(out), "--no-progress"], capsys)
+    assert code == 0
+    assert f"run {first.name} of this spec has finished (its results: {first / 'leaderboard.md'})" in err
+    assert "times every cell again" in err and st.resolve_run_dir(out / "clitest") != first

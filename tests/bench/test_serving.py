@@ -316,9 +316,13 @@ def test_plans_serving_estimate_is_the_documented_arithmetic():
 
     serving = ServingSpec(bounds_ms=(15.0, 100.0), min_duration_s=5, min_queries=700, search_queries=200, loads=(0.5,),
                           max_batch=16)
-    # warm-up 2 s x 5 batch shapes; SingleStream 700 x 10 ms; Offline 1.5 x 5 s; the curve at 0.5 x 400/s: 5 s;
-    # 15 ms < 2 x 10 ms: no search; 100 ms: 9 search steps of 5 s, 2 validations of 5 s at 0.6 x 400/s
-    assert estimate_seconds(serving, 10.0, compile_s=2.0) == pytest.approx(10 + 7 + 7.5 + 5 + 45 + 10)
+    # warm-up 2 s x 5 batch shapes; the solo timing 500 x 10 ms; SingleStream 700 x 10 ms; Offline 1.5 x 5 s; the
+    # curve at 0.5 x 400/s: 5 s; 15 ms < 2 x 10 ms: no search; 100 ms: 9 search steps of 5 s, 2 validations of 5 s
+    # at 0.6 x 400/s
+    assert estimate_seconds(serving, 10.0, 2.0, 500) == pytest.approx(10 + 5 + 7 + 7.5 + 5 + 45 + 10)
+    # Offline once for each largest batch, warm-up for each power of two up to the largest
+    several = ServingSpec(bounds_ms=(15.0,), min_duration_s=5, min_queries=700, loads=(), max_batch=(1, 4, 16))
+    assert estimate_seconds(several, 10.0, 2.0) == pytest.approx(10 + 7 + 3 * 7.5)
 
 
 def test_results_format_lists_the_serving_columns():

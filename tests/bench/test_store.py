@@ -227,6 +227,25 @@ def test_a_cut_off_last_line_is_dropped_on_resume_and_its_cell_computed_again(tm
     assert again.done_keys() == {("a", "t")}
 
 
+@pytest.mark.parametrize("damage", [
+    lambda data: os.urandom(4096),                                   # not ours at all (random bytes, no newline)
+    lambda data: data + b"\x00garbage",                              # a damaged tail that is no record's start
+    lambda data: b"<html>\n" + data + b'{"system": "c", ',            # a cut-off line after a damaged one
+])
+def test_a_damaged_rows_file_is_not_valid_json_not_a_line_cut_off(tmp_path, damage):
+    """Random bytes in rows.jsonl said "its last line was cut off mid-write" (issue 53): only a record's start after
+    whole JSON lines is a cut-off line; anything else is named as not valid JSON, with its line."""
+    run, _ = open_(tmp_path)
+    run.save_cells([fake_row("a", n_sentences=3)], [{"system": "a", "test_set": "t", "index": i, "hypothesis": "x"}
+                                                    for i in range(3)])
+    path = run.path / st.ROWS
+    path.write_bytes(damage(path.read_bytes()))
+    assert st.torn_tail(path) is None
+    with pytest.raises(UserError, match=r"rows.jsonl:\d+: not valid JSON") as err:
+        run.rows()
+    assert "cut off" not in str(err.value)
+
+
 def test_a_finished_run_without_its_report_resumes_to_write_it(tmp_path):
     run, _ = open_(tmp_path)
     st.finish_run(run)                    # killed before the report was written (narbench before issue 35)

@@ -62,6 +62,35 @@ def test_cached_by_data_and_settings(zh_subset, zh_vocab_path, tmp_path):
     assert vocab.model_path("test_zh", [zh_subset], bigger, (1, 2)) != zh_vocab_path
 
 
+def test_a_vocabulary_another_process_builds_is_waited_for_not_built_again(zh_subset, zh_vocab_path, second_process,
+                                                                          monkeypatch):
+    """Two runs on a cold shared data root: the second waited for nothing, built the vocabulary again and then
+    failed on a lock (issue 53); now it waits for the first's model and uses it."""
+    import shutil
+    import threading
+    import time
+
+    from narbench_core import defaults
+
+    monkeypatch.setattr(defaults, "LEASE_POLL_S", 0.05)
+    settings = vocab.VocabSettings.for_languages(["zh", "en"], 3000)
+    path = vocab.model_path("test_wait", [zh_subset], settings, (1, 2))
+    path.unlink(missing_ok=True)
+    other = second_process("hold", path.parent)                     # the first run, building it
+    got = []
+    waiting = threading.Thread(target=lambda: got.append(
+        vocab.train_vocabulary("test_wait", [zh_subset], settings, fields=(1, 2), progress=False)))
+    waiting.start()
+    time.sleep(0.5)
+    assert waiting.is_alive() and not path.exists()                 # waits; builds nothing meanwhile
+    shutil.copyfile(zh_vocab_path, path)                            # the first run's model appears
+    mtime = path.stat().st_mtime_ns
+    other.stop()
+    waiting.join(60)
+    assert got == [path] and path.stat().st_mtime_ns == mtime       # used as it was, not trained again
+    path.unlink()
+
+
 def test_too_small_for_chinese_is_a_user_error(zh_subset):
     settings = vocab.VocabSettings.for_languages(["zh", "en"], 500)
     with pytest.raises(UserError, match="vocabulary size 500 is below"):

@@ -346,3 +346,11 @@ def test_padir_pass_attends_from_k_hypotheses_as_from_k_copies_of_the_source(pad
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-5)
     with pytest.raises(AssertionError, match="whole number of hypotheses"):
         model.apply(v, encoded, inputs, tokens[:5], mask[:5], method=t5.PaDIR.refine)
+
+
+def test_a_beam_wider_than_the_vocabulary_is_one_line(ar_config, ar_params, tiny_vocab):
+    """`--decoder beam:99999` built 99,999 rows of KV cache a sentence until memory ran out (issue 53)."""
+    widest = ar_config.vocab_size - 4                                  # the tokens a step can choose from
+    with pytest.raises(UserError, match=rf"^decoder beam:99999: the beam cannot be wider than the {widest} tokens"):
+        decoders.make_decoder(ar_config, ar_params, tiny_vocab, "beam:99999", **OPTS)
+    assert decoders.make_decoder(ar_config, ar_params, tiny_vocab, f"beam:{widest}", **OPTS).parsed.k == widest
