@@ -209,7 +209,7 @@ class ARDecoder(_BaseDecoder):
         self.cached, self.length_penalty = bool(cached), float(length_penalty)
         if self.parsed.algorithm == "beam" and not self.cached:
             raise UserError("beam search always uses the KV cache; drop cached=False")
-        check_beam(self.parsed, config.vocab_size)
+        check_beam(self.parsed, self.config.vocab_size)
         self._encode_jit = jax.jit(self._encode)
         self._decode_jit = jax.jit(self._device_decode, static_argnums=(4,))
 
