@@ -18,8 +18,10 @@ shape the batcher can form (``ServingSpec.batch_sizes``):
    SingleStream's QPS; a search whose first QPS already misses the bound finds nothing, and runs again from half
    of it (``SEARCHES`` in all). Then a PerformanceOnly test at the peak with ``min_queries`` validates it (p99
    needs hundreds of queries for LoadGen's early stopping); while LoadGen calls it INVALID for the bound (its
-   latency check, or early stopping's bound on the p99), 10% less, at most ``VALIDATIONS`` tests. A bound that
-   SingleStream's p99 already misses is recorded as unreachable without a search.
+   latency check, or early stopping's bound on the p99), 10% less, at most ``VALIDATIONS`` tests. No search or
+   validation runs below the QPS at which ``min_queries`` would take ``MAX_TEST_S``: a bound no QPS from there up
+   holds is recorded ``NOT_FOUND``. A bound that SingleStream's p99 already misses is recorded as unreachable
+   without a search.
 
 Each sample's outputs are compared with the system's batch-1 outputs (share identical, BLEU difference).
 """
@@ -33,6 +35,7 @@ from bench.serving.loadgen import Result, Settings, run_test
 from suites.spec import ServingSpec
 
 VALIDATIONS = 4           # validation tests per bound before the peak is given up as INVALID
+MAX_TEST_S = 240.0        # no search or validation runs below the QPS at which min_queries would take longer
 STEP_DOWN = 0.9           # the next validation's QPS after the bound was missed
 SEARCHES = 3              # FindPeakPerformance searches per bound, each from half the last one's first QPS
 START_SHARE = 0.25        # a bound no curve point held starts its search at this share of SingleStream's QPS
@@ -100,20 +103,26 @@ def serve_system(serve: Callable[[list[int]], list[str]], n: int, baseline: Base
             records.append(_unreachable(bound, single))
             continue
         held = [q for q, r in curve if r.valid and (r.latency_ms["p99"] or 0) <= bound]
-        start = serving.start_qps or (max(held) if held else START_SHARE * single_qps)
+        floor = serving.min_queries / MAX_TEST_S
+        start = max(floor, serving.start_qps or (max(held) if held else START_SHARE * single_qps))
         for attempt in range(1, SEARCHES + 1):
             search = test(f"server-{bound:g}ms-search{attempt}", Settings(
                 "Server", mode="FindPeakPerformance", min_queries=serving.search_queries, target_qps=start,
                 bound_ms=bound, percentile=serving.percentile, **batch, **common), "peak-search", bound)
-            if search.peak_qps:
+            if search.peak_qps or start <= floor:
                 break
-            start *= 0.5                     # LoadGen's first QPS already missed the bound: start lower
-        qps = search.peak_qps or start
+            start = max(floor, start * 0.5)  # LoadGen's first QPS already missed the bound: start lower
+        if not search.peak_qps:
+            records.append(_not_found(bound, start, search))
+            continue
+        qps = search.peak_qps
         for attempt in range(1, VALIDATIONS + 1):
             result = test(f"server-{bound:g}ms-peak{attempt}", Settings(
                 "Server", min_queries=serving.min_queries, target_qps=qps, bound_ms=bound,
                 percentile=serving.percentile, **batch, **common), "peak", bound)
             if result.valid or not (result.checks.get("min_duration") and result.checks.get("min_queries")):
+                break
+            if qps * STEP_DOWN < floor:
                 break
             qps *= STEP_DOWN                 # the bound missed (latency, or early stopping's p99 bound): 10% less
     return records
@@ -153,6 +162,16 @@ def _unreachable(bound: float, single: Result) -> dict:
     return {"test": f"server-{bound:g}ms-unreachable", "scenario": "Server", "purpose": "peak", "mode": None,
             "bound_ms": bound, "validity": "UNREACHABLE",
             "invalid_reason": f"SingleStream p99 {single.latency_ms['p99']:.1f} ms is over the bound", "qps": 0.0}
+
+
+def _not_found(bound: float, lowest: float, search: Result) -> dict:
+    """A bound FindPeakPerformance found no QPS for, down to the lowest QPS a test may run at (``MAX_TEST_S``)."""
+    return {"test": f"server-{bound:g}ms-not-found", "scenario": "Server", "purpose": "peak", "mode": None,
+            "bound_ms": bound, "validity": "NOT_FOUND", "target_qps": lowest, "qps": 0.0,
+            "latency_p99_ms": search.latency_ms.get("p99"),
+            "invalid_reason": f"no QPS from {lowest:.1f} up held the bound (at {lowest:.1f} QPS the p99 was "
+                              f"{search.latency_ms.get('p99') or float('nan'):.0f} ms); lower rates are not tried "
+                              f"(a validation would run over {MAX_TEST_S:.0f} s)"}
 
 
 def check_systems(names: Sequence[str], chosen: Sequence[str], source: str) -> None:

@@ -91,18 +91,20 @@ def verdict(records: Sequence[dict], shown: Mapping[str, str]) -> list[str]:
             f"{_name(shown, s)} at {b:g} ms" for s, b in unreachable) + ".")
     failed = no_peak(records)
     if failed:
-        lines.append("- No validated peak (LoadGen called every validation INVALID): " + ", ".join(
-            f"{_name(shown, s)} at {b:g} ms (lowest QPS tried {q:.1f}, its p99 {p99:.0f} ms)"
-            for (s, b), (q, p99) in sorted(failed.items())) + ".")
+        lines.append("- No validated peak (FindPeakPerformance found none, or LoadGen called every validation "
+                     "INVALID): " + ", ".join(
+                         f"{_name(shown, s)} at {b:g} ms (lowest QPS tried {q:.1f}, its p99 {p99:.0f} ms)"
+                         for (s, b), (q, p99) in sorted(failed.items())) + ".")
     return lines
 
 
 def no_peak(records: Sequence[dict]) -> dict[tuple[str, float], tuple[float, float]]:
-    """(system, bound) -> (the lowest QPS validated, its p99) where a bound's search ran but no validation was VALID."""
+    """(system, bound) -> (the lowest QPS tried, its p99) where a bound's search ran but found no peak
+    (``NOT_FOUND``) or no validation was VALID."""
     found, out = peaks(records), {}
     for r in records:
         key = (r["system"], r["bound_ms"])
-        if r["purpose"] == "peak" and r["validity"] == "INVALID" and key not in found:
+        if r["purpose"] == "peak" and r["validity"] in ("INVALID", "NOT_FOUND") and key not in found:
             if key not in out or r["target_qps"] < out[key][0]:
                 out[key] = (r["target_qps"], r["latency_p99_ms"])
     return out

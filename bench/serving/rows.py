@@ -29,7 +29,8 @@ SERVING_COLUMNS = (
     C("target_qps", "Target QPS", fixed(1), doc="Server: the Poisson arrival rate LoadGen scheduled"),
     C("validity", "LoadGen", align="left",
       doc="LoadGen's verdict, VALID or INVALID (never reported as a result); UNREACHABLE: a bound SingleStream's "
-          "p99 already misses, so no search ran"),
+          "p99 already misses, so no search ran; NOT_FOUND: FindPeakPerformance found no QPS holding the bound "
+          "down to the lowest rate a test may run at (bench.serving.measure.MAX_TEST_S)"),
     C("invalid_reason", align="left", doc="why LoadGen called the test INVALID, in its words"),
     C("checks", doc="LoadGen's checks: min_duration, min_queries, latency (the bound), early_stopping"),
     C("qps", "QPS", fixed(1), True,

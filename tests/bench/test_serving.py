@@ -197,6 +197,25 @@ def test_serve_system_runs_every_scenario_and_checks_outputs_against_batch_1(sle
     assert all(r["same_as_batch1"] == 1.0 and r["bleu_delta_vs_batch1"] == 0.0 for r in served)
 
 
+def test_no_search_or_validation_runs_below_the_lowest_rate_a_test_may_take(sleeper, tmp_path, monkeypatch):
+    """A bound that no QPS from the floor (min_queries / MAX_TEST_S) up holds is NOT_FOUND: no validation runs, and
+    the searches never start below the floor (a JAX system whose p99 missed 100 ms even at 2 QPS searched down to 1
+    QPS and then validated there, 700 queries: 12 minutes a test)."""
+    from bench.serving import measure
+    from bench.serving.report import no_peak
+
+    monkeypatch.setattr(measure, "MAX_TEST_S", 0.5)                # floor: 40 queries / 0.5 s = 80 QPS, 80% load
+    serving = ServingSpec(bounds_ms=(15.0,), min_duration_s=0.3, min_queries=40, search_queries=20, loads=(),
+                          max_batch=1, scenarios=("SingleStream", "Server"))
+    records = serve_system(serve_fn(sleeper["s10"]), len(SOURCES), Baseline(10.0, 11.0, [s.upper() for s in SOURCES]),
+                           serving, tmp_path, seed=0)
+    searches = [r for r in records if r["purpose"] == "peak-search"]
+    assert [r["target_qps"] for r in searches] == [80.0]           # started at the floor, not restarted lower
+    (last,) = [r for r in records if r["purpose"] == "peak"]
+    assert last["validity"] == "NOT_FOUND" and "no QPS from 80.0 up held the bound" in last["invalid_reason"]
+    assert no_peak([{**r, "system": "s10"} for r in records]) == {("s10", 15.0): (80.0, last["latency_p99_ms"])}
+
+
 def test_the_solo_timing_is_the_harness_protocol_on_the_serving_worker(sleeper):
     timing = TimingSpec(turn=4)
     base = solo_baseline(sleeper["s20"], SOURCES[:12], Baseline(1.0, 2.0, []), timing)
@@ -360,5 +379,5 @@ def test_a_bound_whose_validations_all_failed_is_named_with_the_lowest_qps_tried
 
     records = [{**_peak("ar", "ar", 250.0, 7.0, 25.0, "INVALID"), "target_qps": 7.2, "latency_p99_ms": 365.0},
                {**_peak("ar", "ar", 250.0, 5.7, 25.0, "INVALID"), "target_qps": 5.8, "latency_p99_ms": 329.0}]
-    assert verdict(records, {}) == ["- No validated peak (LoadGen called every validation INVALID): ar at 250 ms "
-                                    "(lowest QPS tried 5.8, its p99 329 ms)."]
+    assert verdict(records, {}) == ["- No validated peak (FindPeakPerformance found none, or LoadGen called every "
+                                    "validation INVALID): ar at 250 ms (lowest QPS tried 5.8, its p99 329 ms)."]
