@@ -206,6 +206,12 @@ RUN = (
     C("worker_systems", "systems in worker", count, optional=True,
       doc="systems timed in the system's worker process: 1, or its family's systems where the family shares one "
           "(None: rows written before workers were shared, each in a process of its own)"),
+    C("others_cpu_share", "others' CPU", fixed(2), optional=True,
+      doc="the share of the machine's CPU capacity that processes not of this run took while its split was "
+          "timed (/proc/stat and the run's processes' own times; env.json's machine_load has it before and "
+          "during). None: rows written before narbench recorded it, or not Linux"),
+    C("steal_share", "steal", fixed(2), optional=True,
+      doc="the share of the machine's CPU time the hypervisor gave to other virtual machines meanwhile"),
 )
 COSTS = (                                            # XLA systems only (None for CTranslate2)
     C("flops_per_sentence", doc="XLA's cost analysis: encoder + passes x one decoder pass, mean per sentence"),

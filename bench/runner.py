@@ -18,6 +18,7 @@ import contextlib
 import dataclasses
 import functools
 import math
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -26,7 +27,7 @@ import numpy as np
 
 from bench import executors, families
 from bench.executors.local import LocalExecutor
-from bench.measure import learning
+from bench.measure import learning, load
 from bench.families import System, TrainCell
 from bench.plan import Plan, expand, needed_cells
 from bench.rows import SCHEMA_VERSION, Row, columns, compute_figures
@@ -453,12 +454,13 @@ class Runner:
             for system, ckpt in chosen:
                 rows.append(self._row(system, ckpt, target, data, timed, stored.get(target.name, {}), target_lang))
                 samples.extend(_samples(system.name, target, data, timed.m))
-        return Measured(rows, samples, timed.where, timed.seen, self.env)
+        return Measured(rows, samples, timed.where, timed.seen, self.env, timed.machine)
 
     def save(self, measured: "Measured") -> list[Row]:
         """Record where the systems ran and who competed (env.json), and save the rows and samples."""
         self._record_workers(measured.where)
         self._record_concurrent(measured.seen)
+        self._record_load(measured.machine)
         if self.store is not None:
             self.store.save_cells(measured.rows, measured.samples)
         return measured.rows
@@ -484,14 +486,19 @@ class Runner:
         try:
             with lock.busy(f"timing {spec.name}"), self._timed_systems(systems) as timed:
                 seen = lock.others()            # other narbench processes competing for the machine
+                pids = [os.getpid(), *(t.pid for t in timed if hasattr(t, "pid"))]
+                before = load.sample(pids, defaults.LOAD_SAMPLE_S)      # the machine, this run's processes idle
                 bar.set_description(f"warm up {len(timed)} systems")
                 compile_s = timing.warm_up(timed, spec.batch_size, platform=self.platform)
                 bar.set_description(f"time {len(timed)} systems interleaved, {spec.timing.turn} batches a turn"
                                     + (f", solo check on {len(solo)}" if solo else ""))
+                start = load.snapshot(pids)
                 m = timing.measure_systems(timed, data.sources, batch_size=spec.batch_size, phase=spec.timing.phase,
                                            repeats=spec.timing.repeats, rotate=spec.timing.rotate,
                                            platform=self.platform, on_batch=lambda done, _: bar.update(done - bar.n),
                                            solo_batches=solo, turn=spec.timing.turn)
+                machine = {"split": f"{data.task}:{data.split}", "before": before,
+                           "during": load.share(start, load.snapshot(pids))}
                 costs = self._costs(timed, data, m) if spec.timing.costs and self.deps.costs else {}
                 where = {t.name: {**t.info, "peak_rss_mb": t.peak_rss_mb(), "isolated": self._isolated}
                          for t in timed}
@@ -499,7 +506,7 @@ class Runner:
                 seen += lock.others()
         finally:
             bar.close()
-        return _Timed(m, compile_s, costs, where, truncated, seen)
+        return _Timed(m, compile_s, costs, where, truncated, seen, machine)
 
     def _row(self, system: System, ckpt: Path, target: "Target", data: TestData, timed: "_Timed",
              stored: dict[str, tuple], target_lang: str) -> Row:
@@ -527,6 +534,8 @@ class Runner:
             "compile_s": timed.compile_s[system.name], "platform": m.platform, "phase": m.phase,
             "repeats": m.repeats, "turn": m.turn, "target_lang": target_lang, "n_references": len(refs),
             "truncated_sources": timed.truncated[system.name],
+            "others_cpu_share": (timed.machine.get("during") or {}).get("others"),
+            "steal_share": (timed.machine.get("during") or {}).get("steal"),
             "baseline_system": system.baseline, "baseline_timed_together": base is not None,
             "checkpoint": portable(ckpt), "decoder_options": dict(system.options),
             "isolated": where["isolated"], "engine_threads": where["threads"],
@@ -582,6 +591,17 @@ class Runner:
         self.env = benv.record_concurrent(self.env, benv.concurrent(seen), self.spec.name)
         if self.store is not None:
             self.store.write_env({**self.store.env(), benv.CONCURRENT: self.env[benv.CONCURRENT]})
+
+    def _record_load(self, machine: dict | None) -> None:
+        """env.json's ``machine_load``: per timed split, the machine's load before and during the measurement
+        (``bench.measure.load``); one warning line when other processes took more than ``defaults.BUSY_SHARE``."""
+        from bench.measure import env as benv
+
+        if not machine:
+            return
+        self.env = benv.record_load(self.env, machine, self.spec.name)
+        if self.store is not None:
+            self.store.write_env({**self.store.env(), benv.LOAD: self.env[benv.LOAD]})
 
     def _training(self, cell: TrainCell, path: Path) -> dict:
         if cell not in self.trained:       # evaluate() alone (`narbench eval`): no distillation record at hand
@@ -689,6 +709,7 @@ class _Timed:
     where: dict[str, dict]                   # system -> its process: threads, env, peak RSS, isolated
     truncated: dict[str, int | None]         # system -> test sources it cut to its maximum source length
     seen: list                               # other narbench processes busy on this machine meanwhile
+    machine: dict                            # the machine's load before and during (bench.measure.load)
 
 
 @dataclass(frozen=True)
@@ -700,6 +721,7 @@ class Measured:
     where: dict[str, dict]                   # system -> its process (env.json's workers)
     seen: list                               # other narbench processes busy on the timing machine meanwhile
     env: dict                                # the timing machine's environment
+    machine: dict | None = None              # its load before and during the measurement (bench.measure.load)
 
 
 def _samples(system: str, target: "Target", data: TestData, m: Any) -> list[dict]:

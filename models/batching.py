@@ -202,11 +202,13 @@ def _text_fingerprint(task: str, split: str) -> str:
 
 
 def task_identity(task: str, split: str = "train") -> dict:
-    """What names a task's training data: vocabulary path and hash, and the text's fingerprint."""
+    """What names a task's training data: the vocabulary (its file relative to the data root, so a data root
+    that moves keeps its caches and records, and its hash) and the text's fingerprint."""
+    from narbench_core.paths import portable
     from suites import tasks
 
     info = tasks.task_info(task)
-    return {"vocab_path": str(info.vocab_path), "vocab_hash": file_digest(info.vocab_path)[:16],
+    return {"vocab_path": portable(info.vocab_path), "vocab_hash": file_digest(info.vocab_path)[:16],
             "data": _text_fingerprint(task, split)}
 
 

@@ -28,7 +28,7 @@ import jax
 import numpy as np
 
 from narbench_core.errors import UserError
-from narbench_core.io import write_json
+from narbench_core.io import digest_files, file_digests, write_json
 
 META_FILE = "narbench.json"
 STATE_DIR = "state"
@@ -255,13 +255,64 @@ def identity(meta: dict) -> dict:
     return {k: meta.get(k) for k in IDENTITY_FIELDS}
 
 
+EXPORT_FORMAT = 2          # 2: the checkpoint's parameter digest and the export's own files' digests are recorded
+
+
+def params_digest(checkpoint_dir: str | os.PathLike) -> str:
+    """A digest of the checkpoint's saved parameters (every file of its newest step's ``params``, path and
+    bytes): two checkpoints share it only if their weights were saved alike, whatever their folders' names."""
+    ckpt = Path(checkpoint_dir)
+    step = latest_step(ckpt)
+    root = ckpt / STATE_DIR / str(step) / "params"
+    if step is None or not root.is_dir():
+        raise DamagedCheckpoint(ckpt, "it has no saved parameters")
+    return digest_files(root, sorted(p for p in root.rglob("*") if p.is_file()))
+
+
 def export_stamp(checkpoint_dir: str | os.PathLike, quantization: str, **extra: Any) -> dict:
     """What an export of this checkpoint records in its folder's ``narbench.json`` (``models/ct2.py``,
-    ``models/ort.py``): the checkpoint folder's name, its steps, the quantization, the export format and
-    the exporter's ``extra`` keys. A checkpoint without a record is ``load``'s one-line error."""
+    ``models/ort.py``): the checkpoint folder's name, its steps and its parameters' digest, the quantization,
+    the export format and the exporter's ``extra`` keys (the export's ``files`` are added when written). A
+    checkpoint without a record is ``load``'s one-line error."""
     meta = read_meta(checkpoint_dir) or load(checkpoint_dir)[2]
     return {"checkpoint": Path(checkpoint_dir).resolve().name, "steps_done": meta.get("steps_done"),
-            "quantization": quantization, "format": 1, **extra}
+            "params_digest": params_digest(checkpoint_dir), "quantization": quantization,
+            "format": EXPORT_FORMAT, **extra}
+
+
+def export_damage(folder: str | os.PathLike) -> str | None:
+    """What is wrong with an export's files against the digests its ``narbench.json`` recorded (None: whole)."""
+    record = read_export_stamp(folder)
+    if record is None or not isinstance(record.get("files"), dict) or not record["files"]:
+        return "its narbench.json records no files (not a whole export of this narbench)"
+    have = file_digests(folder)
+    for name, (size, digest) in sorted(record["files"].items()):
+        if name not in have:
+            return f"{name} is missing"
+        if have[name][0] != size:
+            return f"{name} has {have[name][0]:,} bytes, not the {size:,} written (truncated or replaced)"
+        if have[name][1] != digest:
+            return f"{name} changed since it was written (its digest differs)"
+    return None
+
+
+def check_export(folder: str | os.PathLike, engine: str, command: str) -> None:
+    """Refuse, in one line, an export whose files differ from the digests it recorded (truncated, replaced); an
+    export that recorded none (written before narbench recorded them) is not checked."""
+    if not isinstance((read_export_stamp(folder) or {}).get("files"), dict):
+        return
+    damage = export_damage(folder)
+    if damage:
+        raise UserError(f"the {engine} export {folder} does not load: {damage}; re-export it with `{command} "
+                        "--force` (a suite run re-exports its own)")
+
+
+def export_is(folder: str | os.PathLike, stamp: dict) -> bool:
+    """``folder`` holds the export ``stamp`` describes, whole (its files as recorded)."""
+    record = read_export_stamp(folder)
+    if record is None or {k: v for k, v in record.items() if k != "files"} != stamp:
+        return False
+    return export_damage(folder) is None
 
 
 def read_export_stamp(folder: str | os.PathLike) -> dict | None:

@@ -149,15 +149,18 @@ def _is_export(folder: Path) -> bool:
     """A CTranslate2 export narbench wrote before it stamped its folders: ``model.bin`` and narbench's
     ``narbench.json`` with exactly the export's keys (a checkpoint's ``narbench.json`` has others)."""
     record = _export_stamp(folder)
-    return (record is not None and set(record) == {"checkpoint", "steps_done", "quantization", "format"}
+    return (record is not None and {"checkpoint", "steps_done", "quantization", "format"} <= set(record)
+            <= {"checkpoint", "steps_done", "params_digest", "quantization", "format", "files"}
             and (folder / "model.bin").is_file())
 
 
 def export(checkpoint_dir: str | Path, out_dir: str | Path, quantization: str = "float32",
-           force: bool = False, vocab: Any = None) -> Path:
+           force: bool = False, vocab: Any = None, cached: bool = False) -> Path:
     """Write the CTranslate2 model of an AR checkpoint to ``out_dir`` (whole or not at all); returns it.
-    An export of the same checkpoint and quantization there is kept; anything else is replaced only
-    with ``force``. ``vocab`` defaults to the checkpoint's own vocabulary."""
+    An export of the same checkpoint (by its parameters' digest) and quantization there, whole (its files'
+    digests as written), is kept unless ``force``; anything else is replaced only with ``force`` or ``cached``
+    (the runner's cache folder: a stale or damaged export is written again, a whole one kept). ``vocab``
+    defaults to the checkpoint's own vocabulary."""
     from models import checkpoint
     from models.decoders import checkpoint_vocabulary
 
@@ -166,10 +169,11 @@ def export(checkpoint_dir: str | Path, out_dir: str | Path, quantization: str = 
         raise UserError(f"unknown quantization {quantization!r}; use one of {', '.join(QUANTIZATIONS)}")
     out_dir = Path(out_dir)
     stamp = checkpoint.export_stamp(checkpoint_dir, quantization)
-    if _export_stamp(out_dir) == stamp:
-        return out_dir                                  # this export, already written
-    if out_dir.exists() and not force:
-        raise UserError(f"{out_dir} exists and holds something else; pass --force to replace it or choose another --out")
+    if checkpoint.export_is(out_dir, stamp) and (cached or not force):
+        return out_dir                                  # this export, already written, whole
+    if out_dir.exists() and not (force or cached):
+        what = ("another export (of another checkpoint or quantization, or damaged)" if _is_export(out_dir) else "something else")
+        raise UserError(f"{out_dir} exists and holds {what}; pass --force to replace it or choose another --out")
     if out_dir.exists() or out_dir.is_symlink():
         check_replaceable(out_dir, recognise=_is_export)     # --force replaces only narbench's own folders
     config, params, meta = checkpoint.load(checkpoint_dir)        # the weights: only when (re)exporting
@@ -231,6 +235,9 @@ class CT2Decoder:
         if batch_type not in ("examples", "tokens"):
             raise UserError(f"batch_type must be examples or tokens, not {batch_type!r}")
         self.max_batch_size, self.batch_type = int(max_batch_size), batch_type   # translate_batch's own batching
+        from models.checkpoint import check_export
+
+        check_export(model_dir, "CTranslate2", "narbench export ct2")
         self.translator = translator(model_dir, self.threads, compute_type)
 
     def _max_len(self, pieces: list[list[str]]) -> int:
@@ -292,7 +299,7 @@ def load_decoder(checkpoint_dir: str | Path, spec: str, quantization: str = "flo
     out = paths.subdir("ct2") / f"{Path(checkpoint_dir).resolve().name}-{quantization}"
     with open(out.with_name(out.name + ".lock"), "w") as lock:      # timing workers load side by side:
         fcntl.flock(lock, fcntl.LOCK_EX)                             # one exports, the others then reuse it
-        export(checkpoint_dir, out, quantization, force=True, vocab=vocab)
+        export(checkpoint_dir, out, quantization, vocab=vocab, cached=True)
     meta = checkpoint.read_meta(checkpoint_dir)
     compute = "int8" if quantization == "int8" else "float32"
     return CT2Decoder(out, vocab or checkpoint_vocabulary(meta), spec, compute_type=compute,

@@ -482,17 +482,31 @@ def _option_names(cls) -> set[str]:
     return names | {"name"}
 
 
+def vocabulary_file(recorded: str):
+    """The vocabulary file a checkpoint's record names: relative to the data root (records since 2026-11-28);
+    an absolute path of an older record, or where it sits under this data root's ``vocab/`` when the data root
+    moved since. None when neither exists."""
+    from pathlib import Path
+
+    from narbench_core.paths import resolve
+
+    path = resolve(recorded)
+    if path.is_file():
+        return path
+    moved = resolve(Path("vocab") / Path(recorded).name)
+    return moved if Path(recorded).is_absolute() and moved.is_file() else None
+
+
 def checkpoint_vocabulary(meta: dict):
     """The vocabulary a checkpoint was trained with (its recorded path, else its task's)."""
     path = meta.get("vocab_path")
     if path:
-        from pathlib import Path
-
         from suites.sentencepiece_text import SentencePieceText
 
-        if not Path(path).is_file():
+        found = vocabulary_file(path)
+        if found is None:
             raise UserError(f"the checkpoint's vocabulary {path} is missing; rebuild it with the task's data step")
-        return SentencePieceText(path)        # no seqio: a timing worker loads no TensorFlow
+        return SentencePieceText(str(found))  # no seqio: a timing worker loads no TensorFlow
     task = meta.get("task")
     if not task:
         raise UserError("the checkpoint names neither a vocabulary nor a task; retrain it with `narbench train`")

@@ -18,6 +18,7 @@ from typing import Any, NamedTuple, Optional, Sequence
 
 import numpy as np
 
+from models import checkpoint
 from models.checkpoint import read_export_stamp
 from models.decoders import SourceBuckets
 from narbench_core import defaults, phases
@@ -46,7 +47,8 @@ def require_onnxruntime():
 # -- export ---------------------------------------------------------------------------------------------
 def _is_export(folder: Path) -> bool:
     record = read_export_stamp(folder)
-    return record is not None and set(record) == STAMP_KEYS and all((folder / g).is_file() for g in GRAPHS)
+    return (record is not None and STAMP_KEYS <= set(record) <= STAMP_KEYS | {"params_digest", "files"}
+            and all((folder / g).is_file() for g in GRAPHS))
 
 
 def quantize_int8(source: Path, target: Path) -> None:
@@ -78,9 +80,9 @@ def write_graphs(folder: Path, config, params: dict, quantization: str, max_sour
 def export(checkpoint_dir: str | Path, out_dir: str | Path, quantization: str = "float32", force: bool = False,
            max_source_tokens: int = max(defaults.DECODE_BUCKETS)) -> Path:
     """Write the ONNX graphs of a PaDIR checkpoint to ``out_dir`` (whole or not at all); returns it. An
-    export of the same checkpoint, quantization and source capacity there is kept; anything else is
-    replaced only with ``force``, and only if narbench wrote it."""
-    from models import checkpoint
+    export of the same checkpoint (by its parameters' digest), quantization and source capacity there, whole
+    (its files' digests as written), is kept unless ``force``; anything else is replaced only with ``force``,
+    and only if narbench wrote it."""
     from models.onnx_graph import check_exportable
 
     require_onnxruntime()
@@ -88,10 +90,11 @@ def export(checkpoint_dir: str | Path, out_dir: str | Path, quantization: str = 
         raise UserError(f"unknown quantization {quantization!r}; use one of {', '.join(QUANTIZATIONS)}")
     out_dir = Path(out_dir)
     stamp = checkpoint.export_stamp(checkpoint_dir, quantization, max_source_tokens=int(max_source_tokens))
-    if read_export_stamp(out_dir) == stamp and not force and _is_export(out_dir):
-        return out_dir                                  # this export, already written
+    if not force and checkpoint.export_is(out_dir, stamp):
+        return out_dir                                  # this export, already written, whole
     if (out_dir.exists() or out_dir.is_symlink()) and not force:
-        raise UserError(f"{out_dir} exists and holds something else; pass --force to replace it or choose another --out")
+        what = "another export (of another checkpoint or quantization, or damaged)" if _is_export(out_dir) else "something else"
+        raise UserError(f"{out_dir} exists and holds {what}; pass --force to replace it or choose another --out")
     if out_dir.exists() or out_dir.is_symlink():
         check_replaceable(out_dir, recognise=_is_export)     # --force replaces only narbench's own folders
     config, params, meta = checkpoint.load(checkpoint_dir)
@@ -232,6 +235,7 @@ class ORTPaDIRDecoder(SourceBuckets):
         self.length_hyps, self.remask, self.start = int(length_hyps), remask, start
         self.seed, self.length_bonus, self.early_stop = int(seed), int(length_bonus), bool(early_stop)
         self.threads = int(threads) or (os.cpu_count() or 1)
+        checkpoint.check_export(model_dir, "ONNX Runtime", "narbench export onnx")
         stamp = read_export_stamp(Path(model_dir)) or {}
         if stamp.get("max_source_tokens", 0) < self.buckets[-1]:
             raise UserError(f"the export {model_dir} holds sources of {stamp.get('max_source_tokens')} tokens, "
@@ -333,7 +337,6 @@ def load_decoder(checkpoint_dir: str | Path, spec: str, quantization: str = "flo
                  **options: Any) -> ORTPaDIRDecoder:
     """An ``ORTPaDIRDecoder`` on the export of a PaDIR checkpoint (exported on first use into ``export_dir``;
     an export that does not load is written again, once)."""
-    from models import checkpoint
     from models.config import ModelConfig
     from models.decoders import checkpoint_vocabulary
 
@@ -346,9 +349,10 @@ def load_decoder(checkpoint_dir: str | Path, spec: str, quantization: str = "flo
     def ensure(rewrite: bool) -> None:
         with open(out.with_name(out.name + ".lock"), "w") as lock:   # workers load side by side: one exports
             fcntl.flock(lock, fcntl.LOCK_EX)
-            stamp = (read_export_stamp(out) or {}).get("max_source_tokens") or 0
-            export(checkpoint_dir, out, quantization, force=rewrite or stamp < sources or not _is_export(out),
-                   max_source_tokens=max(stamp, sources))
+            capacity = max((read_export_stamp(out) or {}).get("max_source_tokens") or 0, sources)
+            stamp = checkpoint.export_stamp(checkpoint_dir, quantization, max_source_tokens=capacity)
+            export(checkpoint_dir, out, quantization, force=rewrite or not checkpoint.export_is(out, stamp),
+                   max_source_tokens=capacity)
 
     ensure(False)
     try:

@@ -306,14 +306,31 @@ def checkpoint_dir_for(task: str, model_config: ModelConfig, train_config: Train
     the training data's identity (so two distillation teachers never share a folder) and, for a warm
     start, the source checkpoint's identity."""
     from models.batching import task_identity
-    from narbench_core.paths import subdir
+    from narbench_core.paths import resolve, subdir
 
     train_config = effective_config(model_config, train_config)
     key = {"task": task, "model": model_config.to_dict(), "train": train_config.to_dict(),
            **task_identity(task)}
     if init_from is not None:
         key["init_from"] = _source_identity(init_from)
-    return subdir("checkpoints") / f"{task}-{model_config.kind}-{_digest(key)}"
+    folder = subdir("checkpoints") / f"{task}-{model_config.kind}-{_digest(key)}"
+    if not folder.exists() and key["vocab_path"] and not Path(key["vocab_path"]).is_absolute():
+        _adopt_legacy(folder, subdir("checkpoints") / (
+            f"{task}-{model_config.kind}-{_digest({**key, 'vocab_path': str(resolve(key['vocab_path']))})}"))
+    return folder
+
+
+def _adopt_legacy(folder: Path, legacy: Path) -> None:
+    """A checkpoint keyed before vocabulary paths were relative to the data root (2026-11-28: its key held the
+    absolute path under this data root) moves to its new name, and its old name becomes a link to it, so the
+    records that name it still find it."""
+    if legacy.is_symlink() or not legacy.is_dir():
+        return
+    try:
+        legacy.rename(folder)
+        legacy.symlink_to(folder.name)
+    except OSError:                               # another process adopted it meanwhile, or the root is read-only
+        pass
 
 
 def _source_identity(init_from: Path) -> dict:

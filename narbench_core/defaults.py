@@ -74,6 +74,8 @@ SAYS_BLEU_MARGIN = 1.0          # a leaderboard's summary names the fastest syst
                                # and the fastest NAR within it of AR greedy (which judges the paper's speed claim)
 LEARNED_BLEU = 5.0             # a baseline (AR greedy) below this test BLEU has not learned the task: the
                                # leaderboard says so and shows no speedups against it
+LOAD_SAMPLE_S = 1.0            # seconds the machine's load is sampled before each timed measurement (bench.measure.load)
+BUSY_SHARE = 0.10              # other processes took more of the CPU than this while timing: warned, and noted on the page
 INTERFERENCE_OK = (0.9, 1.1)   # in-suite p50 / solo p50 outside this range: the leaderboard flags the row
 
 # -- shapes ------------------------------------------------------------------------------------------

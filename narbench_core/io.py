@@ -27,6 +27,7 @@ to be replaced (``check_replaceable``, ``replace_folder``); anything else is a o
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import shutil
@@ -211,16 +212,37 @@ def replace_folder(new: str | os.PathLike, old: str | os.PathLike, recognise: Ca
     os.rename(new, old)
 
 
+def digest_files(root: Path, files: Iterable[Path]) -> str:
+    """sha256 (16 hex digits) over ``files``' paths relative to ``root`` and their bytes, in the order given."""
+    h = hashlib.sha256()
+    for f in files:
+        h.update(Path(f).relative_to(root).as_posix().encode() + b"\0")
+        with open(f, "rb") as fh:
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                h.update(block)
+    return h.hexdigest()[:16]
+
+
+def file_digests(folder: str | os.PathLike) -> dict[str, list]:
+    """``{name: [size, digest]}`` of every file directly in ``folder`` but narbench's records (``narbench.json``,
+    the stamp) and hidden files: an export's files, recorded when written and checked when used."""
+    folder = Path(folder)
+    return {f.name: [f.stat().st_size, digest_files(folder, [f])] for f in sorted(folder.iterdir())
+            if f.is_file() and f.name != "narbench.json" and not f.name.startswith(".")}
+
+
 def write_export(out_dir: str | os.PathLike, fill: Callable[[Path], None], record: dict, written_by: str,
                  recognise: Callable[[Path], bool] | None = None) -> Path:
     """Write an exported model folder whole or not at all: ``fill(tmp)`` writes its files into a temporary
     sibling (the umask's permissions, like every folder), ``record`` goes to its ``narbench.json``, the
-    stamp names ``written_by``, and the folder then replaces ``out_dir`` (``replace_folder``'s rules)."""
+    stamp names ``written_by``, and the folder then replaces ``out_dir`` (``replace_folder``'s rules). The record
+    gains ``files``: the size and digest of each file ``fill`` wrote (``file_digests``)."""
     out_dir = Path(out_dir)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = temp_dir(out_dir.parent, prefix=out_dir.name + ".")
     try:
         fill(tmp)
+        record = {**record, "files": file_digests(tmp)}
         (tmp / "narbench.json").write_text(json.dumps(record, indent=1, sort_keys=True))
         stamp_folder(tmp, written_by)
         replace_folder(tmp, out_dir, recognise=recognise)

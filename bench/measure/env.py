@@ -1,5 +1,6 @@
 """The environment every result row carries: device, CPU, threads, library versions, git commit, date, seeds;
-and the other narbench processes that were busy on the machine while a run timed (``concurrent_narbench``)."""
+the other narbench processes that were busy on the machine while a run timed (``concurrent_narbench``), and the
+machine's load from any process before and during each timed measurement (``machine_load``)."""
 from __future__ import annotations
 
 import os
@@ -12,6 +13,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 CONCURRENT = "concurrent_narbench"   # env.json: other narbench processes busy while this run timed
+LOAD = "machine_load"                # env.json: the machine's load before and during each timed measurement
 LIBRARIES = ("jax", "jaxlib", "flax", "tensorflow", "sacrebleu", "numpy", "optax", "seqio", "sentencepiece",
              "mlcommons-loadgen")
 REPO_DIR = Path(__file__).resolve().parents[1]
@@ -178,3 +180,20 @@ def record_concurrent(env: dict[str, Any], entries: Sequence[dict[str, Any]], wh
               f"({who}); its latencies may be slower than on an idle machine (env.json: {CONCURRENT})",
               file=sys.stderr)
     return {**env, CONCURRENT: have + new}
+
+
+def record_load(env: dict[str, Any], machine: dict[str, Any], what: str) -> dict[str, Any]:
+    """``env`` with ``machine`` (one timed split's load, ``bench.measure.load``) in its ``machine_load`` list; when
+    other processes took more than ``defaults.BUSY_SHARE`` of the CPU before or during it, one warning line."""
+    from narbench_core import defaults
+
+    busy = [(when, machine[when]) for when in ("before", "during")
+            if machine.get(when) and machine[when]["others"] > defaults.BUSY_SHARE]
+    if busy:
+        figures = ", ".join(f"{when} {s['others']:.0%} (load average {s['load_avg_1m']:g}, steal {s['steal']:.0%})"
+                            for when, s in busy)
+        print(f"narbench: warning: the machine was busy while timing {what} on {machine['split']}: processes that "
+              f"are not this run's took {figures} of its CPU; its latencies may be slower than on an idle machine "
+              f"(env.json: {LOAD})", file=sys.stderr)
+    have = [m for m in env.get(LOAD, []) if m.get("split") != machine["split"]]
+    return {**env, LOAD: have + [machine]}

@@ -236,6 +236,14 @@ def isolation_note(rows: Sequence[Row]) -> list[str]:
                      + ", ".join(f"{r.system} on {r.test_set} ({r.interference:.2f}x)" for r in off) + ".")
     else:
         lines[0] += f" Every row is within {lo:g}-{hi:g}."
+    loads = {r.test_set: r.others_cpu_share for r in timed if r.others_cpu_share is not None}
+    if loads:
+        busy = {ts: share for ts, share in loads.items() if share > defaults.BUSY_SHARE}
+        lines[0] += (f" **Timed on a busy machine:** processes not of this run took "
+                     + ", ".join(f"{share:.0%} of the CPU while {ts} was timed" for ts, share in sorted(busy.items()))
+                     + " (env.json's machine_load)." if busy else
+                     f" Other processes took at most {max(loads.values()):.0%} of the CPU while it timed "
+                     f"(warned above {defaults.BUSY_SHARE:.0%}).")
     return [*lines, ""]
 
 

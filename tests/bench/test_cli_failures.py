@@ -265,40 +265,50 @@ def test_data_check_keeps_its_nonzero_exit_when_its_reader_leaves_early(monkeypa
     assert capsys.readouterr().err == ""
 
 
-@pytest.mark.parametrize("name, damage", [
-    ("run.json", b'{"status": "fini'), ("cells.json", b"\x00\x01"), ("env.json", b"[1, 2]"),
-    ("spec.toml", b"name = \n[[["),
-])
-def test_a_damaged_run_file_is_one_line_in_status_and_report_and_never_blocks_a_new_run(env, capsys, name, damage):
+DAMAGED = {"run.json": b'{"status": "fini', "cells.json": b"\x00\x01", "env.json": b"[1, 2]",
+           "spec.toml": b"name = \n[[["}
+
+
+def test_a_damaged_run_file_is_one_line_in_status_and_report_and_never_blocks_a_new_run(env, capsys):
+    """A damaged run.json, cells.json, env.json or spec.toml in an old run folder made every new `narbench run` of
+    its suite fail with a traceback (issue 53); `status` and `report` on it too."""
+    import shutil
+
     from bench import store as st
 
     spec, out, _ = env
     assert main(["run", "--suite", str(spec), "--out", str(out), "--no-progress"]) == 0
     capsys.readouterr()
-    old = st.resolve_run_dir(out / "clitest")
-    if name != "run.json":                  # an unfinished run is the one a new run would resume
-        st.RunStore(old).update_info(status="running")
-    (old / name).write_bytes(damage)
-    code, _, err = run_cli(["status", str(old)], capsys)                 # status checks every file of the run
-    one_line(code, err.strip().splitlines(), str(old / name), "damaged")
-    code, _, err = run_cli(["report", str(old)], capsys)                 # report: one line, if it reads the file
-    assert code == 0 or one_line(code, err.strip().splitlines(), str(old / name), "damaged")
+    finished = st.resolve_run_dir(out / "clitest")
+    damaged = {}
+    for i, (name, damage) in enumerate(DAMAGED.items()):
+        old = finished.with_name(f"2000010{i + 1}T000000Z-{finished.name.split('-')[-1]}")   # the spec's hash
+        shutil.copytree(finished, old)
+        if name != "run.json":              # an unfinished run is the one a new run would resume
+            st.RunStore(old).update_info(status="running")
+        (old / name).write_bytes(damage)
+        damaged[name] = old
+        code, _, err = run_cli(["status", str(old)], capsys)             # status checks every file of the run
+        one_line(code, err.strip().splitlines(), str(old / name), "damaged")
+        code, _, err = run_cli(["report", str(old)], capsys)             # report: one line, if it reads the file
+        assert code == 0 or one_line(code, err.strip().splitlines(), str(old / name), "damaged")
     code, _, err = run_cli(["run", "--suite", str(spec), "--out", str(out), "--no-progress"], capsys)
     assert code == 0, err
-    assert f"skipping a damaged run folder: {old / name} is damaged" in err
+    for name, old in damaged.items():
+        assert f"skipping a damaged run folder: {old / name} is damaged" in err
+        assert (old / name).read_bytes() == DAMAGED[name]                  # left as it was
     new = st.resolve_run_dir(out / "clitest")
-    assert new != old and (new / "leaderboard.md").is_file()
-    assert (old / name).read_bytes() == damage                         # the damaged folder is left as it was
+    assert new not in (finished, *damaged.values()) and (new / "leaderboard.md").is_file()
 
 
-@pytest.mark.parametrize("pointer", ["../../elsewhere", "/etc", "..", ""])
-def test_a_latest_pointer_outside_its_suite_folder_is_one_line(env, capsys, pointer):
+def test_a_latest_pointer_outside_its_suite_folder_is_one_line(env, capsys):
     spec, out, _ = env
     assert main(["run", "--suite", str(spec), "--out", str(out), "--no-progress"]) == 0
     capsys.readouterr()
-    (out / "clitest" / "latest").write_text(pointer + "\n")
-    code, _, err = run_cli(["report", str(out / "clitest")], capsys)
-    one_line(code, err.strip().splitlines(), "latest points at", "not a run folder of its suite")
+    for pointer in ("../../elsewhere", "/etc", "..", ""):
+        (out / "clitest" / "latest").write_text(pointer + "\n")
+        code, _, err = run_cli(["report", str(out / "clitest")], capsys)
+        one_line(code, err.strip().splitlines(), "latest points at", "not a run folder of its suite")
 
 
 def test_rerunning_a_finished_run_says_it_starts_a_new_one_and_names_the_finished(env, capsys):

@@ -408,7 +408,11 @@ def test_timing_says_which_other_narbench_processes_were_busy(tmp_path, spec, se
 
     alone = new_store(tmp_path / "alone", spec)
     Runner(spec, fake_deps(tmp_path / "ckpt"), alone, progress=False).run()
-    assert alone.env()["concurrent_narbench"] == [] and "warning" not in capsys.readouterr().err
+    assert alone.env()["concurrent_narbench"] == [] and "narbench process" not in capsys.readouterr().err
+    if os.path.exists("/proc/stat"):        # the machine's load from any process, before and during (Linux)
+        (machine,) = alone.env()["machine_load"]
+        assert machine["during"]["seconds"] > 0 and 0 <= machine["before"]["others"] <= 1
+        assert {r.others_cpu_share for r in alone.rows()} == {machine["during"]["others"]}
 
     registered = []
     measure = timing.measure_systems
@@ -422,6 +426,6 @@ def test_timing_says_which_other_narbench_processes_were_busy(tmp_path, spec, se
     Runner(spec, fake_deps(tmp_path / "ckpt"), run, progress=False).run()
     (entry,) = run.env()["concurrent_narbench"]
     assert (entry["pid"], entry["what"]) == (other.pid, "training other-ar-1a2b") and entry["since"]
-    warnings = [line for line in capsys.readouterr().err.splitlines() if "warning" in line]
+    warnings = [line for line in capsys.readouterr().err.splitlines() if "narbench process" in line]
     assert len(warnings) == 1 and f"pid {other.pid}: training other-ar-1a2b" in warnings[0]
     assert any(e["pid"] == os.getpid() and e["what"] == "timing gridtest" for e in registered)

@@ -43,3 +43,37 @@ def test_smoke_suite_end_to_end(smoke_run):
     assert env["platform"] == "cpu" and env["versions"]["jax"]
     assert set(env["workers"]) == {r.system for r in rows}
 
+
+
+@pytest.mark.slow
+def test_a_copied_data_root_keeps_every_cache_hit_with_the_old_one_gone(smoke_run, tmp_path, monkeypatch, capsys):
+    """Checkpoint keys and records held the vocabulary's absolute path (issue 53): a copied or re-mounted data root
+    retrained everything, and `translate` refused a checkpoint whose vocabulary sat beside it in the new root."""
+    import shutil
+
+    from bench.cli import main
+    from narbench_core.paths import data_root
+
+    code, err, out = smoke_run
+    assert code == 0, err
+    rows = st.RunStore(st.resolve_run_dir(out / "smoke")).rows()
+    old = data_root()
+    new = tmp_path / "another" / "mount"
+    shutil.copytree(old, new, symlinks=True, ignore=shutil.ignore_patterns("jax_cache", "locks", ".narbench.lock"))
+    gone = old.with_name(old.name + ".gone")
+    old.rename(gone)                                                 # the old root is gone meanwhile
+    try:
+        monkeypatch.setenv("NARBENCH_DATA", str(new))
+        capsys.readouterr()
+        assert main(["plan", "--suite", "smoke", "--format", "json"]) == 0
+        plan = json.loads(capsys.readouterr().out)
+        assert plan["cells"] and {c["state"] for c in plan["cells"]} == {"cached"}           # 0 to train
+        assert all(not c["folder"].startswith("/") for c in plan["cells"])
+        ar = next(r for r in rows if r.system == "ar-greedy")
+        source = tmp_path / "source.txt"
+        source.write_text("a b c\n")
+        assert main(["translate", "--checkpoint", str(new / ar.checkpoint), "--decoder", "greedy",
+                     "--source-file", str(source)]) == 0
+        assert len(capsys.readouterr().out.splitlines()) == 1
+    finally:
+        gone.rename(old)

@@ -140,7 +140,7 @@ def test_greedy_agrees_with_narbench_ar_greedy(trained_ar, tiny_vocab, toy_sente
     stamp = (out_dir / "model.bin").stat().st_mtime_ns
     ct2.export(trained_ar, out_dir, vocab=tiny_vocab)
     assert (out_dir / "model.bin").stat().st_mtime_ns == stamp
-    with pytest.raises(UserError, match="holds something else; pass --force"):
+    with pytest.raises(UserError, match="holds another export .* pass --force"):
         ct2.export(trained_ar, out_dir, "int8", vocab=tiny_vocab)
     code = main(["export", "ct2", "--checkpoint", str(tmp_path / "nowhere"), "--out", str(tmp_path / "x")])
     assert code == 2 and "narbench: error:" in capsys.readouterr().err
@@ -158,7 +158,7 @@ def test_side_by_side_loads_export_one_at_a_time(monkeypatch, tmp_path):
     monkeypatch.setenv("NARBENCH_DATA", str(tmp_path))
     inside, most = [0], [0]
 
-    def export(checkpoint_dir, out, quantization, force=False, vocab=None):
+    def export(checkpoint_dir, out, quantization, force=False, vocab=None, cached=False):
         inside[0] += 1
         most[0] = max(most[0], inside[0])
         time.sleep(0.05)
@@ -234,3 +234,42 @@ def test_force_replaces_only_folders_narbench_wrote(exportable, tmp_path, capsys
     ct2.export(exportable, out, "float32", force=True)
     assert json.loads((out / "narbench.json").read_text())["quantization"] == "float32"
     assert (out / ".narbench").is_file()
+
+
+def test_an_export_is_of_the_checkpoints_weights_and_whole_or_written_again(exportable, ar_config, ar_params,
+                                                                            tiny_vocab, tmp_path, capsys, monkeypatch):
+    """`export ct2 --checkpoint B --out X --force` where X held A's export kept A's model.bin when A and B shared a
+    folder name and steps; a truncated model.bin was kept too (issue 53). Exports now record the checkpoint's
+    parameter digest and their own files' digests."""
+    import jax
+    import optax
+
+    from bench.cli import main
+
+    other = tmp_path / "elsewhere" / exportable.name                   # same folder name and steps, other weights
+    params = jax.tree_util.tree_map(lambda x: x * 0.5, ar_params)
+    checkpoint.save(other, 1, params, optax.adam(1e-3).init(params))
+    checkpoint.write_meta(other, checkpoint.read_meta(exportable))
+    assert checkpoint.params_digest(other) != checkpoint.params_digest(exportable)
+    out = tmp_path / "X"
+    assert main(["export", "ct2", "--checkpoint", str(exportable), "--out", str(out)]) == 0
+    first = (out / "model.bin").read_bytes()
+    code = main(["export", "ct2", "--checkpoint", str(other), "--out", str(out)])
+    assert code == 2 and "holds another export" in capsys.readouterr().err        # not the same weights: refused
+    assert main(["export", "ct2", "--checkpoint", str(other), "--out", str(out), "--force"]) == 0
+    assert (out / "model.bin").read_bytes() != first
+    assert json.loads((out / "narbench.json").read_text())["params_digest"] == checkpoint.params_digest(other)
+
+    data = (out / "model.bin").read_bytes()
+    (out / "model.bin").write_bytes(data[: len(data) // 2])                         # truncated
+    with pytest.raises(UserError, match=r"^the CTranslate2 export .* does not load: model.bin has [\d,]+ bytes, not "):
+        ct2.CT2Decoder(out, tiny_vocab, "greedy", threads=1)
+    assert main(["export", "ct2", "--checkpoint", str(other), "--out", str(out), "--force"]) == 0
+    assert (out / "model.bin").read_bytes() == data                                 # --force: written again
+
+    monkeypatch.setenv("NARBENCH_DATA", str(tmp_path / "data"))                     # the runner's cache folder
+    ct2.load_decoder(exportable, "greedy", vocab=tiny_vocab, threads=1)
+    cached = ct2_root(exportable, "float32") / "model.bin"
+    cached.write_bytes(cached.read_bytes()[:100])
+    assert ct2.load_decoder(exportable, "greedy", vocab=tiny_vocab, threads=1) is not None   # re-exported by itself
+    assert cached.stat().st_size == len(data)                                       # same architecture, whole

@@ -118,7 +118,8 @@ def test_a_damaged_export_is_named_and_the_runner_rewrites_it(exportable, tiny_v
     folder = ort.export_dir(exportable, "float32")
     whole = (folder / "refine.onnx").read_bytes()
     (folder / "refine.onnx").write_bytes(whole[: len(whole) // 3])             # truncated
-    with pytest.raises(UserError, match=r"refine.onnx does not load in ONNX Runtime .*; re-export it with --force"):
+    with pytest.raises(UserError, match=r"^the ONNX Runtime export .* does not load: refine.onnx has [\d,]+ bytes, "
+                                        r"not the [\d,]+ written .*; re-export it with `narbench export onnx --force`"):
         ort.ORTPaDIRDecoder(folder, checkpoint.load(exportable)[0], tiny_vocab, "refine:2", threads=1, **OPTS)
     decoder = ort.load_decoder(exportable, "refine:2", threads=1, **OPTS)
     assert len(_outputs(decoder, SOURCES[:2]).hypotheses) == 2
@@ -136,7 +137,7 @@ def test_export_stamp_and_force(exportable, tmp_path, capsys):
     written = (out / "refine.onnx").stat().st_mtime_ns
     ort.export(exportable, out)
     assert (out / "refine.onnx").stat().st_mtime_ns == written
-    with pytest.raises(UserError, match="holds something else; pass --force"):
+    with pytest.raises(UserError, match="holds another export .*; pass --force"):
         ort.export(exportable, out, "int8")
     ort.export(exportable, out, force=True)
     assert (out / "refine.onnx").stat().st_mtime_ns != written                 # --force rewrites
