@@ -314,7 +314,7 @@ def checkpoint_dir_for(task: str, model_config: ModelConfig, train_config: Train
     if init_from is not None:
         key["init_from"] = _source_identity(init_from)
     folder = subdir("checkpoints") / f"{task}-{model_config.kind}-{_digest(key)}"
-    if not folder.exists() and key["vocab_path"] and not Path(key["vocab_path"]).is_absolute():
+    if not folder.exists() and key.get("vocab_path") and not Path(key["vocab_path"]).is_absolute():
         _adopt_legacy(folder, subdir("checkpoints") / (
             f"{task}-{model_config.kind}-{_digest({**key, 'vocab_path': str(resolve(key['vocab_path']))})}"))
     return folder

@@ -177,7 +177,8 @@ class LazyVocabulary(seqio.SentencePieceVocabulary):
 
     def model_path(self) -> str:
         with self._built_lock:
-            if not self._sentencepiece_model_file:
+            # Built once per process; again if the file went (the data root moved, or was cleaned meanwhile).
+            if not self._sentencepiece_model_file or not os.path.isfile(self._sentencepiece_model_file):
                 path = str(self._build())
                 load_vocabulary(path)  # checks the id layout
                 self._sentencepiece_model_file = path

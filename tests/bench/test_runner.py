@@ -410,9 +410,9 @@ def test_timing_says_which_other_narbench_processes_were_busy(tmp_path, spec, se
     Runner(spec, fake_deps(tmp_path / "ckpt"), alone, progress=False).run()
     assert alone.env()["concurrent_narbench"] == [] and "narbench process" not in capsys.readouterr().err
     if os.path.exists("/proc/stat"):        # the machine's load from any process, before and during (Linux)
-        (machine,) = alone.env()["machine_load"]
-        assert machine["during"]["seconds"] > 0 and 0 <= machine["before"]["others"] <= 1
-        assert {r.others_cpu_share for r in alone.rows()} == {machine["during"]["others"]}
+        machines = {m["split"]: m for m in alone.env()["machine_load"]}
+        assert all(m["during"]["seconds"] > 0 and 0 <= m["before"]["others"] <= 1 for m in machines.values())
+        assert {r.others_cpu_share for r in alone.rows()} <= {m["during"]["others"] for m in machines.values()}
 
     registered = []
     measure = timing.measure_systems
