@@ -158,6 +158,7 @@ class Measured:
     skipped: list[str] = field(default_factory=list)     # run folders measured on another machine
     damaged: list[str] = field(default_factory=list)     # run folders whose files cannot be read (left out)
     checkpoints: int = 0                                  # checkpoint records read
+    served: dict[tuple, float] = field(default_factory=dict)   # (serving settings_key, system) -> serve seconds
     _seen_models: set = field(default_factory=set, repr=False)   # (checkpoint, steps, seconds) already read
 
     @classmethod
@@ -234,6 +235,18 @@ class Measured:
                     float(r.passes_mean), r.compile_s))
         self._read_distill(_json(folder / "distill.json"), name,     # the teacher: the suite's own AR model
                            model_shape(model.get("preset", ""), model.get("overrides")))
+        if isinstance(spec.get("serving"), dict) and (folder / "serving.jsonl").is_file():
+            self._read_served(folder, spec["serving"], name)
+
+    def _read_served(self, folder: Path, table: dict, source: str) -> None:
+        """How long each system of a serving run took to serve (``serve_seconds``), under its settings; runs
+        read later (newer, in name order) replace older figures."""
+        from suites.spec import serving_spec
+
+        key = serving_spec(table, f"{source}/spec.toml").settings_key()
+        for record in read_jsonl(folder / "serving.jsonl"):
+            if record.get("serve_seconds"):
+                self.served[(key, record["system"])] = float(record["serve_seconds"])
 
     def _read_distill(self, record: Any, source: str, shape: tuple) -> None:
         if not isinstance(record, dict):

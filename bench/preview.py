@@ -265,7 +265,7 @@ def _splits(spec: SuiteSpec, plan: Plan, locator: Locator, measured: est.Measure
             seconds = None if n is None else est.timing_seconds(cost, n, spec.timing.repeats, solo)
             costs[s.name] = (cost, seconds)
         parts = [sec for _, sec in costs.values()]
-        served, serving_seconds = _serving(spec, systems, costs, n)
+        served, serving_seconds = _serving(spec, systems, costs, n, measured)
         out.append(SplitPreview(task, split, list(dict.fromkeys(c.test_set.name for c in cells)),
                                 [s.name for s in systems], families.worker_processes(systems), n,
                                 None if any(p is None for p in parts) else float(sum(parts)), costs,
@@ -273,21 +273,25 @@ def _splits(spec: SuiteSpec, plan: Plan, locator: Locator, measured: est.Measure
     return out
 
 
-def _serving(spec: SuiteSpec, systems: list[System], costs: dict, sentences: int | None) -> tuple[list[str],
-                                                                                             float | None]:
+def _serving(spec: SuiteSpec, systems: list[System], costs: dict, sentences: int | None,
+             measured: est.Measured) -> tuple[list[str], float | None]:
     """The systems ``[serving]`` serves on a split of ``sentences`` and the seconds of their LoadGen tests (None if
-    a system's batch-1 latency is unknown), the driver's empty system included."""
+    a system's batch-1 latency is unknown), the driver's empty system included: each system's own serving time in
+    an earlier run on this machine with the same settings where there is one, else ``estimate_seconds``."""
     if spec.serving is None:
         return [], 0.0
     from bench.serving.measure import estimate_seconds
-    from bench.serving.run import chosen
+    from bench.serving.run import DRIVER, chosen
 
     names = [s.name for s in chosen(spec, systems)]
-    if any(costs[n][0].latency_ms is None for n in names):
+    key = spec.serving.settings_key()
+    served = {n: measured.served.get((key, n)) for n in [DRIVER, *names]}
+    if any(costs[n][0].latency_ms is None and served[n] is None for n in names):
         return names, None
-    driver = max(spec.serving.min_duration_s, spec.serving.min_queries * 1e-4)
-    return names, driver + float(sum(estimate_seconds(spec.serving, costs[n][0].latency_ms, costs[n][0].compile_s,
-                                                      sentences or 0) for n in names))
+    driver = served[DRIVER] or max(spec.serving.min_duration_s, spec.serving.min_queries * 1e-4)
+    return names, driver + float(sum(served[n] or estimate_seconds(spec.serving, costs[n][0].latency_ms,
+                                                                   costs[n][0].compile_s, sentences or 0)
+                                     for n in names))
 
 
 # ------------------------------------------------------------------------------------------- rendering
@@ -355,9 +359,10 @@ def render_estimate(p: Preview) -> list[str]:
              f"{'s' * (p.spec.timing.repeats != 1)} + {p.spec.timing.solo_sentences} solo) at its mean latency, "
              f"plus warm-up; {timed - new - unknown} measured before, {new} from a per-pass model"
              + (f", {unknown} not estimated: nothing comparable was timed" if unknown else "") + ")",
-             *([f"  serving       {est.duration(t['serving']):>12s}  (LoadGen's tests, each its minimum duration or "
-                f"its queries at the rate it runs, whichever is longer; rates from the batch-1 latency: "
-                f"bench/serving/measure.py)"] if p.spec.serving is not None else []),
+             *([f"  serving       {est.duration(t['serving']):>12s}  (a system served here before with the same "
+                f"settings: its own time then; else LoadGen's tests, each its minimum duration or its queries at the "
+                f"rate it runs, whichever is longer, rates from the batch-1 latency: bench/serving/measure.py)"]
+               if p.spec.serving is not None else []),
              f"  total         {est.duration(t['total']):>12s}  (scoring, the report and process start-up not counted)",
              f"  sources: {len(m.trained)} trained models, {len(m.distillations)} distillations and {len(m.timed)} "
              f"timed rows measured on this machine, from {len(m.runs)} runs under the results folder and "

@@ -142,8 +142,11 @@ class RunStore:
         write_jsonl(self.path / ROWS, [dict(r) for r in old_rows + list(rows)])
 
     def serving(self) -> list[dict]:
-        """``serving.jsonl``: one record per LoadGen test (``bench.serving.rows``)."""
-        return self._records(SERVING)
+        """``serving.jsonl``: one record per LoadGen test (``bench.serving.rows``); a column an older run's records
+        lack reads as None."""
+        from bench.serving.rows import record
+
+        return [record(r) for r in self._records(SERVING)]
 
     def served_keys(self) -> set[tuple[str, str]]:
         return {(r["system"], r["test_set"]) for r in self.serving()}

@@ -177,6 +177,10 @@ class ServingSpec:
             b *= 2
         return tuple(sorted({*sizes, *self.max_batch}))
 
+    def settings_key(self) -> tuple:
+        """Every setting but the choice of systems: two runs serve a system alike (and as long) when these agree."""
+        return tuple((f.name, getattr(self, f.name)) for f in dataclasses.fields(self) if f.name != "systems")
+
 
 @dataclass(frozen=True)
 class SuiteSpec:
@@ -537,6 +541,11 @@ def _serving(r: Reader) -> ServingSpec:
     )
     r.done()
     return spec
+
+
+def serving_spec(table: Any, source: str) -> ServingSpec:
+    """A ``[serving]`` table (e.g. of a run's spec.toml) as a ``ServingSpec``, checked as a suite's is."""
+    return _serving(Reader(source, table, "serving"))
 
 
 def _model(r: Reader) -> ModelSpec:

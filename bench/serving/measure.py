@@ -5,8 +5,11 @@ shape the batcher can form (``ServingSpec.batch_sizes``):
 
 1. SingleStream: one query at a time, batch 1, no wait: the cross-check against the harness's own batch-1
    timing of the same system (p50 and p90): the suite's interleaved timing (rows.jsonl), and the harness's timing
-   of the same worker alone right before SingleStream (``Baseline.solo_p50_ms``), which separates the machine's
-   drift since the suite's timing from a difference of method.
+   of the same worker alone right before *and* right after SingleStream (``solo``; pooled, their ratio recorded
+   as ``solo_drift``), which separates the machine's drift from a difference of method. The harness's clock
+   runs inside the worker, LoadGen's from its issue: what lies between (LoadGen, the batcher, the pipe) is the
+   driver's round trip, measured by the empty system, and the check compares LoadGen's figures with solo plus
+   it (``bench.serving.report.agreement``).
 2. Offline: every query at once, batches of up to ``max_batch``, once for each of the spec's ``max_batch``
    values: sentences per second. LoadGen issues as many samples as the expected rate fills in the minimum
    duration; a first guess that ends early is run again at the rate it measured. The largest batch of the
@@ -23,13 +26,17 @@ shape the batcher can form (``ServingSpec.batch_sizes``):
    holds is recorded ``NOT_FOUND``. A bound that SingleStream's p99 already misses is recorded as unreachable
    without a search.
 
-Each sample's outputs are compared with the system's batch-1 outputs (share identical, BLEU difference).
+Each sample's outputs are compared with the system's batch-1 outputs (share identical, BLEU difference). Every
+test also keeps the worker's own clock of its decoder calls (``worker_ms``: p50 and p90 a call, no pipe, no
+queue), so a slow test tells the engine's time from the driver's.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Sequence
+
+import numpy as np
 
 from bench.serving.loadgen import Result, Settings, run_test
 from suites.spec import ServingSpec
@@ -49,31 +56,59 @@ class Baseline:
     p50_ms: float
     p90_ms: float
     hypotheses: list[str]          # batch-1 outputs, aligned with the sources
-    solo_p50_ms: float | None = None   # the harness's batch-1 timing of the serving worker alone, before SingleStream
-    solo_p90_ms: float | None = None
+    solo_p50_ms: float | None = None   # the harness's batch-1 timing of the serving worker alone, before and
+    solo_p90_ms: float | None = None   # after SingleStream, pooled
+    solo_drift: float | None = None    # that timing's p50 after SingleStream over its p50 before
+
+
+def with_solo(baseline: Baseline, before: Sequence[float], after: Sequence[float]) -> Baseline:
+    """``baseline`` with the solo timing's figures: p50 and p90 of both timings' latencies (ms) pooled, and the
+    drift between them (after's p50 over before's)."""
+    pooled = np.asarray([*before, *after], dtype=np.float64)
+    p50, p90 = (float(v) for v in np.percentile(pooled, [50, 90]))
+    drift = float(np.median(after) / np.median(before)) if len(before) and len(after) else None
+    return replace(baseline, solo_p50_ms=p50, solo_p90_ms=p90, solo_drift=drift)
 
 
 def serve_system(serve: Callable[[list[int]], list[str]], n: int, baseline: Baseline, serving: ServingSpec,
                  log_root: Path, seed: int, score: Callable[[list[str]], float] | None = None,
                  on_test: Callable[[str], None] = lambda label: None,
-                 length: Callable[[int], int] | None = None) -> list[dict]:
+                 length: Callable[[int], int] | None = None,
+                 solo: Callable[[], Sequence[float]] | None = None,
+                 worker_ms: Callable[[], Sequence[float]] | None = None) -> list[dict]:
     """Every LoadGen test of one system, as records (``bench.serving.rows.record`` adds the run's fields);
-    ``length`` (a sample index -> its source's length) is the batcher's, where ``serving.group_by_length``."""
+    ``length`` (a sample index -> its source's length) is the batcher's, where ``serving.group_by_length``.
+    ``solo`` times the system alone at batch 1 by the harness's protocol (its latencies, ms): called right before
+    and right after SingleStream. ``worker_ms`` hands over (and forgets) the worker's own time of each decoder
+    call since it was last called."""
     records: list[dict] = []
     base_bleu = score(baseline.hypotheses) if score else None
+    drain = worker_ms or (lambda: ())
 
     def test(label: str, settings: Settings, purpose: str, bound: float | None = None) -> Result:
         on_test(label)
+        drain()
         result = run_test(settings, serve, n, log_root / label, length if serving.group_by_length else None)
-        records.append(_record(label, settings, purpose, bound, result, baseline, score, base_bleu))
+        records.append({**_record(label, settings, purpose, bound, result, baseline, score, base_bleu),
+                        **_worker_clock(drain())})
         return result
 
     common = dict(min_duration_s=serving.min_duration_s, seed=seed)
     single = None
     if "SingleStream" in serving.scenarios:
+        before = None
+        if solo is not None:
+            on_test("batch-1 timing, alone, before SingleStream")
+            before = list(solo())
+            baseline = with_solo(baseline, before, ())
         single = test("singlestream", Settings("SingleStream", min_queries=serving.min_queries,
                                                expected_latency_ms=baseline.solo_p50_ms or baseline.p50_ms,
                                                **common), "singlestream")
+        if before:
+            on_test("batch-1 timing, alone, after SingleStream")
+            baseline = with_solo(baseline, before, list(solo()))
+            solo_fields = {k: getattr(baseline, k) for k in ("solo_p50_ms", "solo_p90_ms", "solo_drift")}
+            records[-1].update(solo_fields)
     offline_qps, best = 1000.0 / baseline.p50_ms, serving.max_batch[-1]
     if "Offline" in serving.scenarios or "Server" in serving.scenarios:
         for b in serving.max_batch:
@@ -153,8 +188,16 @@ def _record(label: str, settings: Settings, purpose: str, bound: float | None, r
         "same_as_batch1": (sum(same) / len(same)) if same else None,
         "bleu_delta_vs_batch1": (score(first) - base_bleu) if score and outputs else None,
         "batch1_p50_ms": baseline.p50_ms, "batch1_p90_ms": baseline.p90_ms,
-        "solo_p50_ms": baseline.solo_p50_ms, "solo_p90_ms": baseline.solo_p90_ms,
+        "solo_p50_ms": baseline.solo_p50_ms, "solo_p90_ms": baseline.solo_p90_ms, "solo_drift": baseline.solo_drift,
     }
+
+
+def _worker_clock(calls_ms: Sequence[float]) -> dict:
+    """The worker's own clock over a test's decoder calls (one call a batch): p50 and p90 a call, ms."""
+    if not len(calls_ms):
+        return {"worker_calls": 0, "worker_p50_ms": None, "worker_p90_ms": None}
+    p50, p90 = (float(v) for v in np.percentile(np.asarray(calls_ms, dtype=np.float64), [50, 90]))
+    return {"worker_calls": len(calls_ms), "worker_p50_ms": p50, "worker_p90_ms": p90}
 
 
 def _unreachable(bound: float, single: Result) -> dict:
@@ -191,14 +234,14 @@ VALIDATIONS_SEEN = 2      # validation tests a bound took on average (results/se
 
 def estimate_seconds(serving: ServingSpec, latency_ms: float, compile_s: float = 0.0, sentences: int = 0) -> float:
     """Seconds to serve one system of batch-1 latency ``latency_ms`` whose batch-1 warm-up took ``compile_s``
-    (``narbench plan``) on a test set of ``sentences``: the warm-up of every batch shape, the solo batch-1 timing
-    before SingleStream, then LoadGen's tests, each lasting its minimum duration or as long as its queries take at
+    (``narbench plan``) on a test set of ``sentences``: the warm-up of every batch shape, the solo batch-1 timings
+    before and after SingleStream, then LoadGen's tests, each lasting its minimum duration or as long as its queries take at
     the rate it runs, whichever is longer, with ``VALIDATIONS_SEEN`` validations a bound."""
     d, one = serving.min_duration_s, max(latency_ms, 0.01) / 1000.0
     offline = max(serving.max_batch) ** BATCH_GAIN / one             # sentences/s, batched
     seconds = compile_s * len(serving.batch_sizes)
     if "SingleStream" in serving.scenarios:
-        seconds += sentences * one + max(d, serving.min_queries * one)
+        seconds += 2 * sentences * one + max(d, serving.min_queries * one)
     if "Offline" in serving.scenarios or "Server" in serving.scenarios:
         seconds += d * 1.5 * len(serving.max_batch)                 # a first guess may run again
     if "Server" in serving.scenarios:

@@ -52,19 +52,30 @@ def single_stream_rows(records: Sequence[dict]) -> list[dict]:
     return [r for r in _valid(records, scenario="SingleStream") if r["system"] != DRIVER]
 
 
-def agreement(r: dict, against: str = "solo") -> tuple[float | None, float | None]:
-    """SingleStream's p50 and p90 over the harness's batch-1 p50 and p90: ``solo`` (the same worker timed alone
-    right before SingleStream) or ``batch1`` (the suite's interleaved timing, rows.jsonl)."""
-    def ratio(a, b):
-        return None if a is None or not b else a / b
-    return (ratio(r["latency_p50_ms"], r.get(f"{against}_p50_ms")),
-            ratio(r["latency_p90_ms"], r.get(f"{against}_p90_ms")))
+def driver_of(records: Sequence[dict], test_set: str | None = None) -> dict | None:
+    """The empty system's VALID SingleStream test (of ``test_set`` where given): the driver's round trip."""
+    return next((r for r in _valid(records, system=DRIVER, scenario="SingleStream")
+                 if test_set is None or r.get("test_set") == test_set), None)
+
+
+def agreement(r: dict, driver: dict | None, against: str = "solo") -> tuple[float | None, float | None]:
+    """SingleStream's p50 and p90 over the harness's batch-1 p50 and p90 plus the driver's round trip (``driver``,
+    the empty system's SingleStream; the harness's clock runs inside the worker, LoadGen's from its issue):
+    ``solo`` (the same worker timed alone right before and after SingleStream) or ``batch1`` (the suite's
+    interleaved timing, rows.jsonl)."""
+    def ratio(q: str):
+        a, b = r[f"latency_{q}_ms"], r.get(f"{against}_{q}_ms")
+        extra = (driver or {}).get(f"latency_{q}_ms") or 0.0
+        return None if a is None or not b else a / (b + extra)
+    return ratio("p50"), ratio("p90")
 
 
 def disagreements(records: Sequence[dict]) -> list[str]:
-    """The systems whose SingleStream p50 or p90 is more than ``SINGLE_AGREES`` off the harness's solo timing."""
+    """The systems whose SingleStream p50 or p90 is more than ``SINGLE_AGREES`` off the harness's solo timing plus
+    the driver's round trip."""
     return [r["system"] for r in single_stream_rows(records)
-            if any(x is not None and abs(x - 1) > SINGLE_AGREES for x in agreement(r))]
+            if any(x is not None and abs(x - 1) > SINGLE_AGREES
+                   for x in agreement(r, driver_of(records, r.get("test_set"))))]
 
 
 def verdict(records: Sequence[dict], shown: Mapping[str, str]) -> list[str]:
@@ -184,19 +195,29 @@ def render(records: Sequence[dict], shown: Mapping[str, str], settings: Mapping,
     single = single_stream_rows(records)
     if single:
         off = disagreements(records)
+        d = driver_of(records)
+
+        def drv(r: dict) -> dict | None:
+            return driver_of(records, r.get("test_set"))
+
         lines += ["## SingleStream against the harness's batch-1 timing", "",
                   "LoadGen's SingleStream (one query at a time, from LoadGen's issue to the completion) against "
                   "narbench's own batch-1 timing of the same system: *solo*, the same worker timed alone on the "
-                  "test set right before SingleStream (the check: within "
-                  f"{SINGLE_AGREES:.0%}), and *batch-1*, the suite's interleaved timing earlier in the run "
-                  "(rows.jsonl; it differs from solo by the machine's drift in between and by the interleaving).",
-                  "", *_table(single, ["latency_p50_ms", "solo_p50_ms", "batch1_p50_ms", "latency_p90_ms",
-                                       "solo_p90_ms", "batch1_p90_ms"], shown, extra=(
-                      ("p50 / solo", lambda r: fixed(3)(agreement(r)[0])),
-                      ("p90 / solo", lambda r: fixed(3)(agreement(r)[1])),
-                      ("p50 / batch-1", lambda r: fixed(3)(agreement(r, "batch1")[0])))), "",
-                  (f"{len(single) - len(off)} of {len(single)} within {SINGLE_AGREES:.0%} of the solo timing"
-                   + (f"; not: {', '.join(_name(shown, s) for s in off)}." if off else ".")), ""]
+                  "test set right before SingleStream and, where *drift* is given, again right after it (pooled; "
+                  "*drift* is the p50 after over the p50 before), and *batch-1*, the suite's interleaved timing earlier in the run (rows.jsonl; it differs "
+                  "from solo by the machine's drift in between and by the interleaving). The harness's clock runs "
+                  "inside the worker and LoadGen's from its issue, so each ratio's denominator adds the driver's "
+                  "round trip (the empty system's SingleStream"
+                  + (f": p50 {ms(d['latency_p50_ms'])} ms, p90 {ms(d['latency_p90_ms'])} ms" if d else ", not measured")
+                  + f"). The check: p50 and p90 over solo plus the driver within {SINGLE_AGREES:.0%}. *worker p50* is "
+                  "the worker's own clock of its calls during SingleStream.", "",
+                  *_table(single, ["latency_p50_ms", "solo_p50_ms", "batch1_p50_ms", "worker_p50_ms",
+                                   "latency_p90_ms", "solo_p90_ms", "solo_drift"], shown, extra=(
+                      ("p50 / (solo + driver)", lambda r: fixed(3)(agreement(r, drv(r))[0])),
+                      ("p90 / (solo + driver)", lambda r: fixed(3)(agreement(r, drv(r))[1])),
+                      ("p50 / (batch-1 + driver)", lambda r: fixed(3)(agreement(r, drv(r), "batch1")[0])))), "",
+                  (f"{len(single) - len(off)} of {len(single)} within {SINGLE_AGREES:.0%} of the solo timing plus the "
+                   "driver's round trip" + (f"; not: {', '.join(_name(shown, s) for s in off)}." if off else ".")), ""]
     curve = sorted(_valid(records, purpose="curve"), key=lambda r: (r["system"], r["target_qps"]))
     if curve:
         lines += ["## Server: latency against load", "", "Poisson arrivals at shares of the system's Offline "

@@ -4,15 +4,18 @@ One system at a time, in a worker process of its own (``bench.measure.workers``,
 environment and serving options, as for timing): LoadGen, its threads and the dynamic batcher run in the
 driver, the system's engine in the worker. After the warm-up at every batch shape, the harness times the
 worker alone at batch 1 on the whole test set, with the suite's protocol (``bench.measure.timing``), right
-before SingleStream: so SingleStream is checked against the harness at the same moment, not only against
-the suite's interleaved timing minutes earlier (a 2-core VM drifts within minutes). First an empty system (``Echo``: it returns its sources) is served
+before and right after SingleStream: so SingleStream is checked against the harness at the same moment, not
+only against the suite's interleaved timing minutes earlier (a 2-core VM drifts within minutes, and the two
+solo timings say by how much). First an empty system (``Echo``: it returns its sources) is served
 SingleStream, so the driver's own round trip (LoadGen, batcher, pipe) is measured and recorded as system
-``driver``. A system's records are saved once all its tests ran: a killed run resumes at the next system.
-While it serves, the process is registered busy, as timing is (``narbench_core.lock.busy``).
+``driver``. A system's records are saved once all its tests ran, with the seconds it took to serve
+(``serve_seconds``, which ``narbench plan`` reads back): a killed run resumes at the next system. While it
+serves, the process is registered busy, as timing is (``narbench_core.lock.busy``).
 """
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -101,43 +104,50 @@ def serve_all(spec, store, served: list[Served], sources: list[str], references:
     for item in bar:
         name = item.fields["system"]
         bar.set_postfix_str(f"{name}: start")
+        started = time.perf_counter()
         with lock.busy(f"serving {spec.name}"), WorkerPool([item.spec]) as pool:
             worker = pool.workers[0]
             for b in serving.batch_sizes:
                 bar.set_postfix_str(f"{name}: warm up batch {b}")
                 worker.warmup(b)
-            baseline = item.baseline
-            if item.system is not None and "SingleStream" in serving.scenarios:
-                bar.set_postfix_str(f"{name}: batch-1 timing, alone")
-                baseline = solo_baseline(worker, sources, baseline, spec.timing)
+            calls_ms: list[float] = []
 
             def serve(indices: list[int]) -> list[str]:
-                return worker.timed([sources[i] for i in indices], "end_to_end").hypotheses
+                timed = worker.timed([sources[i] for i in indices], "end_to_end")
+                calls_ms.append(timed.elapsed_ns / 1e6)
+                return timed.hypotheses
 
-            figures = serve_system(serve, len(sources), baseline,
+            def drain() -> list[float]:
+                out, calls_ms[:] = list(calls_ms), []
+                return out
+
+            solo = None
+            if item.system is not None and "SingleStream" in serving.scenarios:
+                solo = functools.partial(solo_latencies, worker, sources, spec.timing)
+            figures = serve_system(serve, len(sources), item.baseline,
                                    serving if item.system is not None else _driver_only(serving),
                                    store.path / "serving" / name, spec.seeds[0],
                                    score if item.system is not None else None,
                                    on_test=lambda label: bar.set_postfix_str(f"{name}: {label}"),
-                                   length=lambda i: len(sources[i].split()))
+                                   length=lambda i: len(sources[i].split()), solo=solo, worker_ms=drain)
             threads = worker.info["threads"]
         date = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         fields = {**{k: env_fields.get(k) for k in ("cpu_model", "git_commit")}, **item.fields,
-                  "engine_threads": threads, "date_utc": date}
+                  "engine_threads": threads, "date_utc": date,
+                  "serve_seconds": round(time.perf_counter() - started, 1)}
         records = [record(f, **fields) for f in figures]
         store.save_serving(records)
         out.extend(records)
     return out
 
 
-def solo_baseline(worker, sources: list[str], baseline: Baseline, timing) -> Baseline:
-    """``baseline`` with the p50 and p90 of the harness's batch-1 timing of ``worker`` alone on ``sources`` (the
-    suite's phase and turn; a turn's first call untimed, as in the suite's schedule)."""
+def solo_latencies(worker, sources: list[str], timing) -> list[float]:
+    """The harness's batch-1 timing of ``worker`` alone on ``sources`` (the suite's phase and turn; a turn's first
+    call untimed, as in the suite's schedule): its latencies, ms."""
     from bench.measure.timing import measure_systems
 
     measured = measure_systems([worker], sources, 1, timing.phase, turn=timing.turn, rotate=False)
-    p50, p90 = (float(v) for v in np.percentile(measured.latencies(worker.name), [50, 90]))
-    return dataclasses.replace(baseline, solo_p50_ms=p50, solo_p90_ms=p90)
+    return [float(v) for v in measured.latencies(worker.name)]
 
 
 def _driver_only(serving: ServingSpec) -> ServingSpec:

@@ -23,7 +23,7 @@ from bench.serving import loadgen                                         # noqa
 from bench.serving.batcher import DynamicBatcher                          # noqa: E402
 from bench.serving.measure import Baseline, serve_system                  # noqa: E402
 from bench.serving.rows import SERVING_COLUMNS, serving_markdown          # noqa: E402
-from bench.serving.run import solo_baseline                               # noqa: E402
+from bench.serving.run import solo_latencies                             # noqa: E402
 from bench.store import open_run                                          # noqa: E402
 from grid_fakes import FakeFactory, fake_deps, fake_spec                  # noqa: E402
 from narbench_core.errors import UserError                                # noqa: E402
@@ -217,10 +217,69 @@ def test_no_search_or_validation_runs_below_the_lowest_rate_a_test_may_take(slee
 
 
 def test_the_solo_timing_is_the_harness_protocol_on_the_serving_worker(sleeper):
-    timing = TimingSpec(turn=4)
-    base = solo_baseline(sleeper["s20"], SOURCES[:12], Baseline(1.0, 2.0, []), timing)
-    assert (base.p50_ms, base.p90_ms) == (1.0, 2.0)                 # the suite's figures kept beside
-    assert 20.0 <= base.solo_p50_ms <= base.solo_p90_ms              # every call sleeps 20 ms at batch 1
+    latencies = solo_latencies(sleeper["s20"], SOURCES[:12], TimingSpec(turn=4))
+    assert len(latencies) == 12 and min(latencies) >= 20.0          # every call sleeps 20 ms at batch 1
+
+
+def test_singlestream_is_timed_alone_before_and_after_and_keeps_the_workers_own_clock(sleeper, tmp_path):
+    """The solo timing runs right before and right after SingleStream (pooled; their p50 ratio is the drift), every
+    record carries the pooled figures, and each test keeps the worker's own clock of its calls."""
+    calls: list[float] = []
+    worker = sleeper["s10"]
+
+    def serve(indices):
+        timed = worker.timed([SOURCES[i] for i in indices], "end_to_end")
+        calls.append(timed.elapsed_ns / 1e6)
+        return timed.hypotheses
+
+    def drain():
+        out, calls[:] = list(calls), []
+        return out
+
+    timings = iter([[10.0, 10.0, 12.0], [11.0, 13.0, 13.0]])        # before, after
+    order = []
+    serving = ServingSpec(bounds_ms=(400.0,), min_duration_s=0.3, min_queries=40, search_queries=20, loads=(0.5,),
+                          max_batch=(1, 4), scenarios=("SingleStream", "Offline"))
+    records = serve_system(serve, len(SOURCES), Baseline(10.0, 11.0, [s.upper() for s in SOURCES]), serving,
+                           tmp_path, seed=0, on_test=order.append, solo=lambda: next(timings), worker_ms=drain)
+    assert order[:3] == ["batch-1 timing, alone, before SingleStream", "singlestream",
+                         "batch-1 timing, alone, after SingleStream"]
+    single = records[0]
+    assert single["solo_p50_ms"] == 11.5                                # median of the six pooled
+    assert single["solo_p90_ms"] == pytest.approx(float(np.percentile([10, 10, 12, 11, 13, 13], 90)))
+    assert single["solo_drift"] == pytest.approx(13.0 / 10.0)
+    assert all(r["solo_p50_ms"] == 11.5 and r["solo_drift"] == single["solo_drift"] for r in records)
+    # SingleStream: one call a query, each the worker's 10 ms sleep (its own clock: no pipe, no queue)
+    assert single["worker_calls"] == single["queries"] and 10.0 <= single["worker_p50_ms"] < single["latency_p50_ms"]
+    offline4 = next(r for r in records if r["test"].startswith("offline-b4") and r["validity"] == "VALID")
+    assert offline4["worker_calls"] == sum(offline4["batches"].values())
+    assert offline4["worker_p50_ms"] >= 10.0 * (1 + 0.25 * 3)          # a batch of 4 sleeps 17.5 ms
+
+
+def test_the_singlestream_check_is_against_solo_plus_the_drivers_round_trip():
+    """The harness's clock runs inside the worker and LoadGen's from its issue: the check adds the driver's round trip
+    (the empty system's SingleStream) to the solo figures before it compares."""
+    from bench.serving.report import agreement, disagreements, driver_of, render
+    from bench.serving.rows import record
+
+    def single(system, p50, p90, solo50=None, solo90=None):
+        return record({"system": system, "test_set": "t", "scenario": "SingleStream", "purpose": "singlestream",
+                "validity": "VALID", "latency_p50_ms": p50, "latency_p90_ms": p90, "latency_p99_ms": p90,
+                "solo_p50_ms": solo50, "solo_p90_ms": solo90, "batch1_p50_ms": solo50, "batch1_p90_ms": solo90,
+                "paradigm": "ar", "bleu": 1.0, "qps": 1000.0 / p50})
+
+    driver = single("driver", 0.3, 0.4)
+    near = single("near", 3.4, 4.4, 3.1, 4.0)          # 3.4 / (3.1 + 0.3) = 1.0: agrees only with the driver added
+    slow = single("slow", 4.0, 4.4, 3.1, 4.0)          # 4.0 / 3.4 = 1.18: off even with it
+    records = [driver, near, slow]
+    assert driver_of(records, "t") is driver and driver_of(records, "other") is None
+    assert agreement(near, driver) == (pytest.approx(1.0), pytest.approx(1.0))
+    assert agreement(near, None)[0] == pytest.approx(3.4 / 3.1)        # 1.097: the driver's 0.3 ms is 9% here
+    assert disagreements(records) == ["slow"]
+    assert disagreements([near, slow]) == ["near", "slow"]              # no driver measured: nothing added
+    page = render(records, {}, {**ServingSpec().__dict__}, {}, "r")
+    assert "1 of 2 within 10% of the solo timing plus the driver's round trip; not: slow." in page
+    assert "p50 0.300 ms, p90 0.400 ms" in page
 
 
 # ----------------------------------------------------------------------------- a suite's [serving] step
@@ -282,6 +341,8 @@ def test_a_suite_serves_its_chosen_systems_after_timing_and_resumes_after_a_kill
                                           and r.test_set == "fake_task:test").latency_p50_ms
     assert ar[0]["purpose"] == "singlestream" and ar[0]["solo_p50_ms"] >= 5.0      # timed alone: >= its 5 ms sleep
     assert all(r["solo_p50_ms"] == ar[0]["solo_p50_ms"] for r in ar if r["validity"] != "UNREACHABLE")
+    assert ar[0]["solo_drift"] > 0 and ar[0]["worker_calls"] == ar[0]["queries"]
+    assert len({r["serve_seconds"] for r in ar}) == 1 and ar[0]["serve_seconds"] > 0
     assert (run.path / "serving" / "padir-s4-u0.15-distill" / "offline" / loadgen.SUMMARY).is_file()
 
     write_report(run.path)
@@ -335,13 +396,44 @@ def test_plans_serving_estimate_is_the_documented_arithmetic():
 
     serving = ServingSpec(bounds_ms=(15.0, 100.0), min_duration_s=5, min_queries=700, search_queries=200, loads=(0.5,),
                           max_batch=16)
-    # warm-up 2 s x 5 batch shapes; the solo timing 500 x 10 ms; SingleStream 700 x 10 ms; Offline 1.5 x 5 s; the
+    # warm-up 2 s x 5 batch shapes; the solo timings 2 x 500 x 10 ms; SingleStream 700 x 10 ms; Offline 1.5 x 5 s; the
     # curve at 0.5 x 400/s: 5 s; 15 ms < 2 x 10 ms: no search; 100 ms: 9 search steps of 5 s, 2 validations of 5 s
     # at 0.6 x 400/s
-    assert estimate_seconds(serving, 10.0, 2.0, 500) == pytest.approx(10 + 5 + 7 + 7.5 + 5 + 45 + 10)
+    assert estimate_seconds(serving, 10.0, 2.0, 500) == pytest.approx(10 + 10 + 7 + 7.5 + 5 + 45 + 10)
     # Offline once for each largest batch, warm-up for each power of two up to the largest
     several = ServingSpec(bounds_ms=(15.0,), min_duration_s=5, min_queries=700, loads=(), max_batch=(1, 4, 16))
     assert estimate_seconds(several, 10.0, 2.0) == pytest.approx(10 + 7 + 3 * 7.5)
+
+
+def test_plan_reads_back_how_long_a_system_took_to_serve_with_the_same_settings(tmp_path, monkeypatch):
+    """A system served before on this machine with the same [serving] settings is planned at its own recorded
+    ``serve_seconds``; other settings (here a shorter minimum duration) fall back to the arithmetic."""
+    from bench import estimate
+    from bench.preview import _serving
+
+    spec = _suite(tmp_path)
+    results = tmp_path / "results"
+    run, _ = open_run(results, spec.name, spec.spec_hash(), spec.to_toml(), "test")
+    deps = fake_deps(tmp_path / "ckpt")
+    deps.worker_factory = DyingFactory()
+    Runner(spec, deps, run, progress=False).run()
+    took = {r["system"]: r["serve_seconds"] for r in run.serving()}
+    assert set(took) == {"driver", "ar-greedy", "padir-s4-u0.15-distill"} and all(took.values())
+
+    env = json.loads((run.path / "env.json").read_text())             # the fakes' machine
+    measured = estimate.Measured.collect(results, None, {k: env.get(k) for k in ("cpu_model", "threads")})
+    assert measured.runs == [f"servetest/{run.path.name}"]
+    from bench.plan import expand
+    systems = list(dict.fromkeys(c.system for c in expand(spec).eval_cells))
+    costs = {s.name: (estimate.SystemCost(latency_ms=5.0, compile_s=0.0, how="measured"), 1.0) for s in systems}
+    names, seconds = _serving(spec, systems, costs, 12, measured)
+    assert seconds == pytest.approx(sum(took.values()))
+
+    other = _suite(tmp_path, SERVING.replace("min_duration_s = 0.3", "min_duration_s = 0.2"))
+    from bench.serving.measure import estimate_seconds
+    names, seconds = _serving(other, systems, costs, 12, measured)
+    expected = max(0.2, 500 * 1e-4) + sum(estimate_seconds(other.serving, 5.0, 0.0, 12) for _ in names)
+    assert seconds == pytest.approx(expected)
 
 
 def test_results_format_lists_the_serving_columns():
