@@ -20,7 +20,13 @@ seed. The folder holds
   Chinese targets, else ``13a``; training pairs the teacher itself was trained on, so it says how
   closely the distilled targets follow the human ones, not how well the teacher translates new text),
   the distilled/reference length ratio in words over the distilled set, the engine, the decoding
-  throughput and the wall time (counting every resumed part).
+  throughput and the wall time (counting every resumed part); and what the cache is of: the teacher's
+  parameter digest (``models.checkpoint.params_digest``) and ``train.tsv``'s size and sha256.
+
+A cache is what it says or it is made again: a ``train.tsv`` cut off or replaced, or a teacher whose
+weights are no longer those that decoded it (the folder's hash names the teacher's settings and steps,
+not its weights), is one line on stderr and distilled again. A cache written before these digests were
+recorded adopts them on its first use.
 
 Decoding goes in chunks of ``chunk_size`` sources, each written atomically as ``part-NNNNN.tsv`` (and
 the time spent so far to ``timing.json``), so an interrupted run resumes at its first missing chunk.
@@ -35,6 +41,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,7 +49,7 @@ from typing import Any
 
 import numpy as np
 
-from narbench_core.digest import json_digest
+from narbench_core.digest import file_digest, json_digest
 from narbench_core import defaults, langs
 from narbench_core.errors import UserError
 from narbench_core.io import read_lines, write_json, write_lines
@@ -151,10 +158,45 @@ def distill(teacher_dir: str | os.PathLike, task: str, decoder: str = defaults.D
                     heldout=heldout, engine=teacher_engine(engine))
     out = distill_dir_for(teacher_dir, task, **settings)
     final, record_file = out / TSV_NAME, out / RECORD_NAME
+    if final.is_file() and record_file.is_file():
+        damage = cache_damage(out, teacher_dir)
+        if damage:
+            print(f"narbench: distillation {out} {damage}; distilling again", file=sys.stderr)
+            record_file.unlink()
+            final.unlink()
     if not (final.is_file() and record_file.is_file()):
         _run(teacher_dir, task, out, settings, batch_size, chunk_size, progress)
     record = json.loads(record_file.read_text(encoding="utf-8"))
     return Distillation(tasks.register_distilled_task(task, final), out, record)
+
+
+def cache_damage(out: Path, teacher_dir: str | os.PathLike) -> str | None:
+    """Why the cached distillation in ``out`` is not what its record says (None: it is): ``train.tsv`` against
+    its recorded size and sha256, the teacher's parameters against the digest of those that decoded it. A
+    record from before the digests were kept adopts them here."""
+    record_file, final = out / RECORD_NAME, out / TSV_NAME
+    try:
+        record = json.loads(record_file.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return "has an unreadable distill.json"
+    if not isinstance(record, dict):
+        return "has an unreadable distill.json"
+    teacher = checkpoint.params_digest(teacher_dir)
+    if "train_tsv" not in record or "teacher_params_digest" not in record:       # written before the digests
+        write_json(record_file, {**record, "teacher_params_digest": teacher, "train_tsv": _tsv_stamp(final)})
+        return None
+    if record["teacher_params_digest"] != teacher:
+        return "was decoded by other weights than its teacher's now"
+    size, digest = record["train_tsv"].get("bytes"), record["train_tsv"].get("sha256")
+    if final.stat().st_size != size:
+        return f"has a train.tsv of {final.stat().st_size:,} bytes, not the {size:,} it recorded (cut off or replaced)"
+    if file_digest(final) != digest:
+        return "has a train.tsv whose content is not the one it recorded (replaced)"
+    return None
+
+
+def _tsv_stamp(path: Path) -> dict:
+    return {"bytes": path.stat().st_size, "sha256": file_digest(path)}
 
 
 def distill_task(teacher_dir: str | os.PathLike, task: str, decoder: str = defaults.DISTILL_DECODER,
@@ -205,9 +247,10 @@ def _run(teacher_dir, task: str, out: Path, settings: dict, batch_size: int, chu
         "length_ratio": hyp_words / ref_words if ref_words else None,
         "sentences_per_second": decoded / decode_s if decode_s > 0 else None,
         "seconds": timing["seconds"] + time.perf_counter() - start,
+        "teacher_params_digest": checkpoint.params_digest(teacher_dir),
     }
-    write_json(out / RECORD_NAME, record)
     write_lines(out / TSV_NAME, (f"{_clean(sources[i])}\t{hyps[i]}" for i in picked.tolist()))
+    write_json(out / RECORD_NAME, {**record, "train_tsv": _tsv_stamp(out / TSV_NAME)})   # the record last: whole
     for part in parts:
         part.unlink()
     (out / TIMING_NAME).unlink(missing_ok=True)

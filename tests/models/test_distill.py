@@ -10,6 +10,7 @@ import shutil
 import numpy as np
 import pytest
 
+from narbench_core.digest import file_digest
 from narbench_core.errors import UserError
 from models import checkpoint, distill
 from models.config import preset
@@ -102,7 +103,7 @@ class TickingClock:
 
 
 @pytest.mark.slow
-def test_distill_samples_records_caches_resumes_and_registers(teacher, monkeypatch):
+def test_distill_samples_records_caches_resumes_and_registers(teacher, monkeypatch, capsys):
     from suites import tasks
 
     n, held_n = 20, 16
@@ -138,7 +139,35 @@ def test_distill_samples_records_caches_resumes_and_registers(teacher, monkeypat
     import models.decoders
     monkeypatch.setattr(models.decoders, "load_decoder", lambda *a, **k: pytest.fail("decoded again"))
     assert distill.distill_task(teacher, TASK, **run) == done.task
+
+    # The cache is what it says: the teacher's weights and train.tsv's size and digest are recorded; a record from
+    # before the digests adopts them without decoding.
+    tsv = done.folder / distill.TSV_NAME
+    assert record["teacher_params_digest"] == checkpoint.params_digest(teacher)
+    assert record["train_tsv"] == {"bytes": tsv.stat().st_size, "sha256": file_digest(tsv)}
+    legacy = {k: v for k, v in record.items() if k not in ("teacher_params_digest", "train_tsv")}
+    (done.folder / distill.RECORD_NAME).write_text(json.dumps(legacy))
+    assert distill.distill(teacher, TASK, **run).record == record
     monkeypatch.undo()
+
+    # A train.tsv cut off or replaced, or other teacher weights: one line, distilled again.
+    good = tsv.read_bytes()
+    redone = []
+
+    def cases():
+        yield "cut off", lambda: tsv.write_bytes(good[:len(good) // 2]), "not the"
+        yield "replaced", lambda: tsv.write_bytes(good.replace(b"\t", b"\tX", 1)[:-1]), "not the one it recorded"
+        yield "teacher", lambda: monkeypatch.setattr(checkpoint, "params_digest", lambda d: "other"), "other weights"
+    for what, damage, words in cases():
+        damage()
+        real_run = distill._run
+        monkeypatch.setattr(distill, "_run", lambda *a, **k: redone.append(what) or real_run(*a, **k))
+        again = distill.distill(teacher, TASK, **run)
+        assert redone[-1] == what and tsv.read_bytes() == good, what
+        if what == "teacher":
+            assert again.record["teacher_params_digest"] == "other"
+        monkeypatch.undo()
+        assert words in capsys.readouterr().err
 
     # Resumable: with one finished chunk (and its time) on disk only the missing ones are decoded, then
     # the held-aside slice with the same teacher decoder; the record counts the earlier run's time.
