@@ -359,6 +359,10 @@ def open_run(out_root: Path, suite: str, spec_hash: str, spec_toml: str | Callab
     suite_dir = Path(out_root) / suite
     if not force:
         for candidate in sorted(suite_dir.glob(f"*-{spec_hash[:8]}"), reverse=True):
+            if candidate.is_symlink():                  # never resumed: its writes would land outside the tree
+                print(f"narbench: skipping run folder {candidate}: it is a link (to {os.readlink(candidate)})",
+                      file=sys.stderr)
+                continue
             store = RunStore(candidate)
             try:
                 if not _resumable(store, spec_hash, report):
@@ -431,8 +435,10 @@ def finish_run(store: RunStore, finished: str | None = None) -> None:
     write_text(store.path.parent / LATEST, store.run_id + "\n")
 
 
-def resolve_run_dir(arg: str | Path) -> Path:
-    """A run folder from a run folder, a suite folder (its ``latest``) or a ``latest`` file."""
+def resolve_run_dir(arg: str | Path, writes: bool = False) -> Path:
+    """A run folder from a run folder, a suite folder (its ``latest``) or a ``latest`` file. For a command that
+    ``writes`` into it, a run folder that is a link is one line: no command writes through a link out of the
+    results tree."""
     path = Path(arg)
     if path.is_file() and path.name == LATEST:
         path = path.parent
@@ -445,6 +451,9 @@ def resolve_run_dir(arg: str | Path) -> Path:
     if not path.is_dir() or not ((path / RUN).is_file() or (path / ROWS).is_file()):
         raise UserError(f"{arg} is not a run folder; pass results/<suite>/<run_id> or results/<suite> "
                         "(its latest run), e.g. from `narbench run`")
+    if writes and path.is_symlink():
+        raise UserError(f"{path} is a link (to {os.readlink(path)}); narbench writes only into run folders "
+                        "themselves, never through a link: pass the folder it points at")
     return path
 
 

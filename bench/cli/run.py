@@ -277,7 +277,7 @@ def _holding(arg: str, what: str):
             from bench.store import resolve_run_dir
             from narbench_core import lock
 
-            with lock.hold(resolve_run_dir(getattr(args, arg)), what):
+            with lock.hold(resolve_run_dir(getattr(args, arg), writes=True), what):
                 return cmd(args)
         return held
     return wrap
@@ -294,7 +294,7 @@ def cmd_eval(args) -> int:
     from bench.families import parse_suite
     from narbench_core.paths import resolve
 
-    run = store.RunStore(store.resolve_run_dir(args.run), allow_finished=True)
+    run = store.RunStore(store.resolve_run_dir(args.run, writes=True), allow_finished=True)
     sources = _read_lines(args.source_file)
     refs = [_read_lines(f) for f in args.reference_file]
     for f, r in zip(args.reference_file, refs):
@@ -388,7 +388,7 @@ def cmd_plan(args) -> int:
 def cmd_report(args) -> int:
     from bench.store import resolve_run_dir
 
-    return _finish(resolve_run_dir(args.run_dir))
+    return _finish(resolve_run_dir(args.run_dir, writes=True))
 
 
 def cmd_results(args) -> int:

@@ -311,6 +311,40 @@ def test_a_latest_pointer_outside_its_suite_folder_is_one_line(env, capsys):
         one_line(code, err.strip().splitlines(), "latest points at", "not a run folder of its suite")
 
 
+def test_no_command_writes_through_a_link_out_of_the_results_tree(env, capsys, tmp_path):
+    """A run folder that is a link to somewhere else: report and eval refuse it in one line, run never resumes it,
+    and the ``latest`` pointer, when it is a link, is replaced, not written through."""
+    from bench import store as st
+
+    spec, out, _ = env
+    assert main(["run", "--suite", str(spec), "--out", str(out), "--no-progress"]) == 0
+    capsys.readouterr()
+    finished = st.resolve_run_dir(out / "clitest")
+    outside = tmp_path / "outside"
+    shutil.copytree(finished, outside)
+    st.RunStore(outside).update_info(status="running")            # a run a new `run` would resume
+    before = {p.name: p.read_bytes() for p in outside.iterdir() if p.is_file()}
+    link = finished.with_name(f"20990101T000000Z-{finished.name.split('-')[-1]}")   # the newest of the spec
+    link.symlink_to(outside, target_is_directory=True)
+    for command in (["report", str(link)], ["eval", "--run", str(link), "--source-file", str(spec),
+                                              "--reference-file", str(spec)]):
+        code, _, err = run_cli(command, capsys)
+        one_line(code, err.strip().splitlines(), f"{link} is a link", "never through a link")
+    code, _, err = run_cli(["run", "--suite", str(spec), "--out", str(out), "--no-progress"], capsys)
+    assert code == 0 and f"skipping run folder {link}: it is a link" in err
+    assert {p.name: p.read_bytes() for p in outside.iterdir() if p.is_file()} == before      # untouched
+    link.unlink()
+
+    target = tmp_path / "elsewhere.txt"
+    target.write_text("not narbench's\n")
+    latest = out / "clitest" / "latest"
+    latest.unlink()
+    latest.symlink_to(target)
+    code, _, err = run_cli(["run", "--suite", str(spec), "--out", str(out), "--no-progress", "--force"], capsys)
+    assert code == 0, err
+    assert target.read_text() == "not narbench's\n" and not latest.is_symlink()
+
+
 def test_rerunning_a_finished_run_says_it_starts_a_new_one_and_names_the_finished(env, capsys):
     from bench import store as st
 
