@@ -7,7 +7,9 @@ Layout (docs/results_format.md, the public contract)::
                           /env.json      device, CPU, threads, versions, git commit, date, seeds
                           /run.json      status (running|finished), spec hash, command, times
                           /rows.jsonl    one object per (system, test_set)
-                          /samples.jsonl one object per (system, test_set, sentence)
+                          /samples.jsonl.gz one object per (system, test_set, sentence), gzip
+                                         (runs before 2026-11-29: samples.jsonl, plain; read alike, and
+                                         written compressed when such a run resumes)
                           /curves.jsonl  one object per learning-curve point of each trained model
                           /distill.json  the distillation record (models.distill), keyed by task when
                                          the run distils several tasks (or seeds)
@@ -21,7 +23,7 @@ Layout (docs/results_format.md, the public contract)::
 ``run_id`` is the UTC date-time plus the first 8 hex digits of the spec hash. Re-running the same
 spec reuses the newest *unfinished* run folder of that hash (so it resumes); a run is finished once
 its report is written (``finish_run`` comes after it), and a run marked finished whose report is
-missing, or whose ``rows.jsonl`` / ``samples.jsonl`` ends in a line cut off mid-write, counts as
+missing, or whose ``rows.jsonl`` / samples end in a line cut off mid-write (a gzip cut off), counts as
 unfinished: it resumes, the cut line is dropped, the cells it leaves incomplete are computed again and
 the report is written. Otherwise ``narbench run`` never modifies a finished run (only ``narbench eval``
 adds new test sets to one). Every file is written whole by ``narbench_core.io`` (temp name in the same
@@ -44,7 +46,8 @@ from typing import Any, Callable
 from bench.rows import SCHEMA_VERSION, Row, paired_test_figures
 from narbench_core import lock
 from narbench_core.errors import UserError
-from narbench_core.io import read_jsonl, write_bytes, write_json, write_jsonl, write_text
+from narbench_core.io import (gunzip_prefix, parse_jsonl, read_jsonl, write_bytes, write_gzip_lines, write_json, write_jsonl,
+                               write_text)
 from narbench_core.runs import LATEST, check_name, make_run_id, utc_now
 
 CURVES = "curves.jsonl"
@@ -54,7 +57,8 @@ LOGS = "logs"                  # a Ray run's job logs, <job>.<attempt>.log (benc
 SAMPLE_FIELDS = ("system", "test_set", "index", "source", "reference", "hypothesis", "latency_ms", "passes")
 
 ROWS, SAMPLES, ENV, SPEC, RUN, DISTILL = (
-    "rows.jsonl", "samples.jsonl", "env.json", "spec.toml", "run.json", "distill.json")
+    "rows.jsonl", "samples.jsonl.gz", "env.json", "spec.toml", "run.json", "distill.json")
+PLAIN_SAMPLES = "samples.jsonl"   # an older run's samples, uncompressed (``RunStore.samples_name``)
 REPORT = "leaderboard.md"      # the report page written last (bench.report.write_report)
 
 
@@ -83,6 +87,10 @@ class RunStore:
     def _records(self, name: str) -> list[dict]:
         """A JSON-lines file of the run; one whose last line was cut off mid-write names the fix."""
         path = self.path / name
+        if name.endswith(".gz") and path.is_file():              # one decompression when the file is whole
+            data, whole = gunzip_prefix(path)
+            if whole and (not data or data.endswith(b"\n")):
+                return parse_jsonl(data, path)
         if torn_tail(path) is not None:
             command = self.info.get("command", "narbench run")
             raise UserError(f"{path}: its last line was cut off mid-write; re-run `{command}` to drop it and "
@@ -92,11 +100,17 @@ class RunStore:
     def rows(self) -> list[Row]:
         return [Row.load(r, str(self.path / ROWS)) for r in self._records(ROWS)]
 
+    @property
+    def samples_name(self) -> str:
+        """The run's samples file: ``samples.jsonl.gz``, or an older run's plain ``samples.jsonl``."""
+        return PLAIN_SAMPLES if (self.path / PLAIN_SAMPLES).is_file() and not (self.path / SAMPLES).is_file() \
+            else SAMPLES
+
     def samples(self) -> list[dict]:
-        return self._records(SAMPLES)
+        return self._records(self.samples_name)
 
     def cells(self, samples: list[dict] | None = None) -> dict[tuple[str, str], list[dict]]:
-        """The samples (``samples.jsonl``'s unless given) by ``(system, test_set)``, in sentence order."""
+        """The samples (the run's unless given) by ``(system, test_set)``, in sentence order."""
         groups: dict[tuple[str, str], list[dict]] = {}
         for s in self.samples() if samples is None else samples:
             groups.setdefault((s["system"], s["test_set"]), []).append(s)
@@ -138,6 +152,7 @@ class RunStore:
         keys = {r.key for r in rows}
         old_samples = [s for s in self.samples() if (s["system"], s["test_set"]) not in keys]
         write_jsonl(self.path / SAMPLES, old_samples + list(samples))
+        (self.path / PLAIN_SAMPLES).unlink(missing_ok=True)       # an older run's plain file, now compressed
         old_rows = [r for r in self.rows() if r.key not in keys]
         write_jsonl(self.path / ROWS, [dict(r) for r in old_rows + list(rows)])
 
@@ -214,19 +229,21 @@ class RunStore:
         a cut-off line), or None."""
         if report is not None and not (self.path / report).is_file():
             return f"its {report} is missing"
-        torn = [name for name in (ROWS, SAMPLES, CURVES, SERVING) if torn_tail(self.path / name) is not None]
+        torn = [name for name in (ROWS, self.samples_name, CURVES, SERVING) if torn_tail(self.path / name) is not None]
         return f"the last line of {torn[0]} was cut off" if torn else None
 
     def repair(self) -> None:
         """Drop a cut-off last line of each JSON-lines file, then the rows whose cell lacks samples (those
         cells are computed again)."""
-        for name in (ROWS, SAMPLES, CURVES, SERVING):
+        for name in (ROWS, self.samples_name, CURVES, SERVING):
             path = self.path / name
             cut = torn_tail(path)
-            if cut is not None:
+            if cut is not None and name.endswith(".gz"):
+                write_gzip_lines(path, [gunzip_prefix(path)[0][:cut]])
+            elif cut is not None:
                 with open(path, "rb") as f:
                     write_bytes(path, f.read(cut))
-        if not (self.path / SAMPLES).is_file():
+        if not (self.path / self.samples_name).is_file():
             return
         have: dict[tuple[str, str], int] = {}
         for s in self.samples():
@@ -290,7 +307,10 @@ def torn_tail(path: Path) -> int | None:
     """Where the whole lines of a JSON-lines file end when its last line was cut off mid-write (no
     newline, not valid JSON, but the start of a record: text opening with ``{`` after a whole line that is
     valid JSON), else None (also for a missing file, and for a damaged one, which ``read_jsonl`` names as
-    not valid JSON)."""
+    not valid JSON). For a gzip file (``.gz``) the offset is into its content: a gzip cut off is a cut-off
+    line too, its whole lines what can still be read."""
+    if str(path).endswith(".gz"):
+        return _torn_gzip(Path(path))
     try:
         f = open(path, "rb")
     except (FileNotFoundError, IsADirectoryError):
@@ -317,6 +337,29 @@ def torn_tail(path: Path) -> int | None:
         if not _record_start(tail[cut:]) or (pos + cut > 0 and not _whole_line_before(f, pos + cut)):
             return None                        # not a record cut short: the file is damaged, not torn
         return pos + cut
+
+
+def _torn_gzip(path: Path) -> int | None:
+    """``torn_tail`` of a gzip JSON-lines file: the content is read once; a whole file whose content ends in a
+    newline (the usual case) needs no line check."""
+    import io
+
+    if not path.is_file():
+        return None
+    data, whole = gunzip_prefix(path)
+    if whole and (not data or data.endswith(b"\n")):
+        return None
+    cut = data.rfind(b"\n") + 1
+    if not whole:                          # cut off: its whole lines are what is left, if they are records
+        return cut if cut == 0 or _whole_line_before(io.BytesIO(data), cut) else None
+    try:
+        json.loads(data[cut:].decode("utf-8"))
+        return None
+    except ValueError:
+        pass
+    if not _record_start(data[cut:]) or (cut > 0 and not _whole_line_before(io.BytesIO(data), cut)):
+        return None
+    return cut
 
 
 def _record_start(text: bytes) -> bool:
@@ -467,7 +510,7 @@ def load_rows(run_dir: str | Path):
 
 
 def load_samples(run_dir: str | Path):
-    """``samples.jsonl`` of a run as a pandas DataFrame (one row per system, test set, sentence)."""
+    """The samples of a run (``samples.jsonl.gz``, or an older run's ``samples.jsonl``) as a pandas DataFrame (one row per system, test set, sentence)."""
     import pandas as pd
 
-    return pd.DataFrame(read_jsonl(resolve_run_dir(run_dir) / SAMPLES))
+    return pd.DataFrame(RunStore(resolve_run_dir(run_dir)).samples())

@@ -79,7 +79,7 @@ def register(sub) -> None:
 
     p = sub.add_parser("report", help="(re)write table.md, leaderboard.md and plots of a run",
                        description="Render a run folder's rows into table.md, leaderboard.md, pareto.png, "
-                       "latency_cdf.png and bleu_vs_iterations.png, and check every figure against samples.jsonl.")
+                       "latency_cdf.png and bleu_vs_iterations.png, and check every figure against the run's samples.")
     p.add_argument("run_dir", help="run folder (results/<suite>/<run_id>) or suite folder (latest)")
     p.set_defaults(func=cmd_report)
 
@@ -251,11 +251,11 @@ def _finish(run_dir: Path, done=None, finished: str | None = None) -> int:
     for f in files:
         print(f)
     if problems:
-        print(f"narbench: {len(problems)} figure(s) do not match samples.jsonl:", file=sys.stderr)
+        print(f"narbench: {len(problems)} figure(s) do not match the run's samples:", file=sys.stderr)
         for p in problems[:20]:
             print(f"  {p}", file=sys.stderr)
         return 1
-    print(f"narbench: every figure in rows.jsonl recomputed from samples.jsonl: OK ({run_dir})", file=sys.stderr)
+    print(f"narbench: every figure in rows.jsonl recomputed from the run's samples: OK ({run_dir})", file=sys.stderr)
     return 0
 
 

@@ -81,7 +81,7 @@ def _by_hand(rows: Sequence[Row]) -> list[str]:
         return []
     ar, bs = signature_fields(row.bleu_ar_signature), signature_fields(row.bleu_bs_signature)
     head = f"sacrebleu REFS -i {row.baseline_system}.txt SYSTEM.txt --tokenize {ar.get('tok', '13a')}"
-    return ["sacrebleu's paired tests by hand (one text file per system, its hypotheses from samples.jsonl in "
+    return ["sacrebleu's paired tests by hand (one text file per system, its hypotheses from the run's samples in "
             "sentence order; REFS: one file per reference stream):", "", "```",
             f"SACREBLEU_SEED={ar.get('seed')} {head} --paired-ar --paired-ar-n {ar.get('ar')}",
             f"SACREBLEU_SEED={bs.get('seed')} {head} --paired-bs --paired-bs-n {bs.get('bs')}", "```", ""]
@@ -230,7 +230,8 @@ def render_leaderboard(rows: list[Row], info: dict, env: dict, run_dir: Path, sa
                   f"run          started {info.get('started')}, finished {info.get('finished', 'not yet')}",
                   "```", ""])
     lines.extend(["## Files", "", "- [table.md](table.md) (paper layout), [rows.jsonl](rows.jsonl), "
-                  "[samples.jsonl](samples.jsonl), [spec.toml](spec.toml), [env.json](env.json)"
+                  f"[{st.RunStore(run_dir).samples_name}]({st.RunStore(run_dir).samples_name}), [spec.toml](spec.toml), "
+                  "[env.json](env.json)"
                   + (f", [{st.CURVES}]({st.CURVES})" if (run_dir / st.CURVES).is_file() else ""),
                   *([f"- [{GRID_PAGE}]({GRID_PAGE}): what each ablation axis costs and buys"]
                     if (run_dir / GRID_PAGE).is_file() else []),

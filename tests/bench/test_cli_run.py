@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import io
+import gzip
 import json
 
 import pandas as pd
@@ -49,10 +50,10 @@ def test_run_report_results_end_to_end(env, capsys):
     assert code == 0, err
     run_dir = st.resolve_run_dir(out / "clitest")
     assert (out / "clitest" / "latest").read_text().strip() == run_dir.name
-    for name in ("spec.toml", "env.json", "rows.jsonl", "samples.jsonl", "table.md", "leaderboard.md",
+    for name in ("spec.toml", "env.json", "rows.jsonl", "samples.jsonl.gz", "table.md", "leaderboard.md",
                  "pareto.png", "latency_cdf.png", "bleu_vs_iterations.png"):
         assert (run_dir / name).is_file(), name
-    assert "recomputed from samples.jsonl: OK" in err
+    assert "recomputed from the run's samples: OK" in err
     info = json.loads((run_dir / "run.json").read_text())
     assert info["status"] == "finished" and info["command"].startswith("narbench run --suite ")
     assert f"finished {info['finished']}\n" in (run_dir / "leaderboard.md").read_text()   # when, as run.json says
@@ -228,8 +229,9 @@ def test_a_cut_off_last_sample_line_is_timed_again_by_the_same_command(env, caps
     spec, out, _ = env
     assert main(["run", "--suite", str(spec), "--out", str(out), "--no-progress"]) == 0
     run_dir = st.resolve_run_dir(out / "clitest")
-    data = (run_dir / st.SAMPLES).read_bytes()
-    (run_dir / st.SAMPLES).write_bytes(data[:-20])                    # a write cut off mid-line
+    packed = (run_dir / st.SAMPLES).read_bytes()
+    (run_dir / st.SAMPLES).write_bytes(packed[:-40])                  # a gzip cut off (mid-line, in its content)
+    data = gzip.decompress(packed)
     last = json.loads(data.splitlines()[-1])
     capsys.readouterr()
     code, _, err = run_cli(["report", str(run_dir)], capsys)
@@ -237,7 +239,7 @@ def test_a_cut_off_last_sample_line_is_timed_again_by_the_same_command(env, caps
     assert code == 2 and len(lines) == 1 and "re-run `narbench run --suite" in lines[0]
     assert "delete" not in lines[0]
     code, _, err = run_cli(["run", "--suite", str(spec), "--out", str(out), "--no-progress"], capsys)
-    assert code == 0 and "resuming" in err and "recomputed from samples.jsonl: OK" in err
+    assert code == 0 and "resuming" in err and "recomputed from the run's samples: OK" in err
     assert [p for p in (out / "clitest").iterdir() if p.is_dir()] == [run_dir]
     run = st.RunStore(run_dir)
     assert len(run.rows()) == 6 and len(run.samples()) == 6 * 15 and run.finished

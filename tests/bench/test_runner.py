@@ -1,6 +1,7 @@
 """Grid expansion and running with fakes: unique training cells, teachers first, rows and resume."""
 from __future__ import annotations
 
+import gzip
 import json
 
 import pytest
@@ -178,7 +179,8 @@ def test_crash_mid_grid_then_resume_recomputes_only_missing(tmp_path, spec):
     assert {ts for _, ts in run.done_keys()} == {"fake_task:test", "fake_task:test+refs"}
     assert len(first) == 12
     for name in (st.ROWS, st.SAMPLES):
-        for line in (run.path / name).read_text().splitlines():
+        raw = (run.path / name).read_bytes()
+        for line in (gzip.decompress(raw) if name.endswith(".gz") else raw).decode().splitlines():
             json.loads(line)
     assert not list(run.path.glob(".*.tmp"))
 

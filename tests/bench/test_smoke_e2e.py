@@ -19,7 +19,7 @@ def test_smoke_suite_end_to_end(smoke_run):
     code, err, out = smoke_run
     assert code == 0, err
     run_dir = st.resolve_run_dir(out / "smoke")
-    for name in ("spec.toml", "env.json", "rows.jsonl", "samples.jsonl", "table.md", "leaderboard.md", *PLOTS):
+    for name in ("spec.toml", "env.json", "rows.jsonl", "samples.jsonl.gz", "table.md", "leaderboard.md", *PLOTS):
         assert (run_dir / name).is_file(), name
     assert verify_run(run_dir) == []
 

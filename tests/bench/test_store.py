@@ -1,6 +1,7 @@
 """Results store: atomic files (even under SIGKILL), run folders, resume rules, latest, loaders."""
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import signal
@@ -150,7 +151,8 @@ def test_sigkill_at_any_moment_leaves_whole_files(tmp_path):
         proc.wait()
         proc.stdout.close()
         for name in (st.ROWS, st.SAMPLES):
-            text = (run.path / name).read_text()
+            raw = (run.path / name).read_bytes() if (run.path / name).is_file() else b""
+            text = (gzip.decompress(raw) if name.endswith(".gz") and raw else raw).decode()
             assert text == "" or text.endswith("\n")
             records = [json.loads(line) for line in text.splitlines()]
             if name == st.SAMPLES:
@@ -205,7 +207,10 @@ def test_a_suite_name_that_is_not_a_plain_name_is_refused(tmp_path, name):
     assert not tmp_path.joinpath("out").exists() and [p.name for p in tmp_path.iterdir()] == []
 
 
-def test_a_cut_off_last_line_is_dropped_on_resume_and_its_cell_computed_again(tmp_path):
+@pytest.mark.parametrize("kind", ["gzip", "gzip cut off", "plain"])
+def test_a_cut_off_last_line_is_dropped_on_resume_and_its_cell_computed_again(tmp_path, kind):
+    """The last line cut inside its last character: in the gzip's content, in a gzip file itself cut off (its
+    readable content ends there), and in an older run's plain samples.jsonl."""
     run, _ = open_(tmp_path)
     samples = lambda system, n: [{"system": system, "test_set": "t", "index": i, "hypothesis": "é" * 5}  # noqa: E731
                                  for i in range(n)]
@@ -214,8 +219,15 @@ def test_a_cut_off_last_line_is_dropped_on_resume_and_its_cell_computed_again(tm
     (run.path / st.REPORT).write_text("# report\n")
     st.finish_run(run)
     run.release()
-    data = (run.path / st.SAMPLES).read_bytes()
-    (run.path / st.SAMPLES).write_bytes(data[:-9])                   # cut inside the last line, mid-character
+    content = gzip.decompress((run.path / st.SAMPLES).read_bytes())
+    if kind == "gzip":
+        (run.path / st.SAMPLES).write_bytes(gzip.compress(content[:-9], mtime=0))
+    elif kind == "gzip cut off":                  # a stored (uncompressed) block, cut: its content is the prefix
+        whole = gzip.compress(content, compresslevel=0, mtime=0)
+        (run.path / st.SAMPLES).write_bytes(whole[:len(whole) - 8 - 9])   # no trailer, 9 bytes of content less
+    else:
+        (run.path / st.SAMPLES).unlink()
+        (run.path / st.PLAIN_SAMPLES).write_bytes(content[:-9])     # cut inside the last line, mid-character
     with pytest.raises(UserError) as err:
         run.samples()
     text = str(err.value)
@@ -225,6 +237,30 @@ def test_a_cut_off_last_line_is_dropped_on_resume_and_its_cell_computed_again(tm
     assert [r.system for r in again.rows()] == ["a"]                 # b lost a sample: its cell is redone
     assert [(s["system"], s["index"]) for s in again.samples()] == [("a", 0), ("a", 1), ("a", 2), ("b", 0), ("b", 1)]
     assert again.done_keys() == {("a", "t")}
+    assert again.samples_name == (st.PLAIN_SAMPLES if kind == "plain" else st.SAMPLES)
+    again.save_cells([fake_row("b", n_sentences=3)], samples("b", 3))   # the resumed run writes gzip from now on
+    assert again.samples_name == st.SAMPLES and not (again.path / st.PLAIN_SAMPLES).exists()
+    assert gzip.decompress((again.path / st.SAMPLES).read_bytes()) == content
+
+
+def test_samples_are_gzip_reproducible_and_read_by_pandas(tmp_path):
+    """samples.jsonl.gz: the same records give the same bytes (no name, time 0 in the header), pandas reads it by
+    its suffix, and an older run's plain samples.jsonl reads alike."""
+    import pandas as pd
+
+    run, _ = open_(tmp_path)
+    samples = [{"system": "a", "test_set": "t", "index": i, "hypothesis": f"h{i} ü"} for i in range(50)]
+    run.save_cells([fake_row("a", n_sentences=50)], samples)
+    first = (run.path / st.SAMPLES).read_bytes()
+    assert first[:2] == b"\x1f\x8b" and first[4:8] == b"\x00\x00\x00\x00"        # gzip, mtime 0
+    run.save_cells([fake_row("a", n_sentences=50)], samples)
+    assert (run.path / st.SAMPLES).read_bytes() == first
+    frame = pd.read_json(run.path / st.SAMPLES, lines=True)
+    assert list(frame["hypothesis"]) == [s["hypothesis"] for s in samples]
+    assert st.load_samples(run.path).equals(pd.DataFrame(samples))
+    (run.path / st.PLAIN_SAMPLES).write_bytes(gzip.decompress(first))
+    (run.path / st.SAMPLES).unlink()
+    assert run.samples_name == st.PLAIN_SAMPLES and run.samples() == samples
 
 
 @pytest.mark.parametrize("damage", [
