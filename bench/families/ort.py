@@ -19,7 +19,7 @@ trained), exported once per checkpoint and quantization into ``<data root>/onnx/
 options (T, k, remask, start, length bonus, seed); float32 reproduces JAX PaDIR's outputs: each row names
 its JAX system (``reproduces``) and the share of sentences where the two agree (``reproduced_agreement``). Each system is timed in a worker process of its own. A session on more than one thread runs with its pool's
 spinning off (``session.intra_op.allow_spinning = 0``): in a plain script on the 2-core Intel Xeon of
-results/default/20261127T090139Z-34276f4b (one thread per core), 2-thread float32 T = 1 took 7.2 ms p50 with it
+results/default/20261127T090139Z-34276f4b (git history at bc36385; one thread per core), 2-thread float32 T = 1 took 7.2 ms p50 with it
 off against 10.4 ms spinning, int8 T = 4 11.7 against 19.2 ms; in that run, timed spinning, the float32 T = 1
 2-thread row's solo check read 0.84 (its solo time slower than its interleaved one). One thread was faster than
 two for every system there, so the default suite times one thread and `anchors` both.

@@ -350,6 +350,29 @@ def test_a_suite_serves_its_chosen_systems_after_timing_and_resumes_after_a_kill
     assert "SingleStream against the harness's batch-1 timing" in page and "driver's cost" in page
     assert (run.path / "serving.png").is_file()
     assert "serving.md" in (run.path / "leaderboard.md").read_text()
+    plan_reads_back_how_long_each_system_took_to_serve(spec, run, tmp_path)
+
+
+def plan_reads_back_how_long_each_system_took_to_serve(spec, run, tmp_path):
+    """``narbench plan`` takes a system served before on this machine with the same [serving] settings at its own
+    recorded ``serve_seconds``; other settings (here a shorter minimum duration) fall back to the arithmetic."""
+    from bench import estimate
+    from bench.plan import expand
+    from bench.preview import _serving
+    from bench.serving.measure import estimate_seconds
+
+    took = {r["system"]: r["serve_seconds"] for r in run.serving()}
+    assert set(took) == {"driver", "ar-greedy", "padir-s4-u0.15-distill"} and all(took.values())
+    env = json.loads((run.path / "env.json").read_text())             # the fakes' machine
+    measured = estimate.Measured.collect(run.path.parents[1], None, {k: env.get(k) for k in ("cpu_model", "threads")})
+    assert measured.runs == [f"{spec.name}/{run.path.name}"]
+    systems = list(dict.fromkeys(c.system for c in expand(spec).eval_cells))
+    costs = {s.name: (estimate.SystemCost(latency_ms=5.0, compile_s=0.0, how="measured"), 1.0) for s in systems}
+    assert _serving(spec, systems, costs, 12, measured)[1] == pytest.approx(sum(took.values()))
+    other = _suite(tmp_path, SERVING.replace("min_duration_s = 0.3", "min_duration_s = 0.2"))
+    names, seconds = _serving(other, systems, costs, 12, measured)
+    expected = max(0.2, 500 * 1e-4) + sum(estimate_seconds(other.serving, 5.0, 0.0, 12) for _ in names)
+    assert seconds == pytest.approx(expected)
 
 
 @pytest.mark.parametrize("line, message", [
@@ -403,37 +426,6 @@ def test_plans_serving_estimate_is_the_documented_arithmetic():
     # Offline once for each largest batch, warm-up for each power of two up to the largest
     several = ServingSpec(bounds_ms=(15.0,), min_duration_s=5, min_queries=700, loads=(), max_batch=(1, 4, 16))
     assert estimate_seconds(several, 10.0, 2.0) == pytest.approx(10 + 7 + 3 * 7.5)
-
-
-def test_plan_reads_back_how_long_a_system_took_to_serve_with_the_same_settings(tmp_path, monkeypatch):
-    """A system served before on this machine with the same [serving] settings is planned at its own recorded
-    ``serve_seconds``; other settings (here a shorter minimum duration) fall back to the arithmetic."""
-    from bench import estimate
-    from bench.preview import _serving
-
-    spec = _suite(tmp_path)
-    results = tmp_path / "results"
-    run, _ = open_run(results, spec.name, spec.spec_hash(), spec.to_toml(), "test")
-    deps = fake_deps(tmp_path / "ckpt")
-    deps.worker_factory = DyingFactory()
-    Runner(spec, deps, run, progress=False).run()
-    took = {r["system"]: r["serve_seconds"] for r in run.serving()}
-    assert set(took) == {"driver", "ar-greedy", "padir-s4-u0.15-distill"} and all(took.values())
-
-    env = json.loads((run.path / "env.json").read_text())             # the fakes' machine
-    measured = estimate.Measured.collect(results, None, {k: env.get(k) for k in ("cpu_model", "threads")})
-    assert measured.runs == [f"servetest/{run.path.name}"]
-    from bench.plan import expand
-    systems = list(dict.fromkeys(c.system for c in expand(spec).eval_cells))
-    costs = {s.name: (estimate.SystemCost(latency_ms=5.0, compile_s=0.0, how="measured"), 1.0) for s in systems}
-    names, seconds = _serving(spec, systems, costs, 12, measured)
-    assert seconds == pytest.approx(sum(took.values()))
-
-    other = _suite(tmp_path, SERVING.replace("min_duration_s = 0.3", "min_duration_s = 0.2"))
-    from bench.serving.measure import estimate_seconds
-    names, seconds = _serving(other, systems, costs, 12, measured)
-    expected = max(0.2, 500 * 1e-4) + sum(estimate_seconds(other.serving, 5.0, 0.0, 12) for _ in names)
-    assert seconds == pytest.approx(expected)
 
 
 def test_results_format_lists_the_serving_columns():

@@ -150,24 +150,21 @@ def test_distill_samples_records_caches_resumes_and_registers(teacher, monkeypat
     assert distill.distill(teacher, TASK, **run).record == record
     monkeypatch.undo()
 
-    # A train.tsv cut off or replaced, or other teacher weights: one line, distilled again.
+    # A train.tsv cut off or replaced, or other teacher weights, is found (without decoding); a cut-off one is one
+    # line on stderr and distilled again, whole.
     good = tsv.read_bytes()
-    redone = []
-
-    def cases():
-        yield "cut off", lambda: tsv.write_bytes(good[:len(good) // 2]), "not the"
-        yield "replaced", lambda: tsv.write_bytes(good.replace(b"\t", b"\tX", 1)[:-1]), "not the one it recorded"
-        yield "teacher", lambda: monkeypatch.setattr(checkpoint, "params_digest", lambda d: "other"), "other weights"
-    for what, damage, words in cases():
-        damage()
-        real_run = distill._run
-        monkeypatch.setattr(distill, "_run", lambda *a, **k: redone.append(what) or real_run(*a, **k))
-        again = distill.distill(teacher, TASK, **run)
-        assert redone[-1] == what and tsv.read_bytes() == good, what
-        if what == "teacher":
-            assert again.record["teacher_params_digest"] == "other"
-        monkeypatch.undo()
-        assert words in capsys.readouterr().err
+    tsv.write_bytes(good.replace(b"\t", b"\tX", 1)[:-1])                      # same size, other content
+    assert "not the one it recorded" in distill.cache_damage(done.folder, teacher)
+    tsv.write_bytes(good)
+    monkeypatch.setattr(checkpoint, "params_digest", lambda d: "other")
+    assert "other weights" in distill.cache_damage(done.folder, teacher)
+    monkeypatch.undo()
+    assert distill.cache_damage(done.folder, teacher) is None
+    tsv.write_bytes(good[:len(good) // 2])
+    capsys.readouterr()
+    again = distill.distill(teacher, TASK, **run)
+    assert f"distillation {done.folder} has a train.tsv of" in capsys.readouterr().err
+    assert tsv.read_bytes() == good and again.record["train_tsv"] == record["train_tsv"]
 
     # Resumable: with one finished chunk (and its time) on disk only the missing ones are decoded, then
     # the held-aside slice with the same teacher decoder; the record counts the earlier run's time.
