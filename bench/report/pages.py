@@ -229,8 +229,9 @@ def render_leaderboard(rows: list[Row], info: dict, env: dict, run_dir: Path, sa
                   f"seeds        {env.get('seeds')}",
                   f"run          started {info.get('started')}, finished {info.get('finished', 'not yet')}",
                   "```", ""])
+    samples = st.RunStore(run_dir).samples_name
     lines.extend(["## Files", "", "- [table.md](table.md) (paper layout), [rows.jsonl](rows.jsonl), "
-                  f"[{st.RunStore(run_dir).samples_name}]({st.RunStore(run_dir).samples_name}), [spec.toml](spec.toml), "
+                  f"[{samples}]({samples}), [spec.toml](spec.toml), "
                   "[env.json](env.json)"
                   + (f", [{st.CURVES}]({st.CURVES})" if (run_dir / st.CURVES).is_file() else ""),
                   *([f"- [{GRID_PAGE}]({GRID_PAGE}): what each ablation axis costs and buys"]
