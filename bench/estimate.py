@@ -104,21 +104,36 @@ class Progress:
 def progress(cfg: Any, steps_done: int, points: Iterable[Mapping[str, Any]]) -> Progress:
     """The ``Progress`` of a training of ``cfg`` (a ``TrainConfig``) resumed at ``steps_done`` with dev
     curve ``points``: where the rule stops it if it fired; otherwise the earliest it can, when dev BLEU
-    never again passes its best by ``min_delta`` (the rule fires ``patience`` evaluations after the best,
-    then the wsd decay runs)."""
+    never again rises (each later point scores under every point so far: the rule is replayed on them,
+    smoothing and a growing patience included), then the wsd decay runs."""
     from models.schedule import decay_steps, latest_decay_start, stop_state
 
     points = list(points)
     state = stop_state(cfg, points)
     if cfg.until != "plateau" or state.stopped_by == "plateau":
         return Progress(steps_done, state.stop, True, None)
-    last = max((int(p["step"]) for p in points), default=0)
-    fire = last + (cfg.patience - state.evals_since_best) * cfg.eval_every
-    if fire >= (latest_decay_start(cfg) if cfg.schedule == "wsd" else cfg.steps):
-        return Progress(steps_done, cfg.steps, True, None)                       # no plateau before the cap
-    stop = fire + decay_steps(cfg, fire) if cfg.schedule == "wsd" else fire
-    threshold = None if state.best_dev_bleu is None else state.best_dev_bleu + cfg.min_delta
-    return Progress(steps_done, stop, False, threshold)
+    cap = latest_decay_start(cfg) if cfg.schedule == "wsd" else cfg.steps
+    low = min((float(p["dev_bleu"]) for p in points), default=0.0) - 1.0
+    step, future = max((int(p["step"]) for p in points), default=0), list(points)
+    while True:
+        step += cfg.eval_every
+        if step >= cap:
+            return Progress(steps_done, cfg.steps, True, None)                   # no plateau before the cap
+        future.append({"step": step, "dev_bleu": low})
+        if stop_state(cfg, future).stopped_by == "plateau":
+            break
+    stop = step + decay_steps(cfg, step) if cfg.schedule == "wsd" else step
+    return Progress(steps_done, stop, False, _threshold(cfg, points, state))
+
+
+def _threshold(cfg: Any, points: list, state) -> float | None:
+    """The dev BLEU the next point must pass to put the plateau off: its signal (the mean of the last
+    ``smooth`` points, it included) must pass the best by ``min_delta``."""
+    if state.best_dev_bleu is None:
+        return None
+    ordered = [float(p["dev_bleu"]) for p in sorted(points, key=lambda p: int(p["step"]))]
+    recent = ordered[max(0, len(ordered) - (cfg.smooth - 1)):] if cfg.smooth > 1 else []
+    return (len(recent) + 1) * (state.best_dev_bleu + cfg.min_delta) - sum(recent)
 
 
 @dataclass(frozen=True)
@@ -262,7 +277,7 @@ class Measured:
                 float(record["seconds"]) / int(record["examples"])))
 
     def _read_data_root(self, root: Path) -> None:
-        from suites.tasks import source_task
+        from suites.catalog import source_task
 
         kinds = {f.model_kind: f for f in families.all_families() if f.trains and f.model_kind}
         for meta_file in sorted((root / "checkpoints").glob("*/narbench.json")):

@@ -57,7 +57,7 @@ def real_locator() -> Locator:
     from narbench_core.paths import data_root
 
     def not_ready(task: str) -> str | None:
-        from suites.tasks import task_info
+        from suites.catalog import task_info
 
         info = task_info(task)
         if info.splits.get("train") is None:
@@ -78,7 +78,7 @@ def real_locator() -> Locator:
 
     def distillation(teacher_dir, task, seed, **kwargs):
         from models import distill
-        from suites.tasks import register_distilled_task
+        from suites.catalog import register_distilled_task
 
         folder = distill.distill_dir_for(teacher_dir, task, seed=seed, **kwargs)
         if (folder / distill.TSV_NAME).is_file() and (folder / distill.RECORD_NAME).is_file():
@@ -86,7 +86,7 @@ def real_locator() -> Locator:
         return folder, None
 
     def split_size(task, split):
-        from suites.tasks import task_info
+        from suites.catalog import task_info
 
         return task_info(task).splits.get(split)
 

@@ -65,7 +65,7 @@ class Deps:
 
 def real_configs(spec: SuiteSpec, cell: TrainCell) -> tuple[Any, Any]:
     """``ModelConfig`` and ``TrainConfig`` of a cell, built by its family."""
-    from suites.tasks import task_info
+    from suites.catalog import task_info
 
     vocab_size = task_info(cell.task).vocabulary.vocab_size
     return families.get(cell.family).configs(spec.model.preset, vocab_size, spec.model.override_dict(),
@@ -88,11 +88,11 @@ def real_deps(retrain_damaged: bool = defaults.RETRAIN_DAMAGED, wait_for_lease: 
         return done.task, done.record
 
     def load_text(task, split):
-        from suites.tasks import load_text as _load
+        from suites.catalog import load_text as _load
         return _load(task, split)
 
     def target_lang(task):
-        from suites.tasks import task_info
+        from suites.catalog import task_info
         return task_info(task).target_lang
 
     def train_record(checkpoint_dir):
@@ -109,15 +109,15 @@ def real_deps(retrain_damaged: bool = defaults.RETRAIN_DAMAGED, wait_for_lease: 
         return per_step(task, model_config, train_config)
 
     def valid_targets(task, split):
-        from suites.tasks import valid_targets as _valid
+        from suites.catalog import valid_targets as _valid
         return _valid(task, split)
 
     def prepare(spec, distilled):
-        from suites.tasks import distilled_name, known_tasks
+        from suites.catalog import distilled_name, is_known
 
         families.register_file_tasks(spec)
         for teacher_dir, task, kwargs in distilled:
-            if distilled_name(task) not in known_tasks():
+            if not is_known(distilled_name(task)):
                 distill(teacher_dir, task, **kwargs, progress=False)     # cached: registers <task>_distilled
 
     return Deps(train, distill, families.load_decoder, load_text, target_lang, real_configs, train_record, train_curve,
@@ -193,6 +193,7 @@ class Runner:
     trained: dict = field(default_factory=dict)       # TrainCell -> the training columns of its systems' rows
     executor: Any = field(default_factory=LocalExecutor)   # where training jobs run (bench.executors)
     timed_env: dict | None = None       # the env.json of a run with timed cells: resuming must time on its CPU
+    train_only: bool = False            # train and distil every model the plan needs, time nothing (yet)
     _matched: dict = field(default_factory=dict)      # resolved match budgets when there is no store
 
     def run(self, plan: Plan | None = None) -> list[dict]:
@@ -227,6 +228,8 @@ class Runner:
             self.executor.run(jobs, board)
             board.on_change = lambda summary: None
             bar.n = len(jobs)
+            if self.train_only:
+                return rows
             with self.executor.quiet_host() as host:
                 if not host.remote:
                     benv.check_same_cpu(self.timed_env or {}, self.env, timed=self.timed_env is not None)
@@ -682,6 +685,9 @@ class _TrainCall:
     warm: bool
 
     def __call__(self, *needs: Any) -> Path:
+        from narbench_core.paths import enable_compilation_cache
+
+        enable_compilation_cache()                      # a worker process loads what another compiled before
         needs_left, task, distilled = list(needs), self.task, []
         if self.distill is not None:
             task, _, teacher_dir = needs_left.pop(0)
@@ -695,6 +701,9 @@ def _distill_call(distill: Callable[..., tuple[str, dict]], prepare: Callable[[S
                   spec: SuiteSpec, task: str, kwargs: dict, progress: bool, teacher_dir: Path) -> tuple[str, dict, Path]:
     """A distillation job's call: the teacher's outputs on ``task``'s training sources, as a new task;
     returns (that task, the distillation's record, the teacher's checkpoint)."""
+    from narbench_core.paths import enable_compilation_cache
+
+    enable_compilation_cache()
     prepare(spec, [])
     distilled, record = distill(teacher_dir, task, **kwargs, progress=progress)
     return distilled, record, teacher_dir

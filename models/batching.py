@@ -189,9 +189,9 @@ class BucketedBatches:
 # -- tokenized task splits, cached on disk -----------------------------------------------------------
 def _text_fingerprint(task: str, split: str) -> str:
     """sha256 (16 hex) of the split's text pairs: a cache key that changes with the data."""
-    from suites import tasks
+    from suites import catalog
 
-    sources, references = tasks.load_text(task, split)
+    sources, references = catalog.load_text(task, split)
     h = hashlib.sha256()
     for source, target in zip(sources, references[0]):   # references[0]: the task's own targets
         h.update(source.encode())
@@ -205,31 +205,52 @@ def task_identity(task: str, split: str = "train") -> dict:
     """What names a task's training data: the vocabulary (its file relative to the data root, so a data root
     that moves keeps its caches and records, and its hash) and the text's fingerprint."""
     from narbench_core.paths import portable
-    from suites import tasks
+    from suites import catalog
 
-    info = tasks.task_info(task)
+    info = catalog.task_info(task)
     return {"vocab_path": portable(info.vocab_path), "vocab_hash": file_digest(info.vocab_path)[:16],
             "data": _text_fingerprint(task, split)}
 
 
-def load_task_tokens(task: str, split: str = "train", progress: bool = False) -> TokenPairs:
-    """The task split's ``inputs``/``targets`` token ids (EOS appended, as the seqio task makes them),
-    tokenized once and cached under ``tokens/`` keyed by task, split, vocabulary and text hash."""
-    import seqio
+def token_cache_path(task: str, split: str = "train") -> Path:
+    """Where ``load_task_tokens`` caches a split's token ids: keyed by task, split, vocabulary and text hash."""
     from narbench_core.paths import subdir
 
-    ident = task_identity(task, split)                 # imports suites.tasks: every task is registered
-    path = subdir("tokens") / f"{task}-{split}-{ident['vocab_hash'][:10]}-{ident['data'][:10]}.npz"
+    ident = task_identity(task, split)
+    return subdir("tokens") / f"{task}-{split}-{ident['vocab_hash'][:10]}-{ident['data'][:10]}.npz"
+
+
+def load_task_tokens(task: str, split: str = "train", progress: bool = False) -> TokenPairs:
+    """The task split's ``inputs``/``targets`` token ids (EOS appended, as the seqio task makes them),
+    tokenized once and cached (``token_cache_path``). A task read from a pack (``suites.packs``) brings its
+    splits' ids; a distilled one of it is tokenized here by its SentencePiece model, as seqio would."""
+    from suites import catalog
+
+    path = token_cache_path(task, split)
     if path.is_file():
         return TokenPairs.load(path)
+    if catalog.packed(task):
+        vocab = catalog.get_vocabulary(task)
+        sources, references = catalog.load_text(task, split)
+        inputs = [vocab.encode(s) + [EOS_ID] for s in sources]
+        targets = [vocab.encode(t) + [EOS_ID] for t in references[0]]
+    else:
+        inputs, targets = _seqio_tokens(task, split)
+    if not inputs:
+        raise ValueError(f"task {task!r} split {split!r} has no examples")
+    pairs = TokenPairs.from_lists(inputs, targets)
+    pairs.save(path)
+    return pairs
+
+
+def _seqio_tokens(task: str, split: str) -> tuple[list, list]:
+    """A seqio task split's token ids (its preprocessors: tokenize, append EOS)."""
+    import seqio
+
     ds = seqio.get_mixture_or_task(task).get_dataset(
         sequence_length=None, split=split, shuffle=False, num_epochs=1, use_cached=False)
     inputs, targets = [], []
     for ex in ds.as_numpy_iterator():
         inputs.append(ex["inputs"])
         targets.append(ex["targets"])
-    if not inputs:
-        raise ValueError(f"task {task!r} split {split!r} has no examples")
-    pairs = TokenPairs.from_lists(inputs, targets)
-    pairs.save(path)
-    return pairs
+    return inputs, targets

@@ -55,23 +55,23 @@ class DevSet:
 
 
 def dev_set(task: str, n: int = defaults.CURVE_SENTENCES, seed: int = DEV_SEED, needed_by: str | None = None) -> DevSet:
-    """``n`` sentences of the dev split of ``task`` (of its source task if distilled), seeded
+    """``n`` sentences of the dev split of ``task`` (of its source task if distilled), seeded; ``n`` 0: all of them
     (``needed_by``: the setting that asks for them, named in the error when there are none)."""
-    from suites import tasks
+    from suites import catalog
 
-    base = tasks.source_task(task)
-    sources, references = tasks.load_text(base, "dev")
+    base = catalog.source_task(task)
+    sources, references = catalog.load_text(base, "dev")
     if not sources:
         why = f"{needed_by} trains until dev BLEU stops rising" if needed_by else "learning curves need one"
         raise UserError(f"task {base} has an empty dev split; {why} (add a dev split, or train a set number of "
                         "steps; check `narbench tasks`)")
     idx = np.arange(len(sources))
-    if n < len(sources):
+    if 0 < n < len(sources):
         idx = np.sort(np.random.default_rng(seed).choice(len(sources), size=n, replace=False))
     # A task that knows every valid target of a source (the synthetic dial) is scored against all of them.
-    others = references[1:] if tasks.valid_targets(base, "dev") is not None else []
+    others = references[1:] if catalog.valid_targets(base, "dev") is not None else []
     return DevSet(tuple(sources[i] for i in idx), tuple(references[0][i] for i in idx),
-                  tasks.get_vocabulary(base), langs.bleu_tokenizer(tasks.task_info(base).target_lang),
+                  catalog.get_vocabulary(base), langs.bleu_tokenizer(catalog.task_info(base).target_lang),
                   tuple(tuple(r[i] for i in idx) for r in others))
 
 

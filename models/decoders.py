@@ -510,7 +510,7 @@ def checkpoint_vocabulary(meta: dict):
     task = meta.get("task")
     if not task:
         raise UserError("the checkpoint names neither a vocabulary nor a task; retrain it with `narbench train`")
-    from suites.tasks import get_vocabulary
+    from suites.catalog import get_vocabulary
 
     return get_vocabulary(task)
 

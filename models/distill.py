@@ -30,7 +30,7 @@ recorded adopts them on its first use.
 
 Decoding goes in chunks of ``chunk_size`` sources, each written atomically as ``part-NNNNN.tsv`` (and
 the time spent so far to ``timing.json``), so an interrupted run resumes at its first missing chunk.
-``suites.tasks.register_distilled_task`` then exposes ``train.tsv`` as the seqio task
+``suites.catalog.register_distilled_task`` then exposes ``train.tsv`` as the task
 ``<task>_distilled``: "distillation on/off" is a choice of task.
 
 The batch size (``narbench_core.defaults.DISTILL_BATCH_SIZE``) was measured on this machine (the numbers
@@ -149,7 +149,7 @@ def distill(teacher_dir: str | os.PathLike, task: str, decoder: str = defaults.D
     """Decode the seeded sample of ``task``'s training sources with the AR teacher (cached,
     resumable), score the teacher on the held-aside pairs, write ``distill.json``, register
     ``<task>_distilled`` on the result and return it with its folder and record."""
-    from suites import tasks
+    from suites import catalog
 
     decoder = teacher_decoder(decoder)
     if batch_size < 1 or chunk_size < 1:
@@ -167,7 +167,7 @@ def distill(teacher_dir: str | os.PathLike, task: str, decoder: str = defaults.D
     if not (final.is_file() and record_file.is_file()):
         _run(teacher_dir, task, out, settings, batch_size, chunk_size, progress)
     record = json.loads(record_file.read_text(encoding="utf-8"))
-    return Distillation(tasks.register_distilled_task(task, final), out, record)
+    return Distillation(catalog.register_distilled_task(task, final), out, record)
 
 
 def cache_damage(out: Path, teacher_dir: str | os.PathLike) -> str | None:
@@ -211,10 +211,10 @@ def _run(teacher_dir, task: str, out: Path, settings: dict, batch_size: int, chu
     import sacrebleu
 
     from narbench_core.paths import portable
-    from suites import tasks
+    from suites import catalog
 
     start = time.perf_counter()
-    sources, refs = tasks.load_text(task, "train")
+    sources, refs = catalog.load_text(task, "train")
     picked, held = sample_indices(len(sources), settings["max_examples"], settings["heldout"], settings["seed"])
     out.mkdir(parents=True, exist_ok=True)
     timing = _read_timing(out)
@@ -232,7 +232,7 @@ def _run(teacher_dir, task: str, out: Path, settings: dict, batch_size: int, chu
         raise RuntimeError(f"distillation chunks in {out} cover {len(hyps)} sources, not the {len(picked)} "
                            "sampled ones; delete the folder and re-run")
 
-    target_lang = tasks.task_info(task).target_lang
+    target_lang = catalog.task_info(task).target_lang
     tokenize = langs.bleu_tokenizer(target_lang)
     held_hyps = _decode(decoder, [sources[i] for i in held], batch_size) if len(held) else []
     teacher_bleu = (sacrebleu.corpus_bleu(held_hyps, [[refs[0][i] for i in held]], tokenize=tokenize).score

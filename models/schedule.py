@@ -3,9 +3,11 @@
 Two stopping rules (``TrainConfig.until``), the same for every family:
 
 - ``"steps"``: train exactly ``steps`` steps.
-- ``"plateau"``: evaluate on dev every ``eval_every`` steps (``models.curves``) and stop once dev BLEU
-  has not risen by more than ``min_delta`` over its best for ``patience`` evaluations in a row;
-  ``steps`` is a cap.
+- ``"plateau"``: evaluate on dev every ``eval_every`` steps (``models.curves``, ``dev_sentences`` of the
+  dev split) and stop once the rule's signal has not risen by more than ``min_delta`` over its best for
+  ``patience`` evaluations in a row (at least ``patience_share`` of the evaluations so far, and not
+  before ``min_steps``); ``steps`` is a cap. The signal is dev BLEU, the mean of the last ``smooth``
+  points (1: each point as measured).
 
 Two learning-rate schedules after the linear warm-up (``TrainConfig.schedule``):
 
@@ -36,9 +38,10 @@ class StopState:
     decay_start: int | None        # step the learning rate starts to decay (wsd; None: cosine)
     stop: int                      # the step the training ends at
     stopped_by: str                # "plateau" (the rule fired), "cap" (no plateau by ``steps``), "steps"
-    best_dev_bleu: float | None    # best dev BLEU of the curve so far
+    best_dev_bleu: float | None    # best of the rule's signal so far (dev BLEU, smoothed over ``smooth`` points)
     best_step: int | None          # ... and its step
-    evals_since_best: int          # evaluations since dev BLEU last rose by more than min_delta
+    evals_since_best: int          # evaluations since the signal last rose by more than min_delta
+    evals: int = 0                 # evaluations so far (the patience may grow with them: ``patience_share``)
 
 
 def latest_decay_start(cfg: Any) -> int:
@@ -51,26 +54,45 @@ def decay_steps(cfg: Any, decay_start: int) -> int:
     return max(1, min(round(cfg.decay_share * decay_start), cfg.steps - decay_start))
 
 
+def signal(cfg: Any, points: Iterable[Mapping[str, Any]]) -> list[tuple[int, float]]:
+    """The rule's signal at each curve point, by step: dev BLEU averaged over the last ``cfg.smooth`` points
+    (fewer at the start)."""
+    pts = sorted((int(p["step"]), float(p["dev_bleu"])) for p in points)
+    window = getattr(cfg, "smooth", 1)
+    out = []
+    for i, (step, _) in enumerate(pts):
+        recent = [bleu for _, bleu in pts[max(0, i + 1 - window):i + 1]]
+        out.append((step, sum(recent) / len(recent)))
+    return out
+
+
+def patience_at(cfg: Any, evals: int) -> int:
+    """Evaluations without a rise that fire the rule after ``evals`` evaluations: ``patience``, or
+    ``patience_share`` of the evaluations so far where that is more."""
+    return max(cfg.patience, math.ceil(getattr(cfg, "patience_share", 0.0) * evals))
+
+
 def stop_state(cfg: Any, points: Iterable[Mapping[str, Any]]) -> StopState:
     """The stopping decision of ``cfg`` (a ``TrainConfig``) given its curve points so far
     (``{"step", "dev_bleu"}``; points after the decay started do not move it)."""
-    pts = sorted((int(p["step"]), float(p["dev_bleu"])) for p in points)
     best, best_step, since = None, None, 0
     fired = None
     latest = latest_decay_start(cfg) if cfg.schedule == "wsd" else cfg.steps
-    for step, bleu in pts:
-        if best is None or bleu > best + cfg.min_delta:
-            best, best_step, since = bleu, step, 0
+    pts = signal(cfg, points)
+    for n, (step, value) in enumerate(pts, 1):
+        if best is None or value > best + cfg.min_delta:
+            best, best_step, since = value, step, 0
         else:
             since += 1
-        if fired is None and cfg.until == "plateau" and since >= cfg.patience and step < latest:
+        if (fired is None and cfg.until == "plateau" and since >= patience_at(cfg, n)
+                and step >= getattr(cfg, "min_steps", 0) and step < latest):
             fired = step
     if fired is None:
         return StopState(latest if cfg.schedule == "wsd" else None, cfg.steps,
-                         "cap" if cfg.until == "plateau" else "steps", best, best_step, since)
+                         "cap" if cfg.until == "plateau" else "steps", best, best_step, since, len(pts))
     if cfg.schedule == "wsd":
-        return StopState(fired, fired + decay_steps(cfg, fired), "plateau", best, best_step, since)
-    return StopState(None, fired, "plateau", best, best_step, since)
+        return StopState(fired, fired + decay_steps(cfg, fired), "plateau", best, best_step, since, len(pts))
+    return StopState(None, fired, "plateau", best, best_step, since, len(pts))
 
 
 def learning_rate_schedule(cfg: Any, decay_start: int | None = None) -> optax.Schedule:

@@ -64,6 +64,13 @@ class TrainConfig:
                                               "improving (patience, min_delta), `steps` a cap")
     patience: int = unhashed_at_default(3, "plateau: evaluations in a row without a rise over min_delta")
     min_delta: float = unhashed_at_default(0.2, "plateau: the dev BLEU rise over the best that counts")
+    smooth: int = unhashed_at_default(1, "plateau: the rule reads the mean dev BLEU of the last `smooth` points "
+                                         "(1: each point as measured)")
+    patience_share: float = unhashed_at_default(0.0, "plateau: the patience grows with the training: at least this "
+                                                     "share of the evaluations so far (0: `patience` alone)")
+    min_steps: int = unhashed_at_default(0, "plateau: the rule does not fire before this step")
+    dev_sentences: int = setting_field(defaults.CURVE_SENTENCES, "dev sentences each curve point decodes (a seeded "
+                                       "sample of the dev split; 0: the whole split)")
     schedule: str = unhashed_at_default("cosine", "after warm-up: cosine to min_learning_rate at `steps`, or "
                                                   "wsd (constant, then a linear decay, then stop)")
     decay_share: float = unhashed_at_default(0.2, "wsd: decay steps per step run before the decay")
@@ -79,7 +86,9 @@ class TrainConfig:
                   "max_length": self.max_length >= 2, "checkpoint_every": self.checkpoint_every >= 1,
                   "eval_every": self.eval_every >= 0,
                   "optimizer": self.optimizer in OPTIMIZERS, "until": self.until in defaults.TRAIN_UNTIL,
-                  "patience": self.patience >= 1, "min_delta": self.min_delta >= 0,
+                  "patience": self.patience >= 1, "min_delta": self.min_delta >= 0, "smooth": self.smooth >= 1,
+                  "patience_share": 0.0 <= self.patience_share < 1.0, "min_steps": self.min_steps >= 0,
+                  "dev_sentences": self.dev_sentences >= 0,
                   "schedule": self.schedule in defaults.LR_SCHEDULES, "decay_share": 0 <= self.decay_share < 1}
         bad = [name for name, ok in checks.items() if not ok]
         if bad:
@@ -101,6 +110,8 @@ class TrainConfig:
         out = {**identity_dict(self), "buckets": list(self.buckets)}
         if self.until == "plateau":
             out["eval_every"] = self.eval_every
+            if self.dev_sentences != defaults.CURVE_SENTENCES:      # the rule's signal: hashed where it is not the default
+                out["dev_sentences"] = self.dev_sentences
         return out
 
     @classmethod
@@ -639,7 +650,8 @@ def _curve_setup(task: str, model_config: ModelConfig, cfg: TrainConfig, out_dir
     if dev is None:
         if in_memory:
             raise UserError("training on in-memory data with eval_every needs a dev set (dev=curves.DevSet(...))")
-        dev = curves.dev_set(task, needed_by=f'until = "{cfg.until}"' if cfg.until == "plateau" else None)
+        dev = curves.dev_set(task, cfg.dev_sentences,
+                             needed_by=f'until = "{cfg.until}"' if cfg.until == "plateau" else None)
     quiet = model_config.replace(dropout_rate=0.0)          # the same parameters, scored without dropout
     loss = loss_fn(quiet, cfg.replace(label_smoothing=0.0), build_model(quiet))
     return curves.DevEvaluator(model_config, cfg, dev, loss), kept

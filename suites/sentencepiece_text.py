@@ -32,6 +32,11 @@ class SentencePieceText:
         self.vocab_size = sp.get_piece_size()
         self.eos_id, self.unk_id = EOS_ID, UNK_ID
 
+    @property
+    def sentencepiece_model_file(self) -> str:
+        """The model file, by seqio's name for it (``catalog.TaskInfo.vocab_path`` reads either vocabulary)."""
+        return self.model_file
+
     def encode(self, text: str) -> list[int]:
         """Ids of ``text`` without EOS."""
         return self.tokenizer.encode_as_ids(text)

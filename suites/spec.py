@@ -104,6 +104,10 @@ class TrainBudget:
     until: str | None = None                  # "plateau": stop when dev BLEU stops rising (models/schedule.py),
     patience: int | None = None               #   after `patience` evaluations without a rise over `min_delta`,
     min_delta: float | None = None            #   steps a cap; None: "steps" (train `steps` steps)
+    smooth: int | None = None                 # plateau: the rule reads the mean dev BLEU of the last `smooth` points
+    patience_share: float | None = None       # plateau: the patience is at least this share of the evaluations so far
+    min_steps: int | None = None              # plateau: the rule does not fire before this step
+    dev_sentences: int | None = None          # dev sentences per curve point (0, "all" in a spec: the whole split)
     schedule: str | None = None               # "cosine" | "wsd" (a plateau budget's default: wsd)
     decay_share: float | None = None          # wsd: decay steps per step run before the decay
 
@@ -416,6 +420,12 @@ _TASK = re.compile(r"^[A-Za-z0-9_]+$")
 _LANG = re.compile(r"^[A-Za-z]{2,3}(?:[-_][A-Za-z0-9]+)*$")
 
 
+def _dev_sentences(v: Any) -> int:
+    """A count of dev sentences; 0 or "all": the whole split (0 in ``TrainConfig.dev_sentences``)."""
+    n = all_or(integer(0))(v)
+    return 0 if n is None else n
+
+
 def _budget(r: Reader) -> TrainBudget:
     until = r.get("until", string(choices=defaults.TRAIN_UNTIL), None)
     b = TrainBudget(
@@ -435,6 +445,10 @@ def _budget(r: Reader) -> TrainBudget:
         until=until,
         patience=r.get("patience", integer(1), None),
         min_delta=r.get("min_delta", number(0.0), None),
+        smooth=r.get("smooth", integer(1), None),
+        patience_share=r.get("patience_share", number(0.0, 1.0, hi_open=True), None),
+        min_steps=r.get("min_steps", integer(0), None),
+        dev_sentences=r.get("dev_sentences", _dev_sentences, None),
         schedule=r.get("schedule", string(choices=defaults.LR_SCHEDULES), "wsd" if until == "plateau" else None),
         decay_share=r.get("decay_share", number(0.0, 1.0, hi_open=True), None),
     )
@@ -447,7 +461,7 @@ def _budget(r: Reader) -> TrainBudget:
         if b.schedule == "cosine":
             r.fail("schedule", 'until = "plateau" needs schedule = "wsd": cosine needs the total steps in advance')
     elif until is None:
-        for key in ("patience", "min_delta"):
+        for key in ("patience", "min_delta", "smooth", "patience_share", "min_steps"):
             if getattr(b, key) is not None:
                 r.fail(key, 'applies to until = "plateau" only')
     r.done()

@@ -23,8 +23,9 @@ from narbench_core import langs
 from narbench_core.errors import UserError
 from narbench_core.io import iter_lines
 from suites import bible, files, synthetic, vocab, wmt
+from suites.taskinfo import (DISTILLED_SUFFIX, SPLITS, TaskInfo, distilled_name, read_tsv,  # noqa: F401 (API)
+                             source_task)
 
-SPLITS = ("train", "dev", "test")
 # Vocabulary sizes per family (the paper uses 32k; 8k is the CPU default for the Bible).
 VOCAB_SIZES = {"bible": 8000, "wmt": 32000, "synthetic": 256}
 SYNTHETIC_VOCAB_SENTENCES = 5_000
@@ -55,21 +56,6 @@ class _Spec:
         if self.family == "files":
             return f"files-{self.files.name}-{self.files.digest()}"
         return f"{self.family}-{self.pair}-en"
-
-
-@dataclass(frozen=True)
-class TaskInfo:
-    name: str
-    source_lang: str
-    target_lang: str
-    family: str
-    splits: dict            # split -> number of examples, or None where unknown (data not prepared)
-    vocabulary: seqio.SentencePieceVocabulary
-
-    @property
-    def vocab_path(self) -> Path:
-        """The SentencePiece model file (trains the vocabulary on first access)."""
-        return Path(self.vocabulary.sentencepiece_model_file)
 
 
 _SPECS: dict[str, _Spec] = {}
@@ -153,17 +139,6 @@ def _synthetic_text(cfg: synthetic.SyntheticConfig, split: str) -> tuple[list[st
     return sources, [own] + others
 
 
-def _read_tsv(path: Path) -> tuple[list[str], list[str]]:
-    sources, targets = [], []
-    for n, line in enumerate(iter_lines(path), 1):
-        cols = line.split("\t")
-        if len(cols) != 2:
-            raise UserError(f"{path}:{n}: expected `source<TAB>target`; re-run the distillation")
-        sources.append(cols[0])
-        targets.append(cols[1])
-    return sources, targets
-
-
 @functools.lru_cache(maxsize=32)
 def _load_text_cached(name: str, split: str) -> tuple[tuple[str, ...], tuple[tuple[str, ...], ...]]:
     return _load_text_raw(name, split)
@@ -175,7 +150,7 @@ def _load_text_raw(name: str, split: str) -> tuple[tuple[str, ...], tuple[tuple[
         raise UserError(f"unknown split {split!r} for {name}; choose from {', '.join(SPLITS)}")
     if spec.distilled_train is not None:
         if split == "train":
-            src, tgt = _read_tsv(Path(spec.distilled_train))
+            src, tgt = read_tsv(Path(spec.distilled_train))
             return tuple(src), (tuple(tgt),)
         src, refs = load_text(spec.base, split)
         return tuple(src), tuple(tuple(r) for r in refs)
@@ -327,19 +302,6 @@ def task_info(name: str) -> TaskInfo:
     spec = _spec(name)
     return TaskInfo(name=name, source_lang=spec.source_lang, target_lang=spec.target_lang,
                     family=spec.family, splits=split_sizes(name), vocabulary=_vocabulary(spec))
-
-
-DISTILLED_SUFFIX = "_distilled"   # the one place that spells a distilled task's name
-
-
-def distilled_name(task: str) -> str:
-    """The name of ``task`` with its training targets replaced by a teacher's outputs."""
-    return task + DISTILLED_SUFFIX
-
-
-def source_task(name: str) -> str:
-    """The task a (possibly distilled) task was made from: its dev/test splits and vocabulary."""
-    return name.removesuffix(DISTILLED_SUFFIX)
 
 
 def register_distilled_task(base_task: str, train_tsv: Path) -> str:

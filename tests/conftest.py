@@ -78,6 +78,38 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=lambda item: group_of(item.nodeid) != FIRST_GROUP)          # stable: the rest keep their order
 
 
+# -- compile time -----------------------------------------------------------------------------------------
+# Most of the suite's time is XLA compiling tiny models, not running them, so tests compile without XLA's backend
+# optimizations (JAX_DISABLE_MOST_OPTIMIZATIONS: LLVM at -O0 and no expensive passes; the same programs, compiled
+# sooner), in this process and every child it starts. Measured 2026-11-29 (Intel Xeon, a core each, cold caches):
+# test_sharding 67 -> 36 s, test_speedmap's real decoders 55 -> 33 s, test_ort's float32 graphs 39-43 -> 27-29 s;
+# but tests that run hundreds of training steps ran slower (test_padir_learns_copy 40-47 -> 61-66 s): those are
+# marked `optimized` and compile as users do. Timed benchmarks (--benchmark-enable) always compile as users do.
+NO_OPTIMIZATION = "JAX_DISABLE_MOST_OPTIMIZATIONS"
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "optimized: runs many steps; compiles with XLA's optimizations (conftest.py)")
+    if not config.getoption("benchmark_enable", False):
+        os.environ.setdefault(NO_OPTIMIZATION, "1")
+
+
+@pytest.fixture(autouse=True)
+def _optimized_compiles(request):
+    """A test marked ``optimized`` compiles with XLA's optimizations (its compilations are cached apart)."""
+    if request.node.get_closest_marker("optimized") is None:
+        yield
+        return
+    import jax
+
+    before = jax.config.jax_disable_most_optimizations
+    jax.config.update("jax_disable_most_optimizations", False)
+    try:
+        yield
+    finally:
+        jax.config.update("jax_disable_most_optimizations", before)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _compilation_cache():
     from narbench_core.paths import enable_compilation_cache

@@ -36,6 +36,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true",
                         help="also show the libraries' own log lines and warnings (TensorFlow, absl, JAX, "
                         "SentencePiece), which are hidden by default")
+    parser.add_argument("--pack", action="append", default=[], metavar="DIR",
+                        help="read a task from this pack (`narbench data pack`) instead of its seqio task: training, "
+                        "distillation and timing then import no TensorFlow (repeatable; also NARBENCH_PACKS, "
+                        "folders separated by ':')")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     for name in COMMAND_MODULES:
@@ -86,6 +90,10 @@ def main(argv: list[str] | None = None) -> int:
 
         quiet_process()
     try:
+        if args.pack:
+            from suites.catalog import use_packs
+
+            use_packs(args.pack)
         code = args.func(args)
     except UserError as err:
         print(f"narbench: error: {err}", file=sys.stderr)

@@ -67,6 +67,12 @@ def register(sub) -> None:
                         "--min-delta for --patience evaluations (needs --eval-every; --steps is the cap)")
     p.add_argument("--patience", type=int, help="plateau: evaluations without a rise (default 3)")
     p.add_argument("--min-delta", type=float, help="plateau: the dev BLEU rise that counts (default 0.2)")
+    p.add_argument("--smooth", type=int, help="plateau: the rule reads the mean dev BLEU of the last N points (default 1)")
+    p.add_argument("--patience-share", type=float,
+                   help="plateau: the patience grows to this share of the evaluations so far (default 0: fixed)")
+    p.add_argument("--min-steps", type=int, help="plateau: the rule does not fire before this step (default 0)")
+    p.add_argument("--dev-sentences", type=int,
+                   help=f"dev sentences per curve point (default {defaults.CURVE_SENTENCES}; 0: the whole dev split)")
     p.add_argument("--schedule", choices=defaults.LR_SCHEDULES,
                    help="learning rate after warm-up: cosine (default with --until steps) or wsd (constant, then a "
                         "linear decay; the only one with --until plateau)")
@@ -138,7 +144,7 @@ def _export_arguments(p: argparse.ArgumentParser, kind: str) -> None:
 def train_configs(task: str, family: str, preset_name: str = "small", axes: Optional[dict] = None, **overrides):
     """``(model_config, train_config)`` for a task, built by the family: the preset sized to the task's
     vocabulary, TrainConfig defaults with the non-None ``overrides`` and the family's training ``axes``."""
-    from suites.tasks import get_vocabulary
+    from suites.catalog import get_vocabulary
 
     axes = {k: v for k, v in (axes or {}).items() if v is not None}
     return families.get(family).configs(preset_name, get_vocabulary(task).vocab_size, {},
@@ -230,7 +236,8 @@ def _train_command(args: argparse.Namespace) -> int:
                       steps=args.steps, batch_tokens=args.batch_tokens, learning_rate=args.learning_rate,
                       warmup_steps=args.warmup_steps, seed=args.seed, checkpoint_every=args.checkpoint_every,
                       eval_every=args.eval_every, optimizer=args.optimizer, until=args.until,
-                      patience=args.patience, min_delta=args.min_delta,
+                      patience=args.patience, min_delta=args.min_delta, smooth=args.smooth,
+                      patience_share=args.patience_share, min_steps=args.min_steps, dev_sentences=args.dev_sentences,
                       schedule=args.schedule or ("wsd" if args.until == "plateau" else None),
                       decay_share=args.decay_share)
     print(out)

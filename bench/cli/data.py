@@ -85,6 +85,18 @@ def register(sub) -> None:
     e.add_argument("--limit", type=int, default=None, help="at most this many pairs per split (the first ones)")
     e.set_defaults(func=cmd_export)
 
+    k = dsub.add_parser("pack", help="write a task's splits, references and vocabulary as plain files that train "
+                        "and time without TensorFlow",
+                        description="Write TASK's train/dev/test text (every reference stream), their token ids and "
+                        "the task's SentencePiece vocabulary to OUT (pack.json lists them with digests). A process "
+                        "given the pack (`narbench --pack OUT COMMAND`, or NARBENCH_PACKS) trains, distils "
+                        "and times the task without importing TensorFlow or seqio, and finds the same cached "
+                        "checkpoints as one reading the task itself. Writing the pack needs them (the task's data "
+                        "and vocabulary are made here if missing).")
+    k.add_argument("task", help="task name (see `narbench tasks`)")
+    k.add_argument("--out", required=True, help="the pack's folder (new, empty, or an older pack to replace)")
+    k.set_defaults(func=cmd_pack)
+
     t = sub.add_parser("tasks", help="list every task with split sizes and mean lengths",
                        description="List every registered task: languages, split sizes and mean "
                        f"training lengths (over at most {TASKS_SAMPLE} pairs) in words and, where the "
@@ -194,7 +206,7 @@ def suite_data_defects(spec, max_words=None) -> dict[str, tuple[dict, list]]:
     """For each of the suite's own data tasks: ``(split reports, defects)`` as ``narbench run`` checks
     them: structure, encoding, empty lines, dev/test sources repeated from train, and every pair's
     SentencePiece length (EOS included) against the training ``max_length`` (trains the vocabulary)."""
-    from suites import files, tasks
+    from suites import catalog, files
 
     out = {}
     for task in spec.tasks:
@@ -203,7 +215,7 @@ def suite_data_defects(spec, max_words=None) -> dict[str, tuple[dict, list]]:
         reports = files.check_task(task.files, max_words if max_words is not None else 10 ** 9)
         defects = [d for r in reports.values() for d in r.defects]
         if not defects:
-            encode = tasks.get_vocabulary(task.train).tokenizer.encode
+            encode = catalog.get_vocabulary(task.train).tokenizer.encode
             limit = training_max_length(spec)
             for report in reports.values():
                 defects += files.token_defects(report, encode, limit)
@@ -312,4 +324,15 @@ def cmd_export(args) -> int:
             raise UserError(f"{args.task} {split} pair {bad[0]} holds a tab or newline; it cannot be written as TSV")
         write_text(out / f"{split}.tsv", "".join(lines))
         print(f"{out / (split + '.tsv')}: {n} pairs, {len(refs)} reference(s)")
+    return 0
+
+
+def cmd_pack(args) -> int:
+    import sys
+
+    from models.packing import write_pack
+
+    out = write_pack(args.task, args.out, note=lambda line: print(line, file=sys.stderr))
+    size = sum(p.stat().st_size for p in out.iterdir())
+    print(f"{out}: the pack of {args.task}, {size / 1e6:.1f} MB")
     return 0

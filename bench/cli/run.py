@@ -31,6 +31,9 @@ def register(sub) -> None:
     _timing_args(p)
     p.add_argument("--refuse-damaged", action="store_true", help=REFUSE_DAMAGED_HELP)
     p.add_argument("--force", action="store_true", help="start a fresh run folder instead of resuming")
+    p.add_argument("--train-only", action="store_true",
+                   help="train and distil every model the suite needs, then stop before timing: the run folder stays "
+                   "open, and the same command without --train-only times it (on a machine doing nothing else)")
     p.add_argument("--bleurt-checkpoint", help="BLEURT checkpoint folder (default: $NARBENCH_BLEURT; none: no BLEURT)")
     p.add_argument("--executor", choices=EXECUTORS, help=f"where the trainings run: local (in this process, one "
                    f"after another) or ray (on a Ray cluster; pip install 'narbench[ray]'); timing always runs "
@@ -229,9 +232,14 @@ def cmd_run(args) -> int:
         executor = executors.make(executor_name, **options)
         deps = runner.real_deps(retrain_damaged=not args.refuse_damaged, wait_for_lease=executor_name == "ray")
         suite = runner.Runner(spec, deps, run, env, platform, load_scorer(args.bleurt_checkpoint),
-                              progress=not args.no_progress, executor=executor, timed_env=timed_env)
+                              progress=not args.no_progress, executor=executor, timed_env=timed_env,
+                              train_only=args.train_only)
         suite.run()
         run.update_info(last_session_s=round(time.perf_counter() - start, 1))
+        if args.train_only:
+            print(f"narbench: every model of {spec.name} is trained; time them with the same command without "
+                  f"--train-only (it resumes {run.path})", file=sys.stderr)
+            return 0
         finished = utc_now().isoformat()                  # the time the report states and run.json records
         return _finish(run.path, lambda: store.finish_run(run, finished), finished)   # once its report is written
     finally:

@@ -111,9 +111,9 @@ def load_suite(name_or_path):
 def register_file_tasks(spec):
     """Register each ``[[tasks]]`` on the suite's own files as a seqio Task (built-ins already are), in this
     process; returns ``spec``."""
-    from suites import tasks
-
     for task in spec.tasks:
         if task.files is not None:
+            from suites import tasks
+
             tasks.register_file_task(task.files)
     return spec

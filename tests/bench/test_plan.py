@@ -114,6 +114,13 @@ def test_a_partial_training_stops_where_its_rule_says_or_at_the_earliest_it_can(
         8500, 10_000, True, None)
     assert estimate.progress(_plateau_config(until="steps", schedule="cosine"), 10, []) == estimate.Progress(
         10, 60_000, True, None)
+    # A smoothed rule (the mean of the last 3 points): its best is 8,500's (17.0 + 17.76 + 17.31) / 3, so it fires 4
+    # evaluations later at the earliest; the next point must lift the mean past that best + 0.2 to put it off.
+    smoothed = estimate.progress(_plateau_config(smooth=3), 8500, _curve(*rising))
+    assert smoothed == estimate.Progress(8500, 10_500 + 2_100, False, pytest.approx(3 * (52.07 / 3 + 0.2) - 35.07))
+    # A growing patience (half the evaluations so far) and a first step push the earliest stop out.
+    assert estimate.progress(_plateau_config(patience_share=0.5), 8500, _curve(*rising)).stop == 16_000 + 3_200
+    assert estimate.progress(_plateau_config(min_steps=20_000), 8500, _curve(*rising)).stop == 20_000 + 4_000
 
 
 def test_a_plateau_is_estimated_from_the_nearest_models_the_rule_stopped():

@@ -228,6 +228,21 @@ def test_partial_split_resume_pairs_with_stored_baseline(tmp_path, spec):
     assert verify_run(run.path) == []
 
 
+def test_train_only_trains_every_model_and_times_nothing_until_run_again(tmp_path, spec):
+    """`narbench run --train-only`: trainings in the background now, the timing later on a quiet machine."""
+    run = new_store(tmp_path, spec)
+    factory = FakeFactory()
+    assert Runner(spec, fake_deps(tmp_path / "ckpt", factory), run, progress=False, train_only=True).run() == []
+    trained = sorted(p.name for p in (tmp_path / "ckpt").iterdir())
+    assert trained and factory.loads == [] and run.rows() == []               # nothing timed, nothing loaded
+    board = json.loads((run.path / st.CELLS).read_text())["cells"]
+    assert {c["state"] for c in board if c["kind"] != "evaluate"} == {"done"}
+    assert [c["state"] for c in board if c["kind"] == "evaluate"] == ["pending"] * 2
+    Runner(spec, fake_deps(tmp_path / "ckpt", factory), run, progress=False).run()
+    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == trained   # the same models, none again
+    assert len(run.rows()) == 18 and verify_run(run.path) == []
+
+
 def test_timing_only_runner_returns_rows_without_quality(tmp_path, spec):
     rows = Runner(spec, fake_deps(tmp_path / "ckpt"), None, score=False, progress=False).run()
     assert len(rows) == 18

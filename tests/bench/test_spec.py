@@ -119,6 +119,13 @@ def test_test_set_syntax(tmp_path):
     ("[train.ar]\nsteps = 10", "[train.ar]\nsteps = 10\nuntil = \"plateau\"\neval_every = 2\nschedule = \"cosine\"",
      "x.toml: train.ar.schedule: until = \"plateau\" needs schedule = \"wsd\""),
     ("[train.ar]\nsteps = 10", "[train.ar]\nsteps = 10\npatience = 2", "x.toml: train.ar.patience: applies to until"),
+    ("[train.ar]\nsteps = 10", "[train.ar]\nsteps = 10\nsmooth = 3", "x.toml: train.ar.smooth: applies to until"),
+    ("[train.ar]\nsteps = 10", "[train.ar]\nsteps = 10\nuntil = \"plateau\"\neval_every = 2\nsmooth = 0",
+     "x.toml: train.ar.smooth: expected an integer >= 1, got 0"),
+    ("[train.ar]\nsteps = 10", "[train.ar]\nsteps = 10\nuntil = \"plateau\"\neval_every = 2\npatience_share = 1",
+     "x.toml: train.ar.patience_share: expected a number >= 0.0 and < 1.0"),
+    ("[train.ar]\nsteps = 10", "[train.ar]\nsteps = 10\ndev_sentences = \"most\"",
+     "x.toml: train.ar.dev_sentences: expected an integer >= 0"),
     ("[train.ar]\nsteps = 10", "[train.ar]\nsteps = 10\nuntil = \"plateau\"\neval_every = 2",
      "x.toml: train: every family of a suite trains by the same rule"),
     ("iterations = [1, 2]", 'iterations = [1, 2]\n[ar]\ndecoders = ["beam:5"]', 'x.toml: ar.decoders: must include "greedy"'),
@@ -138,6 +145,17 @@ def test_bad_values_name_the_key(tmp_path, old, new, message):
     text = str(err.value)
     assert text.startswith(str(tmp_path)) and message in text, text
     assert "\n" not in text
+
+
+def test_a_steadier_plateau_rule_reads_and_round_trips(tmp_path):
+    rule = 'until = "plateau"\neval_every = 2\nsmooth = 3\npatience_share = 0.25\nmin_steps = 6\ndev_sentences = "all"\n'
+    text = GOOD.replace("warmup_steps = 2\n", "warmup_steps = 2\n" + rule)
+    spec = load_spec(write(tmp_path, text))
+    kwargs = spec.budget("padir").train_kwargs()
+    assert {k: kwargs[k] for k in ("smooth", "patience_share", "min_steps", "dev_sentences")} == {
+        "smooth": 3, "patience_share": 0.25, "min_steps": 6, "dev_sentences": 0}          # "all": the whole split
+    again = parse_spec(tomllib.loads(spec.to_toml()), "round-trip")
+    assert again.budgets == spec.budgets and again.spec_hash() == spec.spec_hash()
 
 
 def test_distill_decoder(tmp_path):

@@ -46,6 +46,31 @@ def test_the_rule_fires_after_patience_evaluations_without_a_rise_over_min_delta
     assert stop_state(cfg(patience=3), curve(rises_then_flat, 14)).stopped_by == "cap"
 
 
+def test_a_smoothed_signal_a_growing_patience_and_a_first_step_hold_off_a_noisy_plateau():
+    """Issue 52: the converged run's distilled PaDIR model stopped at 4,500 steps on a dev BLEU that swings by 3
+    points between evaluations, while it was still climbing. Its curve (every 500 steps, rule patience 4, min_delta 0.2):"""
+    from models.schedule import patience_at, signal
+
+    distilled = [14.2, 16.9, 16.6, 18.2, 20.0, 19.4, 18.1, 19.8, 18.8]
+    points = [{"step": 500 * (i + 1), "dev_bleu": b} for i, b in enumerate(distilled)]
+    rule = dict(steps=60_000, eval_every=500, patience=4, min_delta=0.2, decay_share=0.2)
+    assert stop_state(cfg(**rule), points).decay_start == 4500                    # as it fired then
+    # The mean of the last 3 points: the signal of 3,000 is (18.2 + 20.0 + 19.4) / 3.
+    assert signal(cfg(**rule, smooth=3), points)[5] == (3000, pytest.approx((18.2 + 20.0 + 19.4) / 3))
+    assert signal(cfg(**rule, smooth=3), points)[0] == (500, 14.2)               # fewer points at the start
+    smoothed = stop_state(cfg(**rule, smooth=3), points)
+    assert (smoothed.stopped_by, smoothed.best_step, smoothed.evals_since_best) == ("cap", 3000, 3)
+    # A patience that grows with the training: a quarter of 40 evaluations is 10.
+    assert [patience_at(cfg(**rule, patience_share=0.25), n) for n in (3, 16, 17, 40)] == [4, 4, 5, 10]
+    flat = points + [{"step": 500 * (i + 10), "dev_bleu": 18.0} for i in range(8)]
+    assert stop_state(cfg(**rule), flat).decay_start == 4500
+    assert stop_state(cfg(**rule, patience_share=0.5), flat).decay_start == 5000   # 5 since the best (2,500) of 10
+    # Not before min_steps, however flat.
+    assert stop_state(cfg(**rule, min_steps=7000), flat).decay_start == 7000
+    # The defaults are the rule as it was: a smooth of 1, no share, no first step.
+    assert stop_state(cfg(**rule, smooth=1, patience_share=0.0, min_steps=0), flat) == stop_state(cfg(**rule), flat)
+
+
 def test_the_progress_bar_shows_the_dev_curve_and_the_plateau():
     from models.train import _dev_note
 
@@ -83,6 +108,8 @@ def test_wsd_warms_up_holds_the_peak_then_decays_linearly_to_the_floor():
 @pytest.mark.parametrize("changes,key", [
     (dict(eval_every=0), "eval_every"), (dict(schedule="cosine"), "wsd"), (dict(patience=0), "patience"),
     (dict(min_delta=-0.1), "min_delta"), (dict(until="never"), "until"), (dict(decay_share=1.0), "decay_share"),
+    (dict(smooth=0), "smooth"), (dict(patience_share=1.0), "patience_share"), (dict(min_steps=-1), "min_steps"),
+    (dict(dev_sentences=-1), "dev_sentences"),
 ])
 def test_bad_plateau_settings_name_the_key(changes, key):
     with pytest.raises(UserError, match=key):
@@ -93,6 +120,13 @@ def test_the_plateau_rule_is_part_of_the_identity_and_old_identities_stay():
     assert "until" not in TrainConfig().to_dict() and "eval_every" not in TrainConfig(eval_every=5).to_dict()
     assert cfg().to_dict()["eval_every"] == 2 and cfg().to_dict() != cfg(eval_every=4).to_dict()
     assert cfg().to_dict() != cfg(patience=3).to_dict()
+    # The steadier rule's settings (issue 52) change no older identity at their defaults, and do at any other value;
+    # the dev sentences are the rule's signal only where a plateau decides.
+    assert cfg(smooth=1, patience_share=0.0, min_steps=0, dev_sentences=200).to_dict() == cfg().to_dict()
+    for change in (dict(smooth=3), dict(patience_share=0.3), dict(min_steps=500), dict(dev_sentences=0)):
+        assert cfg(**change).to_dict() != cfg().to_dict(), change
+        assert TrainConfig.from_dict(cfg(**change).to_dict()) == cfg(**change)
+    assert TrainConfig(dev_sentences=0).to_dict() == TrainConfig().to_dict()
 
 
 # ------------------------------------------------------------------------ a training to its plateau

@@ -70,6 +70,7 @@ def exact_match(ckpt_dir, mode: str) -> float:
 
 
 @pytest.mark.slow
+@pytest.mark.optimized
 def test_ar_learns_reversal(tmp_path):
     data = TokenPairs.from_lists(*toy_pairs(4000, "reverse", seed=0))
     out = train("toy_reverse", tiny("ar"), toy_config(300), tmp_path / "ar", progress=False, data=data)
@@ -83,6 +84,7 @@ def test_ar_learns_reversal(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.optimized
 @pytest.mark.parametrize("recipe", ["plain", "reference"])
 def test_padir_learns_copy(tmp_path, recipe):
     """Both the plain recipe and the reference one (fixed EOS, [LENGTH] query, stage-2 remasking)."""
