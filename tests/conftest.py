@@ -102,7 +102,7 @@ def _optimized_compiles(request):
         return
     import jax
 
-    before = jax.config.jax_disable_most_optimizations
+    before = jax.config.read("jax_disable_most_optimizations")
     jax.config.update("jax_disable_most_optimizations", False)
     try:
         yield
