@@ -56,4 +56,3 @@ def write_pack(task: str, out: str | Path, note: Callable[[str], None] = lambda 
         shutil.rmtree(out)
     work.replace(out)
     return out
-

@@ -41,7 +41,6 @@ class StopState:
     best_dev_bleu: float | None    # best of the rule's signal so far (dev BLEU, smoothed over ``smooth`` points)
     best_step: int | None          # ... and its step
     evals_since_best: int          # evaluations since the signal last rose by more than min_delta
-    evals: int = 0                 # evaluations so far (the patience may grow with them: ``patience_share``)
 
 
 def latest_decay_start(cfg: Any) -> int:
@@ -58,7 +57,7 @@ def signal(cfg: Any, points: Iterable[Mapping[str, Any]]) -> list[tuple[int, flo
     """The rule's signal at each curve point, by step: dev BLEU averaged over the last ``cfg.smooth`` points
     (fewer at the start)."""
     pts = sorted((int(p["step"]), float(p["dev_bleu"])) for p in points)
-    window = getattr(cfg, "smooth", 1)
+    window = cfg.smooth
     out = []
     for i, (step, _) in enumerate(pts):
         recent = [bleu for _, bleu in pts[max(0, i + 1 - window):i + 1]]
@@ -69,7 +68,7 @@ def signal(cfg: Any, points: Iterable[Mapping[str, Any]]) -> list[tuple[int, flo
 def patience_at(cfg: Any, evals: int) -> int:
     """Evaluations without a rise that fire the rule after ``evals`` evaluations: ``patience``, or
     ``patience_share`` of the evaluations so far where that is more."""
-    return max(cfg.patience, math.ceil(getattr(cfg, "patience_share", 0.0) * evals))
+    return max(cfg.patience, math.ceil(cfg.patience_share * evals))
 
 
 def stop_state(cfg: Any, points: Iterable[Mapping[str, Any]]) -> StopState:
@@ -85,14 +84,14 @@ def stop_state(cfg: Any, points: Iterable[Mapping[str, Any]]) -> StopState:
         else:
             since += 1
         if (fired is None and cfg.until == "plateau" and since >= patience_at(cfg, n)
-                and step >= getattr(cfg, "min_steps", 0) and step < latest):
+                and step >= cfg.min_steps and step < latest):
             fired = step
     if fired is None:
         return StopState(latest if cfg.schedule == "wsd" else None, cfg.steps,
-                         "cap" if cfg.until == "plateau" else "steps", best, best_step, since, len(pts))
+                         "cap" if cfg.until == "plateau" else "steps", best, best_step, since)
     if cfg.schedule == "wsd":
-        return StopState(fired, fired + decay_steps(cfg, fired), "plateau", best, best_step, since, len(pts))
-    return StopState(None, fired, "plateau", best, best_step, since, len(pts))
+        return StopState(fired, fired + decay_steps(cfg, fired), "plateau", best, best_step, since)
+    return StopState(None, fired, "plateau", best, best_step, since)
 
 
 def learning_rate_schedule(cfg: Any, decay_start: int | None = None) -> optax.Schedule:

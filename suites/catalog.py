@@ -68,14 +68,10 @@ def _check_known(name: str, pack) -> None:
 
 
 @functools.lru_cache(maxsize=8)
-def _pack_vocabulary(pack_path: str, root: str):
+def _pack_vocabulary(pack, root: str):
     from suites.sentencepiece_text import SentencePieceText
 
-    return SentencePieceText(packs_by_path()[pack_path].install(Path(root)))
-
-
-def packs_by_path() -> dict:
-    return {str(p.path): p for p in packs().values()}
+    return SentencePieceText(pack.install(Path(root)))
 
 
 def _seqio():
@@ -98,7 +94,7 @@ def task_info(name: str) -> TaskInfo:
     if name in _DISTILLED:
         splits["train"] = sum(1 for _ in iter_lines(_DISTILLED[name]))
     return TaskInfo(name, m["source_lang"], m["target_lang"], m["family"], splits,
-                    _pack_vocabulary(str(pack.path), str(data_root())))
+                    _pack_vocabulary(pack, str(data_root())))
 
 
 def load_text(name: str, split: str) -> tuple[list[str], list[list[str]]]:
@@ -112,13 +108,13 @@ def load_text(name: str, split: str) -> tuple[list[str], list[list[str]]]:
     if name in _DISTILLED and split == "train":
         sources, targets = read_tsv(_DISTILLED[name])
         return sources, [targets]
-    sources, refs = _pack_text(str(pack.path), split)
+    sources, refs = _pack_text(pack, split)
     return list(sources), [list(r) for r in refs]
 
 
 @functools.lru_cache(maxsize=16)
-def _pack_text(pack_path: str, split: str) -> tuple[tuple[str, ...], tuple[tuple[str, ...], ...]]:
-    sources, refs = packs_by_path()[pack_path].text(split)
+def _pack_text(pack, split: str) -> tuple[tuple[str, ...], tuple[tuple[str, ...], ...]]:
+    sources, refs = pack.text(split)
     return tuple(sources), tuple(tuple(r) for r in refs)
 
 

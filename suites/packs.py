@@ -41,9 +41,9 @@ def tokens_file(split: str) -> str:
     return f"{split}.npz"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Pack:
-    """A pack folder, its manifest checked."""
+    """A pack folder, its manifest checked (hashed by identity: ``suites.catalog`` caches by the pack it opened)."""
 
     path: Path
     manifest: dict
