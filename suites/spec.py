@@ -161,6 +161,8 @@ class ServingSpec:
     group_by_length: bool = True           # a batch cut from a longer queue: the oldest query and those nearest its length
     min_duration_s: float = 10.0           # each LoadGen run's minimum duration
     min_queries: int = 700                 # SingleStream, the Server curve and the validation runs (p99 early stopping)
+    single_rounds: int = 1                 # SingleStream as this many LoadGen tests of min_queries / rounds queries,
+                                           # each between two solo timings (ABABA: the machine's drift cancels)
     search_queries: int = 200              # each step of FindPeakPerformance's search
     loads: tuple[float, ...] = (0.25, 0.5, 0.75)    # Server curve points: shares of the Offline throughput
     start_qps: float | None = None         # FindPeakPerformance's first QPS (None: a share of the Offline throughput)
@@ -547,6 +549,7 @@ def _serving(r: Reader) -> ServingSpec:
         min_duration_s=r.get("min_duration_s", positive, d.min_duration_s),
         min_queries=r.get("min_queries", integer(1), d.min_queries),
         search_queries=r.get("search_queries", integer(1), d.search_queries),
+        single_rounds=r.get("single_rounds", integer(1), d.single_rounds),
         loads=r.get("loads", list_of(number(0.0, 1.0, lo_open=True), "shares of the Offline throughput in (0, 1]",
                                      empty=True), d.loads),
         start_qps=start,

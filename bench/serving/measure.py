@@ -5,11 +5,13 @@ shape the batcher can form (``ServingSpec.batch_sizes``):
 
 1. SingleStream: one query at a time, batch 1, no wait: the cross-check against the harness's own batch-1
    timing of the same system (p50 and p90): the suite's interleaved timing (rows.jsonl), and the harness's timing
-   of the same worker alone right before *and* right after SingleStream (``solo``; pooled, their ratio recorded
-   as ``solo_drift``), which separates the machine's drift from a difference of method. The harness's clock
-   runs inside the worker, LoadGen's from its issue: what lies between (LoadGen, the batcher, the pipe) is the
-   driver's round trip, measured by the empty system, and the check compares LoadGen's figures with solo plus
-   it (``bench.serving.report.agreement``).
+   of the same worker alone (``solo``) right before and right after SingleStream. With ``single_rounds`` R > 1,
+   SingleStream is R LoadGen tests of ``min_queries`` / R queries each, with a solo timing before each and after
+   the last (solo, SS, solo, SS, ..., solo): each round is compared with the two solo timings around it (pooled;
+   their ratio recorded as ``solo_drift``), so the machine's drift, which moves this VM's speed by 10-40% within
+   minutes, cancels instead of deciding the check. The harness's clock runs inside the worker, LoadGen's from its
+   issue: what lies between (LoadGen, the batcher, the pipe) is the driver's round trip, measured by the empty
+   system, and the check compares LoadGen's figures with solo plus it (``bench.serving.report.agreement``).
 2. Offline: every query at once, batches of up to ``max_batch``, once for each of the spec's ``max_batch``
    values: sentences per second. LoadGen issues as many samples as the expected rate fills in the minimum
    duration; a first guess that ends early is run again at the rate it measured. The largest batch of the
@@ -41,6 +43,7 @@ import numpy as np
 from bench.serving.loadgen import Result, Settings, run_test
 from suites.spec import ServingSpec
 
+SOLO_FIELDS = ("solo_p50_ms", "solo_p90_ms", "solo_drift")
 VALIDATIONS = 4           # validation tests per bound before the peak is given up as INVALID
 MAX_TEST_S = 240.0        # no search or validation runs below the QPS at which min_queries would take longer
 STEP_DOWN = 0.9           # the next validation's QPS after the bound was missed
@@ -94,21 +97,30 @@ def serve_system(serve: Callable[[list[int]], list[str]], n: int, baseline: Base
         return result
 
     common = dict(min_duration_s=serving.min_duration_s, seed=seed)
-    single = None
+    singles: list[Result] = []
     if "SingleStream" in serving.scenarios:
-        before = None
+        rounds = serving.single_rounds if solo is not None else 1
+        blocks: list[list[float]] = []                                  # each solo timing's latencies, ms
+
+        def time_alone(when: str) -> None:
+            on_test(f"batch-1 timing, alone, {when}")
+            blocks.append(list(solo()))
+
         if solo is not None:
-            on_test("batch-1 timing, alone, before SingleStream")
-            before = list(solo())
-            baseline = with_solo(baseline, before, ())
-        single = test("singlestream", Settings("SingleStream", min_queries=serving.min_queries,
-                                               expected_latency_ms=baseline.solo_p50_ms or baseline.p50_ms,
-                                               **common), "singlestream")
-        if before:
-            on_test("batch-1 timing, alone, after SingleStream")
-            baseline = with_solo(baseline, before, list(solo()))
-            solo_fields = {k: getattr(baseline, k) for k in ("solo_p50_ms", "solo_p90_ms", "solo_drift")}
-            records[-1].update(solo_fields)
+            time_alone("before SingleStream")
+        for i in range(1, rounds + 1):
+            expected = float(np.median(blocks[-1])) if blocks else baseline.p50_ms
+            singles.append(test("singlestream" if rounds == 1 else f"singlestream-{i}", Settings(
+                "SingleStream", min_queries=-(-serving.min_queries // rounds), expected_latency_ms=expected,
+                **common), "singlestream"))
+            if solo is not None:
+                time_alone("after SingleStream" if rounds == 1 else f"after SingleStream {i} of {rounds}")
+                around = with_solo(baseline, blocks[-2], blocks[-1])
+                records[-1].update({k: getattr(around, k) for k in SOLO_FIELDS})
+        if blocks:                                     # every later test: all the solo timings pooled
+            baseline = with_solo(baseline, [x for b in blocks[:-1] for x in b], blocks[-1])
+            if rounds > 1:
+                baseline = replace(baseline, solo_drift=float(np.median(blocks[-1]) / np.median(blocks[0])))
     offline_qps, best = 1000.0 / baseline.p50_ms, serving.max_batch[-1]
     if "Offline" in serving.scenarios or "Server" in serving.scenarios:
         for b in serving.max_batch:
@@ -132,10 +144,13 @@ def serve_system(serve: Callable[[list[int]], list[str]], n: int, baseline: Base
         curve.append((qps, test(f"server-load{load:g}", Settings(
             "Server", min_queries=serving.min_queries, target_qps=qps, bound_ms=BIG_BOUND_MS,
             percentile=serving.percentile, **batch, **common), "curve")))
-    single_qps = single.qps if single is not None and single.qps else 1000.0 / baseline.p50_ms
+    rates = [r.qps for r in singles if r.qps]
+    single_qps = float(np.median(rates)) if rates else 1000.0 / baseline.p50_ms
+    p99s = [r for r in singles if r.latency_ms["p99"] is not None]
+    lowest = min(p99s, key=lambda r: r.latency_ms["p99"], default=None)
     for bound in serving.bounds_ms:
-        if single is not None and single.latency_ms["p99"] is not None and single.latency_ms["p99"] > bound:
-            records.append(_unreachable(bound, single))
+        if lowest is not None and lowest.latency_ms["p99"] > bound:        # every SingleStream round missed it
+            records.append(_unreachable(bound, lowest))
             continue
         held = [q for q, r in curve if r.valid and (r.latency_ms["p99"] or 0) <= bound]
         floor = serving.min_queries / MAX_TEST_S
@@ -235,13 +250,14 @@ VALIDATIONS_SEEN = 2      # validation tests a bound took on average (results/se
 def estimate_seconds(serving: ServingSpec, latency_ms: float, compile_s: float = 0.0, sentences: int = 0) -> float:
     """Seconds to serve one system of batch-1 latency ``latency_ms`` whose batch-1 warm-up took ``compile_s``
     (``narbench plan``) on a test set of ``sentences``: the warm-up of every batch shape, the solo batch-1 timings
-    before and after SingleStream, then LoadGen's tests, each lasting its minimum duration or as long as its queries take at
-    the rate it runs, whichever is longer, with ``VALIDATIONS_SEEN`` validations a bound."""
+    around each SingleStream round, then LoadGen's tests, each lasting its minimum duration or as long as its
+    queries take at the rate it runs, whichever is longer, with ``VALIDATIONS_SEEN`` validations a bound."""
     d, one = serving.min_duration_s, max(latency_ms, 0.01) / 1000.0
     offline = max(serving.max_batch) ** BATCH_GAIN / one             # sentences/s, batched
     seconds = compile_s * len(serving.batch_sizes)
     if "SingleStream" in serving.scenarios:
-        seconds += 2 * sentences * one + max(d, serving.min_queries * one)
+        rounds = serving.single_rounds
+        seconds += (rounds + 1) * sentences * one + rounds * max(d, -(-serving.min_queries // rounds) * one)
     if "Offline" in serving.scenarios or "Server" in serving.scenarios:
         seconds += d * 1.5 * len(serving.max_batch)                 # a first guess may run again
     if "Server" in serving.scenarios:

@@ -5,6 +5,8 @@ serving.jsonl with LoadGen's reason. Tables are rendered from column lists of ``
 """
 from __future__ import annotations
 
+import math
+import statistics
 from pathlib import Path
 from typing import Mapping, Sequence
 
@@ -49,7 +51,27 @@ def cell_header(name: str) -> str:
 
 
 def single_stream_rows(records: Sequence[dict]) -> list[dict]:
-    return [r for r in _valid(records, scenario="SingleStream") if r["system"] != DRIVER]
+    """One row per system and test set: its VALID SingleStream test, or, where SingleStream ran in rounds
+    (``single_rounds``), the rounds' medians with the rounds themselves under ``rounds``."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in _valid(records, scenario="SingleStream"):
+        if r["system"] != DRIVER:
+            groups.setdefault((r["system"], r.get("test_set")), []).append(r)
+    return [rs[0] if len(rs) == 1 else _rounds_row(rs) for rs in groups.values()]
+
+
+def _rounds_row(rounds: list[dict]) -> dict:
+    def median(key: str) -> float | None:
+        xs = [r[key] for r in rounds if r.get(key) is not None]
+        return float(statistics.median(xs)) if xs else None
+
+    first, last = rounds[0], rounds[-1]
+    keys = ("latency_p50_ms", "latency_p90_ms", "latency_p99_ms", "solo_p50_ms", "solo_p90_ms", "worker_p50_ms",
+            "qps")
+    return {**first, **{k: median(k) for k in keys}, "test": "singlestream-rounds", "rounds": rounds,
+            "queries": sum(r["queries"] or 0 for r in rounds),
+            "solo_drift": math.prod(r["solo_drift"] for r in rounds) if all(r.get("solo_drift") for r in rounds)
+            else None, "date_utc": last.get("date_utc")}
 
 
 def driver_of(records: Sequence[dict], test_set: str | None = None) -> dict | None:
@@ -62,12 +84,28 @@ def agreement(r: dict, driver: dict | None, against: str = "solo") -> tuple[floa
     """SingleStream's p50 and p90 over the harness's batch-1 p50 and p90 plus the driver's round trip (``driver``,
     the empty system's SingleStream; the harness's clock runs inside the worker, LoadGen's from its issue):
     ``solo`` (the same worker timed alone right before and after SingleStream) or ``batch1`` (the suite's
-    interleaved timing, rows.jsonl)."""
-    def ratio(q: str):
-        a, b = r[f"latency_{q}_ms"], r.get(f"{against}_{q}_ms")
-        extra = (driver or {}).get(f"latency_{q}_ms") or 0.0
-        return None if a is None or not b else a / (b + extra)
-    return ratio("p50"), ratio("p90")
+    interleaved timing, rows.jsonl). A row of rounds (``single_stream_rows``): the median of its rounds' ratios,
+    each round against the solo timings on either side of it."""
+    return _median(ratios(r, driver, "p50", against)), _median(ratios(r, driver, "p90", against))
+
+
+def ratios(r: dict, driver: dict | None, q: str, against: str = "solo") -> list[float]:
+    """Each round's (or the one test's) ratio of SingleStream's ``q`` to ``against``'s plus the driver's."""
+    extra = (driver or {}).get(f"latency_{q}_ms") or 0.0
+    out = []
+    for one in r.get("rounds") or [r]:
+        a, b = one[f"latency_{q}_ms"], one.get(f"{against}_{q}_ms")
+        if a is not None and b:
+            out.append(a / (b + extra))
+    return out
+
+
+def _median(xs: Sequence[float]) -> float | None:
+    return float(statistics.median(xs)) if xs else None
+
+
+def _range(xs: Sequence[float]) -> str:
+    return f"{min(xs):.3f}-{max(xs):.3f}" if len(xs) > 1 else ""
 
 
 def disagreements(records: Sequence[dict]) -> list[str]:
@@ -204,7 +242,12 @@ def render(records: Sequence[dict], shown: Mapping[str, str], settings: Mapping,
                   "LoadGen's SingleStream (one query at a time, from LoadGen's issue to the completion) against "
                   "narbench's own batch-1 timing of the same system: *solo*, the same worker timed alone on the "
                   "test set right before SingleStream and, where *drift* is given, again right after it (pooled; "
-                  "*drift* is the p50 after over the p50 before), and *batch-1*, the suite's interleaved timing earlier in the run (rows.jsonl; it differs "
+                  "*drift* is the p50 after over the p50 before). Where SingleStream ran in *rounds* (several "
+                  "LoadGen tests, each between two solo timings: solo, SingleStream, solo, SingleStream, ..., solo), "
+                  "each round is compared with the solo timings on either side of it, so that the machine's drift "
+                  "cancels; the row gives the rounds' medians, the ratios are the medians of the rounds' ratios "
+                  "(their range beside them), and *drift* is the last solo timing's p50 over the first's. "
+                  "*batch-1* is the suite's interleaved timing earlier in the run (rows.jsonl; it differs "
                   "from solo by the machine's drift in between and by the interleaving). The harness's clock runs "
                   "inside the worker and LoadGen's from its issue, so each ratio's denominator adds the driver's "
                   "round trip (the empty system's SingleStream"
@@ -213,7 +256,9 @@ def render(records: Sequence[dict], shown: Mapping[str, str], settings: Mapping,
                   "the worker's own clock of its calls during SingleStream.", "",
                   *_table(single, ["latency_p50_ms", "solo_p50_ms", "batch1_p50_ms", "worker_p50_ms",
                                    "latency_p90_ms", "solo_p90_ms", "solo_drift"], shown, extra=(
+                      ("Rounds", lambda r: str(len(r.get("rounds") or [r]))),
                       ("p50 / (solo + driver)", lambda r: fixed(3)(agreement(r, drv(r))[0])),
+                      ("its range over rounds", lambda r: _range(ratios(r, drv(r), "p50"))),
                       ("p90 / (solo + driver)", lambda r: fixed(3)(agreement(r, drv(r))[1])),
                       ("p50 / (batch-1 + driver)", lambda r: fixed(3)(agreement(r, drv(r), "batch1")[0])))), "",
                   (f"{len(single) - len(off)} of {len(single)} within {SINGLE_AGREES:.0%} of the solo timing plus the "

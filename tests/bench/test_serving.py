@@ -256,6 +256,57 @@ def test_singlestream_is_timed_alone_before_and_after_and_keeps_the_workers_own_
     assert offline4["worker_p50_ms"] >= 10.0 * (1 + 0.25 * 3)          # a batch of 4 sleeps 17.5 ms
 
 
+def test_singlestream_in_rounds_alternates_with_solo_timings_and_each_round_meets_its_neighbours(sleeper, tmp_path):
+    """single_rounds = 3: solo, SS 1, solo, SS 2, solo, SS 3, solo; each round carries the two solo timings around
+    it, each has a third of the queries, and the tests after SingleStream carry every solo timing pooled."""
+    worker = sleeper["s10"]
+    serve = lambda indices: worker.timed([SOURCES[i] for i in indices], "end_to_end").hypotheses  # noqa: E731
+    timings = iter([[10.0, 10.0], [12.0, 12.0], [20.0, 20.0], [10.0, 14.0]])
+    order = []
+    serving = ServingSpec(bounds_ms=(400.0,), min_duration_s=0.2, min_queries=30, single_rounds=3, loads=(0.5,),
+                          max_batch=(1,), scenarios=("SingleStream", "Offline"))
+    records = serve_system(serve, len(SOURCES), Baseline(10.0, 11.0, [s.upper() for s in SOURCES]), serving,
+                           tmp_path, seed=0, on_test=order.append, solo=lambda: next(timings))
+    assert order[:7] == ["batch-1 timing, alone, before SingleStream", "singlestream-1",
+                         "batch-1 timing, alone, after SingleStream 1 of 3", "singlestream-2",
+                         "batch-1 timing, alone, after SingleStream 2 of 3", "singlestream-3",
+                         "batch-1 timing, alone, after SingleStream 3 of 3"]
+    rounds = [r for r in records if r["scenario"] == "SingleStream"]
+    assert [r["test"] for r in rounds] == ["singlestream-1", "singlestream-2", "singlestream-3"]
+    assert [r["solo_p50_ms"] for r in rounds] == [11.0, 16.0, 17.0]     # each round's two neighbours pooled
+    assert [r["solo_drift"] for r in rounds] == pytest.approx([1.2, 20.0 / 12.0, 12.0 / 20.0])
+    assert all(r["queries"] >= 10 for r in rounds)                      # min_queries / rounds each
+    offline = next(r for r in records if r["scenario"] == "Offline")
+    assert offline["solo_p50_ms"] == 12.0 and offline["solo_drift"] == pytest.approx(12.0 / 10.0)   # all eight pooled
+
+
+def test_a_system_served_in_rounds_is_one_row_checked_by_the_median_of_its_rounds():
+    """A noisy machine moves one round: the median of the rounds' ratios (each against its own neighbours) holds."""
+    from bench.serving.report import agreement, disagreements, ratios, render, single_stream_rows
+    from bench.serving.rows import record
+
+    def round_(system, test, p50, solo50, drift=1.0):
+        return record({"system": system, "test_set": "t", "scenario": "SingleStream", "purpose": "singlestream",
+                       "test": test, "validity": "VALID", "latency_p50_ms": p50, "latency_p90_ms": p50,
+                       "latency_p99_ms": p50, "solo_p50_ms": solo50, "solo_p90_ms": solo50, "solo_drift": drift,
+                       "batch1_p50_ms": 10.0, "batch1_p90_ms": 10.0, "paradigm": "ar", "bleu": 1.0,
+                       "qps": 1000.0 / p50, "queries": 10})
+
+    steady = [round_("steady", f"singlestream-{i}", p, s) for i, (p, s) in enumerate([(10, 10), (13, 12.5), (10, 10)])]
+    jumpy = [round_("jumpy", f"singlestream-{i}", p, s, d)
+             for i, (p, s, d) in enumerate([(10, 10, 1.0), (16, 12, 2.0), (11, 10.5, 0.5)])]
+    rows = single_stream_rows([*steady, *jumpy])
+    assert [r["system"] for r in rows] == ["steady", "jumpy"] and [len(r["rounds"]) for r in rows] == [3, 3]
+    assert rows[0]["latency_p50_ms"] == 10.0 and rows[0]["queries"] == 30
+    assert rows[1]["solo_drift"] == pytest.approx(1.0)                  # the last solo timing over the first
+    assert ratios(rows[1], None, "p50") == pytest.approx([1.0, 16 / 12, 11 / 10.5])
+    assert agreement(rows[1], None)[0] == pytest.approx(11 / 10.5)     # one round off by a third; the median holds
+    assert disagreements([*steady, *jumpy]) == []
+    assert disagreements([*steady, *jumpy[1:]]) == ["jumpy"]           # two rounds: their mean, 1.190
+    page = render([*steady, *jumpy], {}, {**ServingSpec().__dict__}, {}, "r")
+    assert "| 1.000-1.333 |" in page and "2 of 2 within 10%" in page
+
+
 def test_the_singlestream_check_is_against_solo_plus_the_drivers_round_trip():
     """The harness's clock runs inside the worker and LoadGen's from its issue: the check adds the driver's round trip
     (the empty system's SingleStream) to the solo figures before it compares."""
