@@ -256,7 +256,10 @@ TRAINING = (                                         # the system's trained mode
           f"the last {defaults.CURVE_TAIL:.0%} of the training steps (bench.measure.learning.still_improving)",
       optional=True),
 )
-ENV = (C("device_kind", doc="the JAX device kind"), C("cpu_model", doc="the CPU's name (env.json has its details)"),
+ENV = (C("device_kind", doc="the JAX device kind"),
+       C("device_driver", optional=True, doc="an accelerator's driver: the NVIDIA driver's version and the runtime "
+         "JAX's backend reports (env.json's device has its SMs, compute capability and memory); empty on a CPU"),
+       C("cpu_model", doc="the CPU's name (env.json has its details)"),
        C("threads", doc="CPU threads the process could use"), C("jax_version", doc="jax's version"),
        C("flax_version", doc="flax's version (env.json has every library's)"),
        C("git_commit", doc="the narbench commit that made the row"),

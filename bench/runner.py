@@ -772,7 +772,8 @@ def _solo(t) -> list[float | None] | None:
 def _env_fields(env: dict) -> dict:
     versions = env.get("versions", {})
     git = env.get("git", {})
-    return {"device_kind": env.get("device_kind"), "cpu_model": env.get("cpu_model"),
+    return {"device_kind": env.get("device_kind"), "device_driver": env.get("device_driver"),
+            "cpu_model": env.get("cpu_model"),
             "threads": env.get("threads"), "jax_version": versions.get("jax"),
             "flax_version": versions.get("flax"), "git_commit": git.get("commit"), "git_dirty": git.get("dirty"),
             "date_utc": env.get("date_utc")}

@@ -102,14 +102,20 @@ class ModelConfig:
 
 # Sizes. `small` matches the calibration reference model (d_model 256, 3+3, 4 heads, FFN 1024): a gated
 # FFN has 3 d x d_ff matrices instead of 2, so d_ff = 672 (~2/3 of 1024) costs about the same.
-# `paper` is the paper's size: 6+6, 8 heads, d_model 512, FFN 2048 (~73M params as an AR T5.1.1
+# `mini` and `medium` (the `scale` suite's size axis, issue 52) sit about 4x below and above `small` in parameters at
+# an 8,000-token vocabulary: `small`'s layout at half and twice its width (d_ff still ~2.6 d_model), `medium` one
+# layer deeper on each side. `paper` is the paper's size: 6+6, 8 heads, d_model 512, FFN 2048 (~73M params as an AR T5.1.1
 # with 32k shared vocab; the paper quotes 67M for its variant).
 PRESETS: dict[str, dict[str, Any]] = {
     "tiny": dict(d_model=64, num_heads=4, head_dim=16, d_ff=128, num_encoder_layers=2,
                  num_decoder_layers=2, relative_attention_num_buckets=16,
                  relative_attention_max_distance=64, max_target_length=64),
+    "mini": dict(d_model=128, num_heads=4, head_dim=32, d_ff=336, num_encoder_layers=3,
+                 num_decoder_layers=3, max_target_length=128),
     "small": dict(d_model=256, num_heads=4, head_dim=64, d_ff=672, num_encoder_layers=3,
                   num_decoder_layers=3, max_target_length=128),
+    "medium": dict(d_model=512, num_heads=8, head_dim=64, d_ff=1344, num_encoder_layers=4,
+                   num_decoder_layers=4, max_target_length=128),
     "paper": dict(d_model=512, num_heads=8, head_dim=64, d_ff=2048, num_encoder_layers=6,
                   num_decoder_layers=6, max_target_length=128),
 }

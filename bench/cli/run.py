@@ -118,6 +118,9 @@ def register(sub) -> None:
     m.add_argument("--force", action="store_true", help="start a fresh map folder instead of resuming")
     m.add_argument("--cost-model", metavar="FILE", help="score this map with the cost model of another map (its "
                    "cost_model.json) instead of fitting one: every row is then a prediction (not with --calibrate)")
+    m.add_argument("--no-cost-model", action="store_true", help="measure no machine rates and fit no cost model "
+                   "(not with --calibrate or --cost-model): every minute goes to the cells, as on a GPU host's "
+                   "short lease; the roofline and projection columns stay")
     p.set_defaults(func=cmd_latency)
 
 
@@ -462,16 +465,22 @@ def _cmd_map(args) -> int:
                         "and --lengths")
     changes = {n: (tuple(v) if isinstance(v, list) else v) for n, *_ in _MAP_ARGS
                if (v := getattr(args, n)) is not None}
-    if args.cost_model:              # scored by a model fitted in another map: this one fits nothing
+    if args.cost_model and args.no_cost_model:
+        raise UserError("--cost-model and --no-cost-model contradict each other; keep one")
+    if args.cost_model or args.no_cost_model:    # scored by another map's model, or by none: this one fits nothing
         if args.calibrate is not None:
-            raise UserError("--cost-model scores the map with a model fitted in another map; drop --calibrate")
+            flag = "--cost-model scores the map with a model fitted in another map" if args.cost_model else \
+                "--no-cost-model fits no model"
+            raise UserError(f"{flag}; drop --calibrate")
         changes["calibrate"] = ()
     spec = latency_map.MapSpec(**{**latency_map.MapSpec().to_dict(), **changes})
     platform = _setup(args.platform)
     env = benv.capture(seeds={"weights": spec.seed, "source": spec.seed, "decoder": spec.seed}, platform=platform)
-    command = _command(args, ("map", *(n for n, *_ in _MAP_ARGS), "out", "cost_model", "platform", "no_progress"))
+    command = _command(args, ("map", *(n for n, *_ in _MAP_ARGS), "out", "cost_model", "no_cost_model", "platform",
+                              "no_progress"))
     model = latency_map.CostModel.load(Path(args.cost_model)) if args.cost_model else None
     run_dir = latency_map.run_map(spec, Path(args.out), command, env=env, platform=platform,
-                               progress=not args.no_progress, force=args.force, model=model)
+                               progress=not args.no_progress, force=args.force, model=model,
+                               cost_model=not args.no_cost_model)
     sys.stdout.write(f"latency map: {run_dir / latency_map.TABLE}\n")
     return 0

@@ -10,14 +10,15 @@
 
 The names other packages use are re-exported here (``from bench import costs``; ``costs.X``).
 """
-from bench.costs.accelerators import ACCELERATORS, PROJECTION_LABEL, Accelerator, Projection, accelerator, project
+from bench.costs.accelerators import (ACCELERATORS, PROJECTION_LABEL, Accelerator, Projection, accelerator, for_device,
+                                     project)
 from bench.costs.machine import (GEMM_ROWS, MOVE_BYTES, STREAM_BYTES, MachinePeaks, MachineRates, machine_key,
                                  machine_peaks, measure_dot_rates, measure_move_rates, measure_peaks, measure_rates)
 from bench.costs.xla import (DecoderCost, XlaCost, cost_of, decoder_cost, entry_ops, hlo_work, loop_costs,
                              roofline_ms, roofline_share, xla_cost)
 
 __all__ = [
-    "ACCELERATORS", "PROJECTION_LABEL", "Accelerator", "Projection", "accelerator", "project",
+    "ACCELERATORS", "PROJECTION_LABEL", "Accelerator", "Projection", "accelerator", "for_device", "project",
     "GEMM_ROWS", "MOVE_BYTES", "STREAM_BYTES", "MachinePeaks", "MachineRates", "machine_key", "machine_peaks",
     "measure_dot_rates", "measure_move_rates", "measure_peaks", "measure_rates",
     "DecoderCost", "XlaCost", "cost_of", "decoder_cost", "entry_ops", "hlo_work", "loop_costs", "roofline_ms",

@@ -31,7 +31,26 @@ ACCELERATORS: dict[str, Accelerator] = {
     "tpu-v5e": Accelerator("tpu-v5e", 197e12, 819e9, "bf16", "Google Cloud TPU v5e documentation"),
     "a100-sxm-80gb": Accelerator("a100-sxm-80gb", 156e12, 2039e9, "tf32", "NVIDIA A100 datasheet"),
     "h100-sxm": Accelerator("h100-sxm", 494.7e12, 3350e9, "tf32", "NVIDIA H100 datasheet"),
+    "h100-pcie": Accelerator("h100-pcie", 378e12, 2000e9, "tf32", "NVIDIA H100 datasheet (PCIe)"),
+    "h200-sxm": Accelerator("h200-sxm", 494.7e12, 4800e9, "tf32", "NVIDIA H200 datasheet (SXM)"),
 }
+
+# JAX's device_kind -> the published entry above (first match wins; a device none matches gets no projection of
+# its own). JAX exposes no peak flop/s or bandwidth of a GPU, only its kind, SM count and memory; the measured
+# side is the machine model's own probe on that device (``bench.costs.machine``).
+DEVICE_KINDS: tuple[tuple[str, str], ...] = (
+    ("H200 NVL", ""), ("H200", "h200-sxm"), ("H100 PCIe", "h100-pcie"), ("H100 NVL", ""), ("H100", "h100-sxm"),
+    ("A100-SXM4-80GB", "a100-sxm-80gb"), ("TPU v3", "tpu-v3"), ("TPU v4", "tpu-v4"), ("TPU v5 lite", "tpu-v5e"),
+)
+
+
+def for_device(device_kind: str | None) -> str | None:
+    """The published accelerator entry for a JAX ``device_kind`` (e.g. ``NVIDIA H100 80GB HBM3`` ->
+    ``h100-sxm``), or None where narbench states no peaks for it (a CPU, or a kind not listed)."""
+    for fragment, name in DEVICE_KINDS:
+        if fragment.lower() in (device_kind or "").lower():
+            return name or None
+    return None
 
 
 @dataclass(frozen=True)

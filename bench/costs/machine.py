@@ -31,10 +31,14 @@ from narbench_core.probe import ROUNDS, SAMPLE_S, seconds_per_iteration
 
 
 def machine_key() -> str:
-    """CPU model | jax version | threads: what the cached peaks are keyed by."""
+    """CPU model | jax version | threads (| the accelerator's kind, where JAX's default backend is one): what the
+    cached peaks are keyed by, so a GPU host's CPU peaks and its GPU's never share an entry."""
     from bench.measure.env import cpu_signature, thread_count
 
-    return f"{cpu_signature()}|jax-{jax.__version__}|threads-{thread_count()}"
+    key = f"{cpu_signature()}|jax-{jax.__version__}|threads-{thread_count()}"
+    if jax.default_backend() != "cpu":
+        key += f"|{jax.default_backend()}-{jax.devices()[0].device_kind}"
+    return key
 
 
 def _now() -> str:

@@ -174,9 +174,27 @@ def part_costs(decoders: Sequence[Any], systems: Sequence[MapSystem], batch: int
     return out
 
 
+def device_fields(env: dict) -> dict:
+    """What a map row says of where it was timed (the run's env.json): the platform, the device's kind and
+    driver, and ``device_projection``, the published entry of that device (``bench.costs.for_device``; None on
+    a CPU or a device narbench states no peaks for), whose projection the row then carries too."""
+    from bench import costs
+
+    return {"platform": env.get("platform"), "device_kind": env.get("device_kind"),
+            "device_driver": env.get("device_driver"),
+            "device_projection": costs.for_device(env.get("device_kind")) if env.get("platform") != "cpu" else None}
+
+
+def projections(device_projection: str | None) -> tuple[str, ...]:
+    """The accelerators a row is projected onto: ``PROJECTED`` and the device it was timed on, where known."""
+    extra = (device_projection,) if device_projection and device_projection not in PROJECTED else ()
+    return PROJECTED + extra
+
+
 def cell_rows(cell: Cell, systems: Sequence[MapSystem], timed: CellTiming, parts: dict[str, PartCosts],
-              peaks: costs.MachinePeaks, cpu: str) -> list[dict]:
-    """One row per system of a timed cell (prediction columns are filled by :func:`apply_model`)."""
+              peaks: costs.MachinePeaks, cpu: str, device: dict | None = None) -> list[dict]:
+    """One row per system of a timed cell (prediction columns are filled by :func:`apply_model`); ``device``:
+    :func:`device_fields` of the run."""
     from bench.measure import stats
 
     ar = timed.latencies_ms.get(AR_NAME)
@@ -199,14 +217,17 @@ def cell_rows(cell: Cell, systems: Sequence[MapSystem], timed: CellTiming, parts
             "speedup_p50_vs_ar": None if ar is None else float(np.median(ar) / summary.p50),
             "speedup_p99_vs_ar": None if ar is None else float(np.percentile(ar, 99) / summary.p99),
             "compile_s": float(timed.compile_s.get(s.name, 0.0)),
-            "cpu_model": cpu,
+            "cpu_model": cpu, **(device or {}),
         }
-        rows.append({**row, **cost_columns(parts[s.name], passes, peaks, cell, s)})
+        rows.append({**row, **cost_columns(parts[s.name], passes, peaks, cell, s,
+                                           (device or {}).get("device_projection"))})
     return rows
 
 
-def cost_columns(part: PartCosts, passes: int, peaks: costs.MachinePeaks, cell: Cell, system: MapSystem) -> dict:
-    """A row's XLA cost columns (``COST_METHOD``), GEMM shape and rows, roofline bound and projections."""
+def cost_columns(part: PartCosts, passes: int, peaks: costs.MachinePeaks, cell: Cell, system: MapSystem,
+                 device_projection: str | None = None) -> dict:
+    """A row's XLA cost columns (``COST_METHOD``), GEMM shape and rows, roofline bound and projections (onto
+    ``PROJECTED`` and the device it was timed on: :func:`projections`)."""
     from bench import costs
 
     total = part.total(passes)
@@ -220,7 +241,7 @@ def cost_columns(part: PartCosts, passes: int, peaks: costs.MachinePeaks, cell: 
            "gemm_dims": list(part.dims), "encode_rows": cell.batch * cell.length,
            "pass_rows": cell.batch * system.length_hyps * system.tokens_per_pass(cell.length),
            "roofline_ms": costs.roofline_ms(total.flops, total.bytes_accessed, peaks.peak_flops, peaks.bandwidth)}
-    for name in PROJECTED:
+    for name in projections(device_projection):
         out[f"projection_{name}_ms"] = projected_ms(part, passes, name)
     return out
 
@@ -238,7 +259,8 @@ def recost(rows: Sequence[dict], spec: MapSpec, factory: DecoderFactory, peaks: 
     for key in stale:
         cell = Cell(*key)
         parts = part_costs(factory(cell, systems), systems, cell.batch)
-        out = [{**r, **cost_columns(parts[r["system"]], r["passes"], peaks, cell, by_name[r["system"]])}
+        out = [{**r, **cost_columns(parts[r["system"]], r["passes"], peaks, cell, by_name[r["system"]],
+                                    r.get("device_projection"))}
                if (r["size"], r["target_length"], r["batch_size"]) == key and r["system"] in by_name else r
                for r in out]
     return out

@@ -92,8 +92,12 @@ def render(rows: Sequence[dict], spec: MapSpec, model: CostModel | None, env: di
            rates: costs.MachineRates | None = None) -> str:
     """``speedmap.md``: where PaDIR wins (speedup grids), the cost model's accuracy, projections, rows."""
     cpu = env.get("cpu_model", "unknown CPU")
+    where = (f"**{cpu}** ({env.get('threads', '?')} threads, {env.get('platform', 'cpu')})"
+             if env.get("platform", "cpu") == "cpu" else
+             f"**{env.get('device_kind', '?')}** ({env.get('platform')}, {env.get('device_driver') or 'driver unknown'}; "
+             f"host CPU {cpu})")
     lines = ["# Latency map: AR greedy vs PaDIR refine:T (k length hypotheses)", "",
-             f"Measured on **{cpu}** ({env.get('threads', '?')} threads, {env.get('platform', 'cpu')}), "
+             f"Measured on {where}, "
              f"random-weight models (seed {spec.seed}), vocabulary {spec.vocab_size:,}, source length = target "
              "length, every target length forced (AR: exactly that many decoder passes; PaDIR: k hypotheses of that "
              "length, exactly T passes, no early stop). End-to-end latency per call, timed interleaved "
@@ -120,12 +124,16 @@ def render(rows: Sequence[dict], spec: MapSpec, model: CostModel | None, env: di
     if not run_finished:
         lines += [f"**Unfinished map**: {len({(r['size'], r['target_length'], r['batch_size']) for r in rows})} of "
                   f"{len(spec.cells())} cells timed so far; re-running the command resumes it.", ""]
-    lines += _model_lines(rows, model, rates) + _projection_lines(rows, spec)
+    lines += _device_lines(rows, spec) + _model_lines(rows, model, rates, spec) + _projection_lines(rows, spec)
     lines += ["", "## Every timed row", ""] + _table(rows) + [""]
     return "\n".join(lines)
 
 
-def _model_lines(rows: Sequence[dict], model: CostModel | None, rates: costs.MachineRates | None) -> list[str]:
+def _model_lines(rows: Sequence[dict], model: CostModel | None, rates: costs.MachineRates | None,
+                 spec: MapSpec | None = None) -> list[str]:
+    if model is None and spec is not None and not spec.calibrate:
+        return ["## Cost model", "", "None: this map fits no cost model (`--no-cost-model`, or no calibration "
+                "size) and was given none.", ""]
     if model is None:
         return ["## Cost model", "", "Not fitted yet: the calibration sizes have fewer than "
                 f"{len(FEATURES)} timed rows.", ""]
@@ -164,6 +172,50 @@ def _measured(rates: costs.MachineRates | None) -> str:
     return ", ".join([rates.measured_at] + [f"{name} {at}" for name, at in sorted(rates.measured.items())])
 
 
+AGREES = 0.25        # a measurement "matches" its projection within this share
+
+
+def _device_lines(rows: Sequence[dict], spec: MapSpec) -> list[str]:
+    """Timed on an accelerator narbench states peaks for (``device_projection``): each row beside its roofline
+    projection on that same device, absolute and as PaDIR's speedup over AR greedy, and how many agree."""
+    from bench import costs
+
+    own = next((r["device_projection"] for r in rows if r.get("device_projection")), None)
+    if own is None:
+        return []
+    acc, col = costs.accelerator(own), f"projection_{own}_ms"
+    kind = next(r.get("device_kind") for r in rows if r.get("device_projection"))
+    ar = {(r["size"], r["target_length"], r["batch_size"]): r for r in rows if r["family"] == "ar"}
+    order = lambda r: (spec.sizes.index(r["size"]) if r["size"] in spec.sizes else 99, r["batch_size"],  # noqa: E731
+                       r["target_length"], r["family"] != "ar", r["length_hyps"], r["iterations"] or 0)
+    body, absolute, speedups = [], [], []
+    for r in sorted((r for r in rows if r.get(col)), key=order):
+        a = ar.get((r["size"], r["target_length"], r["batch_size"]))
+        projected = a[col] / r[col] if a is not None and a.get(col) and r["family"] != "ar" else None
+        measured = r["speedup_p50_vs_ar"] if r["family"] != "ar" else None
+        absolute.append(r["latency_p50_ms"] / r[col])
+        if projected and measured:
+            speedups.append(measured / projected)
+        body.append([r["size"], r["target_length"], r["batch_size"], r["system"], f"{r['latency_p50_ms']:.2f}",
+                     f"{r['latency_p99_ms']:.2f}", f"{r[col]:.3f}", f"{r['latency_p50_ms'] / r[col]:.1f}",
+                     _fmt_x(measured), "-" if projected is None else f"{projected:.2f}x",
+                     "-" if not (projected and measured) else f"{measured / projected:.2f}"])
+    near = lambda xs: sum(abs(x - 1) <= AGREES for x in xs)  # noqa: E731
+    return ["## Measured on this device against its roofline projection", "",
+            f"The device, {kind}, is `{own}` in narbench's table of published peaks ({acc.peak_flops / 1e12:,.1f} "
+            f"TFLOP/s {acc.dtype} dense, {acc.bandwidth / 1e9:,.0f} GB/s; {acc.source}). Each row: the measured p50 "
+            "and p99 (ms a call), the roofline projection of the same decoder on those peaks (encoder + passes x "
+            "max(flops / peak, bytes / bandwidth): a lower bound with no launch or per-step overhead), their "
+            "ratio, and PaDIR's speedup over AR greedy measured and projected.", "",
+            f"- PaDIR speedups within ±{AGREES:.0%} of the projected speedup: **{near(speedups)} of {len(speedups)}**"
+            + (f" (measured / projected: median {np.median(speedups):.2f}, range {min(speedups):.2f}-"
+               f"{max(speedups):.2f})." if speedups else "."),
+            f"- Absolute p50 within ±{AGREES:.0%} of its projection: **{near(absolute)} of {len(absolute)}** rows"
+            + (f" (measured / projected: median {np.median(absolute):.1f}x)." if absolute else "."), "",
+            *table(["size", "length", "batch", "system", "p50 ms", "p99 ms", "projection ms", "p50 / projection",
+                    "speedup", "projected speedup", "speedup / projected"], body, "l"), ""]
+
+
 def _projection_lines(rows: Sequence[dict], spec: MapSpec) -> list[str]:
     from bench import costs
 
@@ -185,4 +237,5 @@ def _projection_lines(rows: Sequence[dict], spec: MapSpec) -> list[str]:
         proj = [ar[f"projection_{n}_ms"] / r[f"projection_{n}_ms"] for n in PROJECTED]
         body.append([r["size"], r["target_length"], r["length_hyps"], _fmt_x(r["speedup_p50_vs_ar"]),
                      *(f"{p:.1f}x" for p in proj)])
-    return lines + table(["size", "length", "k", "CPU measured", *PROJECTED], body, "l")
+    here = "CPU measured" if all(r.get("platform", "cpu") in (None, "cpu") for r in rows) else "measured"
+    return lines + table(["size", "length", "k", here, *PROJECTED], body, "l")

@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
 from bench import store as st
-from bench.latency_map.cells import (COST_METHOD, DecoderFactory, cell_rows, part_costs, random_weight_decoders,
-                                     recost, time_cell)
+from bench.latency_map.cells import (COST_METHOD, DecoderFactory, cell_rows, device_fields, part_costs,
+                                     random_weight_decoders, recost, time_cell)
 from bench.latency_map.model import FEATURES, CostModel, apply_model
 from bench.latency_map.report import plot_crossover, render
 from bench.latency_map.spec import MODEL, PLOT, RATES, ROWS, SUITE, TABLE, MapSpec, read_rows
@@ -30,23 +30,25 @@ if TYPE_CHECKING:      # jax-importing modules load on first use, so `narbench -
 def run_map(spec: MapSpec, out_root: Path, command: str, factory: DecoderFactory | None = None,
             peaks: costs.MachinePeaks | None = None, env: dict | None = None, platform: str | None = None,
             progress: bool = True, force: bool = False, rates: costs.MachineRates | None = None,
-            model: CostModel | None = None) -> Path:
+            model: CostModel | None = None, cost_model: bool = True) -> Path:
     """Time every missing cell into ``<out_root>/speedmap/<run_id>/rows.jsonl`` (resuming an unfinished
-    run of the same settings), then fit the cost model and write the table and the plot."""
+    run of the same settings), then fit the cost model and write the table and the plot. Without
+    ``cost_model`` no machine rates are measured and no model is fitted (a map on a GPU host's short lease:
+    its minutes go to the cells; every roofline and projection column is still there)."""
     if spec.calibrate and model is not None:      # before any cell is timed
         raise UserError("a map fits its own cost model on its calibration sizes or is scored by another map's "
                         "(--cost-model), not both")
     run, resumed = st.open_run(Path(out_root), SUITE, spec.spec_hash(), spec.to_toml(), command, force=force,
                                report=TABLE)
     try:
-        return _run_held(run, spec, factory, peaks, env, platform, progress, rates, model)
+        return _run_held(run, spec, factory, peaks, env, platform, progress, rates, model, cost_model)
     finally:
         run.release()
 
 
 def _run_held(run: st.RunStore, spec: MapSpec, factory: DecoderFactory | None, peaks: costs.MachinePeaks | None,
               env: dict | None, platform: str | None, progress: bool, rates: costs.MachineRates | None,
-              model: CostModel | None) -> Path:
+              model: CostModel | None, cost_model: bool = True) -> Path:
     """``run_map`` in the map folder this process holds."""
     from bench import costs
     from bench.measure import env as benv
@@ -54,6 +56,7 @@ def _run_held(run: st.RunStore, spec: MapSpec, factory: DecoderFactory | None, p
     if env is not None and not (run.path / st.ENV).is_file():
         run.write_env(env)
     cpu = (env or run.env()).get("cpu_model", "unknown")
+    device = device_fields(env or run.env())
     peaks = peaks or costs.machine_peaks()
     factory = factory or random_weight_decoders(spec)
     systems = spec.systems()
@@ -82,15 +85,17 @@ def _run_held(run: st.RunStore, spec: MapSpec, factory: DecoderFactory | None, p
             run.write_env(benv.record_concurrent(run.env(), benv.concurrent(seen), "the latency map"))
         parts = part_costs(decoders, systems, cell.batch)
         rows = [r for r in rows if (r["size"], r["target_length"], r["batch_size"]) != cell.key]
-        rows += cell_rows(cell, systems, timed, parts, peaks, cpu)
+        rows += cell_rows(cell, systems, timed, parts, peaks, cpu, device)
         write_jsonl(run.path / ROWS, rows)           # whole file: a kill leaves the previous cells intact
-        ensure_rates(run.path, rows, rates)
+        if cost_model:
+            ensure_rates(run.path, rows, rates)
         write_outputs(run.path, spec, model)
         if bar is not None:
             bar.update(1)
     if bar is not None:
         bar.close()
-    ensure_rates(run.path, rows, rates)
+    if cost_model:
+        ensure_rates(run.path, rows, rates)
     write_outputs(run.path, spec, model)
     st.finish_run(run)
     return run.path

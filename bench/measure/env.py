@@ -121,11 +121,46 @@ def git_state(repo_dir: Path = REPO_DIR) -> dict[str, Any]:
 
 
 def device_info(platform: str | None = None) -> dict[str, Any]:
+    """The JAX platform and its first device: kind and count; on an accelerator also what JAX says of it
+    (``device``: SMs or cores, compute capability, memory) and ``device_driver`` (:func:`describe_device`)."""
     import jax
 
     backend = platform or jax.default_backend()
     devices = jax.devices(backend)
-    return {"platform": backend, "device_kind": devices[0].device_kind, "device_count": len(devices)}
+    info = {"platform": backend, "device_kind": devices[0].device_kind, "device_count": len(devices)}
+    if backend != "cpu":
+        info.update(describe_device(devices[0], nvidia_driver() if backend in ("gpu", "cuda") else None))
+    return info
+
+
+def describe_device(device: Any, driver: str | None) -> dict[str, Any]:
+    """An accelerator's facts as JAX exposes them (each only where the device has it) and its driver line:
+    the NVIDIA driver's version (``driver``) and the runtime JAX's backend reports (``platform_version``)."""
+    facts: dict[str, Any] = {}
+    for name in ("core_count", "compute_capability"):
+        value = getattr(device, name, None)
+        if value is not None:
+            facts[name] = value if isinstance(value, (int, float)) else str(value)
+    try:
+        limit = (device.memory_stats() or {}).get("bytes_limit")
+    except Exception:  # noqa: BLE001 - not every backend keeps memory statistics
+        limit = None
+    if limit:
+        facts["memory_bytes"] = int(limit)
+    runtime = getattr(getattr(device, "client", None), "platform_version", None)
+    parts = [f"driver {driver}" if driver else None, str(runtime).strip() if runtime else None]
+    return {"device": facts, "device_driver": "; ".join(p for p in parts if p) or None}
+
+
+def nvidia_driver() -> str | None:
+    """The NVIDIA driver's version (``nvidia-smi``), or None where there is no nvidia-smi."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    lines = out.stdout.strip().splitlines() if out.returncode == 0 else []
+    return lines[0].strip() if lines else None
 
 
 def capture(seeds: Mapping[str, int] | None = None, platform: str | None = None,

@@ -86,6 +86,7 @@ class Result:
     peak_qps: float | None                 # FindPeakPerformance: the peak LoadGen found
     batches: dict[int, int] = field(default_factory=dict)       # batch size -> count
     outputs: dict[int, set[str]] = field(default_factory=dict)  # sample index -> every output it got
+    served: list[int] = field(default_factory=list)             # every sample's index, in completion order
 
     @property
     def valid(self) -> bool:
@@ -152,10 +153,12 @@ def run_test(settings: Settings, serve: Callable[[list[int]], list[str]], n_samp
         shutil.rmtree(log_dir)
     log_dir.mkdir(parents=True)
     outputs: dict[int, set[str]] = {}
+    served: list[int] = []
 
     def complete(batch: list[Query], texts: list[str]) -> None:
         for q, text in zip(batch, texts):
             outputs.setdefault(q.index, set()).add(text)
+            served.append(q.index)
         lg.QuerySamplesComplete([lg.QuerySampleResponse(q.id, 0, 0) for q in batch])
 
     batcher = DynamicBatcher(serve, complete, settings.max_batch, settings.max_wait_ms / 1e3, length)
@@ -181,5 +184,5 @@ def run_test(settings: Settings, serve: Callable[[list[int]], list[str]], n_samp
             shutil.copyfileobj(src, dst)
         detail.unlink()
     result = result_of(read_detail(Path(str(detail) + ".gz")), settings.scenario)
-    result.batches, result.outputs = dict(sorted(batcher.batches.items())), outputs
+    result.batches, result.outputs, result.served = dict(sorted(batcher.batches.items())), outputs, served
     return result

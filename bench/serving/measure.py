@@ -9,7 +9,9 @@ shape the batcher can form (``ServingSpec.batch_sizes``):
    SingleStream is R LoadGen tests of ``min_queries`` / R queries each, with a solo timing before each and after
    the last (solo, SS, solo, SS, ..., solo): each round is compared with the two solo timings around it (pooled;
    their ratio recorded as ``solo_drift``), so the machine's drift, which moves this VM's speed by 10-40% within
-   minutes, cancels instead of deciding the check. The harness's clock runs inside the worker, LoadGen's from its
+   minutes, cancels instead of deciding the check. The reference is read at the very sentences LoadGen drew
+   (``matched``: ``solo_matched_p50_ms``), since a few hundred random draws can be shorter or longer than the
+   test set. The harness's clock runs inside the worker, LoadGen's from its
    issue: what lies between (LoadGen, the batcher, the pipe) is the driver's round trip, measured by the empty
    system, and the check compares LoadGen's figures with solo plus it (``bench.serving.report.agreement``).
 2. Offline: every query at once, batches of up to ``max_batch``, once for each of the spec's ``max_batch``
@@ -73,6 +75,18 @@ def with_solo(baseline: Baseline, before: Sequence[float], after: Sequence[float
     return replace(baseline, solo_p50_ms=p50, solo_p90_ms=p90, solo_drift=drift)
 
 
+def matched(before: Sequence[float], after: Sequence[float], served: Sequence[int], n: int) -> dict:
+    """The solo timings around a SingleStream test over the sentences LoadGen drew (each as often as drawn):
+    each sentence's mean of ``before`` and ``after`` (its latencies on the ``n`` test sentences, in order), p50
+    and p90. LoadGen draws its samples at random, so a few hundred of them can be shorter or longer than the
+    test set: this reference has the same sentences as the test, so only time and method differ."""
+    if len(before) != n or len(after) != n or not served:
+        return {}
+    per_sentence = (np.asarray(before, np.float64) + np.asarray(after, np.float64)) / 2      # [n] ms
+    p50, p90 = np.percentile(per_sentence[np.asarray(served, np.int64)], [50, 90])
+    return {"solo_matched_p50_ms": float(p50), "solo_matched_p90_ms": float(p90)}
+
+
 def serve_system(serve: Callable[[list[int]], list[str]], n: int, baseline: Baseline, serving: ServingSpec,
                  log_root: Path, seed: int, score: Callable[[list[str]], float] | None = None,
                  on_test: Callable[[str], None] = lambda label: None,
@@ -116,7 +130,8 @@ def serve_system(serve: Callable[[list[int]], list[str]], n: int, baseline: Base
             if solo is not None:
                 time_alone("after SingleStream" if rounds == 1 else f"after SingleStream {i} of {rounds}")
                 around = with_solo(baseline, blocks[-2], blocks[-1])
-                records[-1].update({k: getattr(around, k) for k in SOLO_FIELDS})
+                records[-1].update({k: getattr(around, k) for k in SOLO_FIELDS},
+                                   **matched(blocks[-2], blocks[-1], singles[-1].served, n))
         if blocks:                                     # every later test: all the solo timings pooled
             baseline = with_solo(baseline, [x for b in blocks[:-1] for x in b], blocks[-1])
             if rounds > 1:

@@ -57,10 +57,15 @@ SERVING_COLUMNS = (
     C("batch1_p90_ms", "batch-1 p90 ms", ms, False, doc="the harness's own batch-1 p90"),
     C("solo_p50_ms", "solo p50 ms", ms, False,
       doc="the harness's batch-1 p50 of the same worker, timed alone on the test set right before and right after "
-          "SingleStream, the two timings pooled (the suite's timing ran earlier, interleaved with the other systems)"),
+          "SingleStream (its round, with single_rounds), the two timings pooled (the suite's timing ran earlier, "
+          "interleaved with the other systems)"),
     C("solo_p90_ms", "solo p90 ms", ms, False, doc="the same timings' p90"),
     C("solo_drift", "solo drift", fixed(3), None,
       doc="the solo timing's p50 after SingleStream over its p50 before: how far the machine drifted meanwhile"),
+    C("solo_matched_p50_ms", "solo p50 ms, same sentences", ms, False,
+      doc="SingleStream: the same solo timings (each sentence's mean of the two) over the very sentences LoadGen "
+          "drew, as often as it drew them: the check's like-for-like reference (None in runs before 2026-11-29)"),
+    C("solo_matched_p90_ms", "solo p90 ms, same sentences", ms, False, doc="the same draw's p90"),
     C("worker_calls", doc="the decoder calls (one a batch) the worker served in the test"),
     C("worker_p50_ms", "worker p50 ms", ms, False,
       doc="the worker's own clock: p50 of its decoder calls in the test (a call is a batch), no pipe, no queue"),

@@ -154,7 +154,7 @@ def test_latency_map_options(env, capsys, tmp_path, monkeypatch):
     seen = {}
 
     def fake_run_map(spec, out_root, command, **kw):
-        seen.update(spec=spec, out=out_root, command=command)
+        seen.update(spec=spec, out=out_root, command=command, cost_model=kw.get("cost_model"))
         return out_root / "speedmap" / "r"
 
     monkeypatch.setattr("bench.latency_map.run_map", fake_run_map)
@@ -183,6 +183,16 @@ def test_latency_map_options(env, capsys, tmp_path, monkeypatch):
     code, _, err = run_cli(["latency", "--map", "--sizes", "paper", "--calibrate", "paper", "--cost-model",
                             str(tmp_path / "model.json")], capsys)
     assert code == 2 and "drop --calibrate" in err
+    # --no-cost-model: no calibration, no rates (the GPU script's maps).
+    code, _, _ = run_cli(["latency", "--map", "--sizes", "paper", "--no-cost-model", "--no-progress", "--out",
+                          str(tmp_path)], capsys)
+    assert code == 0 and seen["spec"].calibrate == () and seen["cost_model"] is False
+    assert "--no-cost-model" in seen["command"]
+    code, _, err = run_cli(["latency", "--map", "--sizes", "paper", "--no-cost-model", "--calibrate", "paper"], capsys)
+    assert code == 2 and "--no-cost-model fits no model; drop --calibrate" in err
+    code, _, err = run_cli(["latency", "--map", "--no-cost-model", "--cost-model", str(tmp_path / "model.json")],
+                           capsys)
+    assert code == 2 and "contradict" in err
 
 
 def test_a_second_run_of_a_folder_another_process_holds_is_refused_with_one_line(env, capsys, second_process):

@@ -250,6 +250,16 @@ def test_projection_is_labelled_and_uses_published_peaks(decoder):
         costs.project(c, "tpu-v99")
 
 
+@pytest.mark.parametrize("kind, name", [
+    ("NVIDIA H100 80GB HBM3", "h100-sxm"), ("NVIDIA H100 PCIe", "h100-pcie"), ("NVIDIA H200", "h200-sxm"),
+    ("NVIDIA H200 NVL", None), ("NVIDIA A100-SXM4-80GB", "a100-sxm-80gb"), ("TPU v4", "tpu-v4"),
+    ("cpu", None), (None, None)])
+def test_a_device_kind_finds_its_published_peaks_or_none(kind, name):
+    assert costs.for_device(kind) == name
+    if name:
+        assert costs.accelerator(name).source.startswith(("NVIDIA", "Google"))
+
+
 def test_machine_peaks_are_measured_once_and_cached(tmp_path, monkeypatch):
     monkeypatch.setenv("NARBENCH_DATA", str(tmp_path))
     peaks = costs.machine_peaks(matmul_n=128, stream_mib=4, sample_s=1e-3, rounds=2)

@@ -79,3 +79,36 @@ def test_cpu_details_tell_apart_cpus_sold_under_one_name(tmp_path):
     assert d["caches"] == {"L1d": "32K", "L2": "512K", "L3": "32768K"}
     assert env.cpu_details("", tmp_path / "missing") == {"vendor": None, "family": None, "model": None,
                                                         "stepping": None, "isa": [], "caches": {}}
+
+
+class _Client:
+    platform_version = "cuda 13000"
+
+
+class _Gpu:
+    """What a JAX CUDA device exposes (device_kind aside)."""
+    core_count, compute_capability, client = 132, "9.0", _Client()
+
+    def memory_stats(self):
+        return {"bytes_limit": 80 * 2**30, "bytes_in_use": 0}
+
+
+class _Bare:
+    """A device with none of it (memory_stats raises, as on some backends)."""
+
+    def memory_stats(self):
+        raise RuntimeError("not available")
+
+
+def test_an_accelerator_is_described_by_what_jax_exposes_and_its_driver():
+    facts = env.describe_device(_Gpu(), "580.65.06")
+    assert facts == {"device": {"core_count": 132, "compute_capability": "9.0", "memory_bytes": 80 * 2**30},
+                     "device_driver": "driver 580.65.06; cuda 13000"}
+    assert env.describe_device(_Bare(), None) == {"device": {}, "device_driver": None}
+    json.dumps(facts)
+
+
+def test_no_nvidia_smi_means_no_driver_line(monkeypatch, tmp_path):
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert env.nvidia_driver() is None
+    assert "device_driver" not in env.device_info("cpu")            # a CPU has no driver line

@@ -280,6 +280,42 @@ def test_singlestream_in_rounds_alternates_with_solo_timings_and_each_round_meet
     assert offline["solo_p50_ms"] == 12.0 and offline["solo_drift"] == pytest.approx(12.0 / 10.0)   # all eight pooled
 
 
+def test_each_round_is_compared_with_the_solo_timings_of_the_very_sentences_loadgen_drew(sleeper, tmp_path):
+    """LoadGen draws a few hundred samples at random; the solo timings (one latency per test sentence, in order)
+    are read at exactly those sentences, each as often as drawn, each sentence's mean of the timings around."""
+    from bench.serving.measure import matched
+
+    worker = sleeper["s10"]
+    served_ids: list[int] = []
+
+    def serve(indices):
+        served_ids.extend(indices)
+        return worker.timed([SOURCES[i] for i in indices], "end_to_end").hypotheses
+
+    n = len(SOURCES)
+    timings = iter([[float(i) for i in range(n)], [float(i) + 2.0 for i in range(n)]])    # sentence i: i and i + 2
+    serving = ServingSpec(bounds_ms=(400.0,), min_duration_s=0.2, min_queries=20, scenarios=("SingleStream",))
+    (single,) = serve_system(serve, n, Baseline(10.0, 11.0, [s.upper() for s in SOURCES]), serving, tmp_path,
+                             seed=0, solo=lambda: next(timings))
+    drawn = np.asarray(served_ids, np.float64) + 1.0                   # each drawn sentence's mean of the two
+    assert single["solo_matched_p50_ms"] == pytest.approx(float(np.percentile(drawn, 50)))
+    assert single["solo_matched_p90_ms"] == pytest.approx(float(np.percentile(drawn, 90)))
+    assert single["solo_p50_ms"] == pytest.approx(float(np.percentile([*range(n), *range(2, n + 2)], 50)))
+    assert matched([1.0, 2.0], [3.0, 4.0], [1, 1, 0], 2) == {"solo_matched_p50_ms": 3.0,
+                                                             "solo_matched_p90_ms": pytest.approx(3.0)}
+    assert matched([1.0], [3.0], [0], 2) == {} and matched([1.0, 2.0], [3.0, 4.0], [], 2) == {}
+
+
+def test_the_check_reads_the_same_sentence_solo_figures_where_a_round_has_them():
+    from bench.serving.report import agreement, ratios
+
+    r = {"latency_p50_ms": 11.0, "latency_p90_ms": 20.0, "solo_p50_ms": 9.0, "solo_p90_ms": 18.0,
+         "solo_matched_p50_ms": 11.0, "solo_matched_p90_ms": 20.0, "batch1_p50_ms": 10.0, "batch1_p90_ms": 19.0}
+    assert agreement(r, None) == (1.0, 1.0)                           # the same sentences: 11 / 11, not 11 / 9
+    assert ratios({**r, "solo_matched_p50_ms": None}, None, "p50") == [pytest.approx(11 / 9)]
+    assert ratios(r, None, "p50", "batch1") == [pytest.approx(1.1)]   # batch-1 has no same-sentence figure
+
+
 def test_a_system_served_in_rounds_is_one_row_checked_by_the_median_of_its_rounds():
     """A noisy machine moves one round: the median of the rounds' ratios (each against its own neighbours) holds."""
     from bench.serving.report import agreement, disagreements, ratios, render, single_stream_rows

@@ -237,3 +237,38 @@ def test_a_cost_model_file_that_does_not_fit_is_a_user_error(tmp_path):
                                                    "cells_fitted": 135}))
     with pytest.raises(UserError, match="has 5 coefficients but this cost model has 4 features"):
         sm.CostModel.load(tmp_path / "old.json")
+
+
+def test_a_map_timed_on_a_gpu_names_the_device_and_sets_each_cell_beside_its_own_projection(tmp_path):
+    """A GPU narbench states peaks for (its JAX device kind): every row names the device and its driver and
+    carries the roofline projection on that device; the page compares measurement and projection and counts the
+    speedups within 25%. --no-cost-model (cost_model=False) measures no machine rates and fits nothing."""
+    spec = sm.MapSpec(sizes=("s",), lengths=(8,), batches=(1,), iterations=(1, 4), length_hyps=(1,), calibrate=(),
+                      cell_seconds=0.05, min_calls=3, max_calls=4)
+    env = {**ENV, "platform": "gpu", "device_kind": "NVIDIA H100 80GB HBM3", "device_driver": "driver 580.1; cuda 13"}
+    run_dir = sm.run_map(spec, tmp_path, "narbench latency --map", factory=FakeFactory(), peaks=PEAKS, env=env,
+                         progress=False, cost_model=False)
+    rows = read_jsonl(run_dir / sm.ROWS)
+    assert {(r["platform"], r["device_kind"], r["device_driver"], r["device_projection"]) for r in rows} == {
+        ("gpu", "NVIDIA H100 80GB HBM3", "driver 580.1; cuda 13", "h100-sxm")}
+    assert all(r["projection_h100-sxm_ms"] > 0 for r in rows)
+    assert not (run_dir / sm.RATES).exists() and not (run_dir / sm.MODEL).exists()
+    text = (run_dir / sm.TABLE).read_text()
+    assert "Measured on **NVIDIA H100 80GB HBM3** (gpu, driver 580.1; cuda 13; host CPU Test CPU)" in text
+    assert "## Measured on this device against its roofline projection" in text
+    assert "projected speedup" in text and "None: this map fits no cost model" in text
+    ar, t4 = (next(r for r in rows if r["system"] == name) for name in ("ar-greedy", "padir-T4-k1"))
+    projected = ar["projection_h100-sxm_ms"] / t4["projection_h100-sxm_ms"]
+    assert f"| {projected:.2f}x |" in text
+    agree = sum(abs(r["speedup_p50_vs_ar"] / (ar["projection_h100-sxm_ms"] / r["projection_h100-sxm_ms"]) - 1) <= 0.25
+                for r in rows if r["family"] != "ar")
+    assert f"within ±25% of the projected speedup: **{agree} of 2**" in text
+
+
+def test_a_cpu_map_has_no_device_projection():
+    from bench.latency_map.cells import device_fields, projections
+
+    assert device_fields(ENV)["device_projection"] is None
+    assert device_fields({**ENV, "platform": "gpu", "device_kind": "NVIDIA H200"})["device_projection"] == "h200-sxm"
+    assert projections(None) == sm.PROJECTED and projections("h100-sxm") == sm.PROJECTED
+    assert projections("h200-sxm") == (*sm.PROJECTED, "h200-sxm")

@@ -30,7 +30,8 @@ refinement loop (target <= 1.2; the parts are device-phase timings, so the devic
 comparison), ``over_T_passes_plus_encoder_and_length_p50`` (the same with encoder + length
 prediction, the older definition) and ``ar_cached_over_padir_p50``. pytest-benchmark's own stats
 time the whole measured round (one ``measure`` call).
-``NARBENCH_BENCH_ROUNDS=N`` times every sentence N times instead (quick runs while developing).
+``NARBENCH_BENCH_ROUNDS=N`` times every sentence N times instead (quick runs while developing); untimed (the test
+suite's run, ``--benchmark-disable``) each decodes it ``UNTIMED_ROUNDS`` times, enough for its checks.
 """
 from __future__ import annotations
 
@@ -107,10 +108,14 @@ class CompiledPart:
         return [self.args]
 
 
+UNTIMED_ROUNDS = 2   # sentences a benchmark decodes when it runs untimed (the test suite): its checks need no more
+
+
 def _measure(benchmark, latency_rows, decoder, key: str, phase: str, rounds: int, check,
              extra_compile_s: float = 0.0):
     """``timing.warmup``, ``check`` that the workload is the one claimed, then one ``timing.measure``
-    round of the same sentence ``rounds`` times."""
+    round of the same sentence ``rounds`` times (``UNTIMED_ROUNDS`` when the benchmark is not timed)."""
+    rounds = rounds if benchmark.enabled else UNTIMED_ROUNDS
     compile_s = timing.warmup([decoder], 1)[decoder.name] + extra_compile_s
     check(decoder)
     m = benchmark.pedantic(timing.measure, args=([decoder], [SOURCE] * rounds),

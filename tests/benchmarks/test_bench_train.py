@@ -4,7 +4,8 @@ Run: ``pytest tests/benchmarks/test_bench_train.py --benchmark-enable --benchmar
 - the machine's fp32 matmul peak: a jitted 2048 x 2048 matmul (best of the rounds, GFLOP/s);
   MFU divides by the harness's own peak (``bench.costs.machine.machine_peaks``), the one the roofline uses;
 - one `small` train step (8k vocab, a 4096-padded-token batch of shape [128, 32], target lengths
-  drawn so ~18% of it is padding, like bible de-en's buckets) for AR and PaDIR (2 stages).
+  drawn so ~18% of it is padding, like bible de-en's buckets) for AR and PaDIR (2 stages); untimed (the test
+  suite's run) the batch has ``UNTIMED_ROWS`` rows, the same checks on a sixteenth of the work.
 ``extra_info`` holds target tokens/s and MFU = 6 x params x target tokens/s / peak. For PaDIR the
 6 x params rule ignores its second decoder pass, so its MFU is a lower bound of the real utilisation.
 """
@@ -41,26 +42,30 @@ def test_bench_matmul_peak(benchmark):
     benchmark.extra_info.update(peak_gflops=peak / 1e9, devices=jax.device_count())
 
 
-def _batch(seed: int = 0) -> dict[str, np.ndarray]:
+def _batch(seed: int = 0, rows: int = ROWS) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(seed)
-    lengths = rng.integers(20, 33, size=(2, ROWS))                     # mean ~26 of 32: ~18% padding
+    lengths = rng.integers(20, 33, size=(2, rows))                     # mean ~26 of 32: ~18% padding
     pos = np.arange(LENGTH)[None]
     out = {}
     for name, lens in zip(("inputs", "targets"), lengths):
-        tokens = rng.integers(4, VOCAB, size=(ROWS, LENGTH))
-        tokens[np.arange(ROWS), lens - 1] = 1                          # EOS
+        tokens = rng.integers(4, VOCAB, size=(rows, LENGTH))
+        tokens[np.arange(rows), lens - 1] = 1                          # EOS
         out[name] = np.where(pos < lens[:, None], tokens, 0).astype(np.int32)
     return out
 
 
+UNTIMED_ROWS = 8     # rows of the batch when the benchmark runs untimed (the test suite): the same checks, 1/16 the work
+
+
 @pytest.mark.parametrize("kind", ["ar", "padir"])
 def test_bench_train_step_small(benchmark, kind):
+    rows = ROWS if benchmark.enabled else UNTIMED_ROWS
     config = preset("small", kind=kind, vocab_size=VOCAB)
-    cfg = TrainConfig(steps=1000, batch_tokens=ROWS * LENGTH)
+    cfg = TrainConfig(steps=1000, batch_tokens=rows * LENGTH)
     mesh = sharding.make_mesh()
     step, tx = make_train_step(config, cfg)
     state = init_state(config, cfg, tx, mesh)
-    batch = sharding.shard_batch(_batch(), mesh)
+    batch = sharding.shard_batch(_batch(rows=rows), mesh)
     rng = sharding.replicate(jax.random.PRNGKey(0), mesh)
     t0 = time.perf_counter()
     compiled = step.lower(state, batch, rng).compile()

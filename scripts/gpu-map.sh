@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# The GPU page, reproduced on any host with a GPU and JAX (docs/gpu.md): narbench's latency map, AR greedy
+# against PaDIR refine:T (T = 1, 2, 4, 10; k = 1 and 5) on random-weight models, 16-256 target tokens, each
+# cell's roofline projection on the same device beside its measurement. It runs the most valuable cells first
+# and stops starting new work when its time budget is spent; everything it writes is under OUT_DIR:
+#
+#   OUT_DIR/device.json         what JAX and the driver say of the device (kind, SMs, memory, driver)
+#   OUT_DIR/results/speedmap/   one map folder per step (rows.jsonl, speedmap.md, crossover.png, env.json)
+#   OUT_DIR/log/<step>.log      each step's output
+#   OUT_DIR/gpu-map.tar.gz      all of the above in one file
+#
+# usage: scripts/gpu-map.sh OUT_DIR [BUDGET_SECONDS]        (default budget: 540 s)
+#        REHEARSE=1 JAX_PLATFORMS=cpu scripts/gpu-map.sh OUT_DIR 300    (the same steps at tiny sizes, on a CPU)
+#        DRY_RUN=1 scripts/gpu-map.sh OUT_DIR                             (print each step's narbench arguments)
+#
+# Steps, in order of value: (1) paper size at batch 1 and 32; (2) small at batch 1, 8 and 32; (3) paper at
+# batch 8. A step killed by the budget keeps every cell it finished (a map saves each cell whole), and running
+# the script again with the same OUT_DIR resumes where it stopped. narbench need not be installed: the script
+# runs it from this checkout with the host's own JAX (it imports no TensorFlow on this path); tqdm, if
+# missing, can be installed from a wheel in $WHEELS (pip install --no-index --find-links "$WHEELS" tqdm).
+set -euo pipefail
+
+out=${1:?usage: scripts/gpu-map.sh OUT_DIR [BUDGET_SECONDS]}
+budget=${2:-540}
+repo=$(cd "$(dirname "$0")/.." && pwd)
+mkdir -p "$out/log" "$out/results"
+out=$(cd "$out" && pwd)
+deadline=$(( $(date +%s) + budget ))
+export PYTHONPATH="$repo${PYTHONPATH:+:$PYTHONPATH}"
+export NARBENCH_DATA=${NARBENCH_DATA:-$out/data}     # machine peaks and JAX's compilation cache, kept with the run
+py=${PYTHON:-python3}
+
+if [ -n "${WHEELS:-}" ] && ! "$py" -c "import tqdm" 2>/dev/null; then
+  "$py" -m pip install -q --no-index --find-links "$WHEELS" tqdm
+fi
+
+# What the device is, before anything is timed (fails here, not half-way, if JAX cannot see it).
+if [ "${DRY_RUN:-0}" != 1 ]; then
+  "$py" - "$out/device.json" <<'PY'
+import json, sys
+from bench.measure.env import capture
+env = capture()
+json.dump(env, open(sys.argv[1], "w"), indent=2, default=str)
+print(f"device: {env['platform']} {env['device_kind']} x{env['device_count']}; {env.get('device_driver') or 'no driver line'}")
+PY
+fi
+
+if [ "${REHEARSE:-0}" = 1 ]; then      # the same steps, tiny: the rehearsal on a CPU
+  big=(--sizes tiny --lengths 8 16) small=(--sizes tiny --lengths 8 16)
+  grid=(--iterations 1 4 --length-hyps 1 --cell-seconds 0.5 --min-calls 2 --max-calls 5)
+  b_ends=(--batches 1 4) b_all=(--batches 1 2 4) b_mid=(--batches 2)
+else
+  big=(--sizes paper --lengths 16 32 64 128 256) small=(--sizes small --lengths 16 32 64 128 256)
+  grid=(--iterations 1 2 4 10 --length-hyps 1 5 --cell-seconds 3 --min-calls 5 --max-calls 50)
+  b_ends=(--batches 1 32) b_all=(--batches 1 8 32) b_mid=(--batches 8)
+fi
+
+step() {   # step NAME ARGS...: one latency map, stopped (its finished cells kept) when the budget runs out
+  local name=$1; shift
+  local left=$(( deadline - $(date +%s) ))
+  if [ "$left" -lt 20 ]; then
+    echo "$name: skipped, the budget is spent" | tee -a "$out/log/steps.txt"
+    return 0
+  fi
+  local start rc=0
+  start=$(date +%s)
+  if [ "${DRY_RUN:-0}" = 1 ]; then      # print each step's command instead (tests/bench/test_gpu_script.py)
+    echo "latency --map $* ${grid[*]} --no-cost-model --out $out/results --no-progress"
+    return 0
+  fi
+  timeout --signal=INT --kill-after=15 "$left" "$py" -m bench.cli latency --map "$@" "${grid[@]}" \
+    --no-cost-model --out "$out/results" --no-progress > "$out/log/$name.log" 2>&1 || rc=$?
+  echo "$name: exit $rc after $(( $(date +%s) - start )) s" | tee -a "$out/log/steps.txt"
+}
+
+step 1-paper-b1-b32 "${big[@]}" "${b_ends[@]}"
+step 2-small "${small[@]}" "${b_all[@]}"
+step 3-paper-b8 "${big[@]}" "${b_mid[@]}"
+
+[ "${DRY_RUN:-0}" = 1 ] && exit 0
+tar -C "$out" -czf "$out/gpu-map.tar.gz" --exclude=data --exclude=gpu-map.tar.gz .
+echo "results: $out/gpu-map.tar.gz"
