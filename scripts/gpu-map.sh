@@ -78,5 +78,5 @@ step 2-small "${small[@]}" "${b_all[@]}"
 step 3-paper-b8 "${big[@]}" "${b_mid[@]}"
 
 [ "${DRY_RUN:-0}" = 1 ] && exit 0
-tar -C "$out" -czf "$out/gpu-map.tar.gz" --exclude=data --exclude=gpu-map.tar.gz .
+tar -C "$out" -czf "$out/gpu-map.tar.gz" device.json log results     # not the data root (caches), not itself
 echo "results: $out/gpu-map.tar.gz"
