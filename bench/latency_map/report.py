@@ -180,11 +180,11 @@ def _device_lines(rows: Sequence[dict], spec: MapSpec) -> list[str]:
     projection on that same device, absolute and as PaDIR's speedup over AR greedy, and how many agree."""
     from bench import costs
 
-    own = next((r["device_projection"] for r in rows if r.get("device_projection")), None)
-    if own is None:
+    timed_on = next((r for r in rows if r.get("device_projection")), None)
+    if timed_on is None:
         return []
+    own, kind = timed_on["device_projection"], timed_on.get("device_kind")
     acc, col = costs.accelerator(own), f"projection_{own}_ms"
-    kind = next(r.get("device_kind") for r in rows if r.get("device_projection"))
     ar = {(r["size"], r["target_length"], r["batch_size"]): r for r in rows if r["family"] == "ar"}
     order = lambda r: (spec.sizes.index(r["size"]) if r["size"] in spec.sizes else 99, r["batch_size"],  # noqa: E731
                        r["target_length"], r["family"] != "ar", r["length_hyps"], r["iterations"] or 0)

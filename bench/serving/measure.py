@@ -63,15 +63,15 @@ class Baseline:
     hypotheses: list[str]          # batch-1 outputs, aligned with the sources
     solo_p50_ms: float | None = None   # the harness's batch-1 timing of the serving worker alone, before and
     solo_p90_ms: float | None = None   # after SingleStream, pooled
-    solo_drift: float | None = None    # that timing's p50 after SingleStream over its p50 before
+    solo_drift: float | None = None    # the last solo timing's p50 over the first's
 
 
-def with_solo(baseline: Baseline, before: Sequence[float], after: Sequence[float]) -> Baseline:
-    """``baseline`` with the solo timing's figures: p50 and p90 of both timings' latencies (ms) pooled, and the
-    drift between them (after's p50 over before's)."""
-    pooled = np.asarray([*before, *after], dtype=np.float64)
+def with_solo(baseline: Baseline, blocks: Sequence[Sequence[float]]) -> Baseline:
+    """``baseline`` with the solo timings' figures: p50 and p90 of ``blocks`` (each timing's latencies, ms)
+    pooled, and the drift between them (the last timing's p50 over the first's)."""
+    pooled = np.asarray([x for block in blocks for x in block], dtype=np.float64)
     p50, p90 = (float(v) for v in np.percentile(pooled, [50, 90]))
-    drift = float(np.median(after) / np.median(before)) if len(before) and len(after) else None
+    drift = float(np.median(blocks[-1]) / np.median(blocks[0])) if len(blocks) > 1 else None
     return replace(baseline, solo_p50_ms=p50, solo_p90_ms=p90, solo_drift=drift)
 
 
@@ -129,13 +129,11 @@ def serve_system(serve: Callable[[list[int]], list[str]], n: int, baseline: Base
                 **common), "singlestream"))
             if solo is not None:
                 time_alone("after SingleStream" if rounds == 1 else f"after SingleStream {i} of {rounds}")
-                around = with_solo(baseline, blocks[-2], blocks[-1])
+                around = with_solo(baseline, blocks[-2:])
                 records[-1].update({k: getattr(around, k) for k in SOLO_FIELDS},
                                    **matched(blocks[-2], blocks[-1], singles[-1].served, n))
         if blocks:                                     # every later test: all the solo timings pooled
-            baseline = with_solo(baseline, [x for b in blocks[:-1] for x in b], blocks[-1])
-            if rounds > 1:
-                baseline = replace(baseline, solo_drift=float(np.median(blocks[-1]) / np.median(blocks[0])))
+            baseline = with_solo(baseline, blocks)
     offline_qps, best = 1000.0 / baseline.p50_ms, serving.max_batch[-1]
     if "Offline" in serving.scenarios or "Server" in serving.scenarios:
         for b in serving.max_batch:

@@ -62,8 +62,7 @@ def single_stream_rows(records: Sequence[dict]) -> list[dict]:
 
 def _rounds_row(rounds: list[dict]) -> dict:
     def median(key: str) -> float | None:
-        xs = [r[key] for r in rounds if r.get(key) is not None]
-        return float(statistics.median(xs)) if xs else None
+        return _median([r[key] for r in rounds if r.get(key) is not None])
 
     first, last = rounds[0], rounds[-1]
     keys = ("latency_p50_ms", "latency_p90_ms", "latency_p99_ms", "solo_p50_ms", "solo_p90_ms", "worker_p50_ms",
