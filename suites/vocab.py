@@ -176,12 +176,17 @@ class LazyVocabulary(seqio.SentencePieceVocabulary):
         super().__init__(sentencepiece_model_file="")
 
     def model_path(self) -> str:
+        from narbench_core.paths import data_root
+
         with self._built_lock:
-            # Built once per process; again if the file went (the data root moved, or was cleaned meanwhile).
-            if not self._sentencepiece_model_file or not os.path.isfile(self._sentencepiece_model_file):
+            # Built once per data root; again if the file went (the data root moved, or was cleaned meanwhile)
+            # or the root changed (``NARBENCH_DATA`` set anew): the old root's path would leak into records.
+            root = str(data_root())
+            if (not self._sentencepiece_model_file or not os.path.isfile(self._sentencepiece_model_file)
+                    or getattr(self, "_root", None) != root):
                 path = str(self._build())
                 load_vocabulary(path)  # checks the id layout
-                self._sentencepiece_model_file = path
+                self._sentencepiece_model_file, self._root = path, root
         return self._sentencepiece_model_file
 
     def is_built(self) -> bool:

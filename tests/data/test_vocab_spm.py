@@ -127,3 +127,27 @@ def test_sentencepiece_text_refuses_a_foreign_model(tmp_path):
                                    minloglevel=2)
     with pytest.raises(UserError, match="not a narbench vocabulary"):
         SentencePieceText(tmp_path / "plain.model")
+
+
+def test_a_lazy_vocabulary_resolves_again_when_the_data_root_changes(zh_vocab_path, tmp_path, monkeypatch):
+    """A vocabulary object resolved under one data root kept that root's path after ``NARBENCH_DATA`` changed
+    (CI, stop 60): records then named the old root's file, absolute, instead of ``vocab/...`` under the new one."""
+    import shutil
+
+    from narbench_core.paths import data_root, portable
+
+    def build():                                    # what train_vocabulary returns: the model under today's root
+        target = data_root() / "vocab" / zh_vocab_path.name
+        if not target.exists():
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(zh_vocab_path, target)
+        return target
+
+    lazy = vocab.LazyVocabulary(build, "test_zh")
+    first = lazy.model_path()
+    monkeypatch.setenv("NARBENCH_DATA", str(tmp_path / "another" / "root"))
+    second = lazy.model_path()
+    assert second != first and second.startswith(str(tmp_path / "another" / "root"))
+    assert portable(second) == f"vocab/{zh_vocab_path.name}"
+    monkeypatch.undo()
+    assert lazy.model_path() == first
