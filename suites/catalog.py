@@ -129,6 +129,12 @@ def valid_targets(name: str, split: str) -> list[list[str]] | None:
     return [list(targets) for targets in zip(*refs)]
 
 
+def tokens_follow_text(name: str, split: str) -> bool:
+    """Whether a split's token ids are its ``load_text`` pairs encoded by the task's SentencePiece model (with
+    EOS): a pack's always; a seqio task's where its dataset is that text (``suites.tasks.tokens_follow_text``)."""
+    return packed(name) or _seqio().tokens_follow_text(name, split)
+
+
 def get_vocabulary(name: str):
     """The task's SentencePiece vocabulary."""
     return task_info(name).vocabulary if packed(name) else _seqio().get_vocabulary(name)

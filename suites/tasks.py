@@ -271,6 +271,14 @@ def _dataset_fn(name: str):
     return dataset_fn
 
 
+def tokens_follow_text(name: str, split: str) -> bool:
+    """Whether the split's seqio dataset is its ``load_text`` pairs (the sources and first references, as
+    ``_dataset_fn`` builds it), so that its token ids are the SentencePiece model's ids of that text plus EOS:
+    every family's splits but WMT's own, which seqio streams from TFDS."""
+    spec = _spec(name)
+    return not (spec.family == "wmt" and not (spec.distilled_train and split == "train"))
+
+
 def _register(spec: _Spec) -> None:
     if spec.name in seqio.TaskRegistry.names():
         seqio.TaskRegistry.remove(spec.name)

@@ -92,12 +92,14 @@ def serve_system(serve: Callable[[list[int]], list[str]], n: int, baseline: Base
                  on_test: Callable[[str], None] = lambda label: None,
                  length: Callable[[int], int] | None = None,
                  solo: Callable[[], Sequence[float]] | None = None,
-                 worker_ms: Callable[[], Sequence[float]] | None = None) -> list[dict]:
+                 worker_ms: Callable[[], Sequence[float]] | None = None,
+                 pids: Sequence[int] = ()) -> list[dict]:
     """Every LoadGen test of one system, as records (``bench.serving.rows.record`` adds the run's fields);
     ``length`` (a sample index -> its source's length) is the batcher's, where ``serving.group_by_length``.
     ``solo`` times the system alone at batch 1 by the harness's protocol (its latencies, ms): called right before
     and right after SingleStream. ``worker_ms`` hands over (and forgets) the worker's own time of each decoder
-    call since it was last called."""
+    call since it was last called. ``pids`` (the driver's process, the worker's) puts each test's CPU shares on its
+    record (``cpu_shares``)."""
     records: list[dict] = []
     base_bleu = score(baseline.hypotheses) if score else None
     drain = worker_ms or (lambda: ())
@@ -105,9 +107,10 @@ def serve_system(serve: Callable[[list[int]], list[str]], n: int, baseline: Base
     def test(label: str, settings: Settings, purpose: str, bound: float | None = None) -> Result:
         on_test(label)
         drain()
+        before = _snapshots(pids)
         result = run_test(settings, serve, n, log_root / label, length if serving.group_by_length else None)
         records.append({**_record(label, settings, purpose, bound, result, baseline, score, base_bleu),
-                        **_worker_clock(drain())})
+                        **_worker_clock(drain()), **cpu_shares(before, _snapshots(pids))})
         return result
 
     common = dict(min_duration_s=serving.min_duration_s, seed=seed)
@@ -226,6 +229,31 @@ def _worker_clock(calls_ms: Sequence[float]) -> dict:
         return {"worker_calls": 0, "worker_p50_ms": None, "worker_p90_ms": None}
     p50, p90 = (float(v) for v in np.percentile(np.asarray(calls_ms, dtype=np.float64), [50, 90]))
     return {"worker_calls": len(calls_ms), "worker_p50_ms": p50, "worker_p90_ms": p90}
+
+
+def _snapshots(pids: Sequence[int]) -> list:
+    from bench.measure import load
+
+    return [load.snapshot([pid]) for pid in pids]
+
+
+CPU_FIELDS = ("driver_cpu_share", "worker_cpu_share", "others_cpu_share", "steal_share")
+
+
+def cpu_shares(before: Sequence, after: Sequence) -> dict:
+    """Where the machine's CPU went during one test, as shares of all its cores (``bench.measure.load.share``
+    between snapshots of the driver's process and of the worker's, in that order): the driver (LoadGen's threads
+    and the batcher), the worker (the engine), everything else, and the hypervisor's steal. None each where the
+    kernel cannot say (outside Linux) or no pids were given."""
+    from bench.measure import load
+
+    shares = [load.share(b, a) for b, a in zip(before, after)]
+    if len(shares) != 2 or None in shares:
+        return dict.fromkeys(CPU_FIELDS)
+    driver, worker = shares
+    return {"driver_cpu_share": driver["narbench"], "worker_cpu_share": worker["narbench"],
+            "others_cpu_share": round(max(0.0, worker["busy"] - driver["narbench"] - worker["narbench"]), 4),
+            "steal_share": worker["steal"]}
 
 
 def _unreachable(bound: float, single: Result) -> dict:

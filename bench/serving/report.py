@@ -66,7 +66,8 @@ def _rounds_row(rounds: list[dict]) -> dict:
 
     first, last = rounds[0], rounds[-1]
     keys = ("latency_p50_ms", "latency_p90_ms", "latency_p99_ms", "solo_p50_ms", "solo_p90_ms", "worker_p50_ms",
-            "qps", "solo_matched_p50_ms", "solo_matched_p90_ms")
+            "qps", "solo_matched_p50_ms", "solo_matched_p90_ms", "driver_cpu_share", "worker_cpu_share",
+            "others_cpu_share", "steal_share")
     return {**first, **{k: median(k) for k in keys}, "test": "singlestream-rounds", "rounds": rounds,
             "queries": sum(r["queries"] or 0 for r in rounds),
             "solo_drift": math.prod(r["solo_drift"] for r in rounds) if all(r.get("solo_drift") for r in rounds)
@@ -257,12 +258,19 @@ def render(records: Sequence[dict], shown: Mapping[str, str], settings: Mapping,
                   + f"). The check: p50 and p90 over solo plus the driver within {SINGLE_AGREES:.0%}; where *solo "
                   "p50 ms, same sentences* is given, over the solo timings of the very sentences LoadGen drew (each "
                   "as often as drawn: a few hundred random draws can run shorter or longer than the test set). "
-                  "*worker p50* is the worker's own clock of its calls during SingleStream.", "",
+                  "*worker p50* is the worker's own clock of its calls during SingleStream"
+                  + ("; *driver CPU*, *worker CPU* and *others CPU* are the CPU time the driver (LoadGen, the batcher), "
+                     "the worker (the engine) and everything else took during SingleStream, as shares of all the "
+                     "machine's cores (0.5: one core of two)." if any(r.get("driver_cpu_share") is not None
+                                                                      for r in single) else "."), "",
                   *_table(single, ["latency_p50_ms", "solo_p50_ms",
                                    *(["solo_matched_p50_ms"] if any(r.get("solo_matched_p50_ms") for r in single)
                                      else []),
                                    "batch1_p50_ms", "worker_p50_ms",
-                                   "latency_p90_ms", "solo_p90_ms", "solo_drift"], shown, extra=(
+                                   "latency_p90_ms", "solo_p90_ms", "solo_drift",
+                                   *(["driver_cpu_share", "worker_cpu_share", "others_cpu_share"]
+                                     if any(r.get("driver_cpu_share") is not None for r in single) else [])],
+                         shown, extra=(
                       ("Rounds", lambda r: str(len(r.get("rounds") or [r]))),
                       ("p50 / (solo + driver)", lambda r: fixed(3)(agreement(r, drv(r))[0])),
                       ("its range over rounds", lambda r: _range(ratios(r, drv(r), "p50"))),

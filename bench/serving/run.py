@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -129,7 +130,8 @@ def serve_all(spec, store, served: list[Served], sources: list[str], references:
                                    store.path / "serving" / name, spec.seeds[0],
                                    score if item.system is not None else None,
                                    on_test=lambda label: bar.set_postfix_str(f"{name}: {label}"),
-                                   length=lambda i: len(sources[i].split()), solo=solo, worker_ms=drain)
+                                   length=lambda i: len(sources[i].split()), solo=solo, worker_ms=drain,
+                                   pids=(os.getpid(), worker.pid))
             threads = worker.info["threads"]
         date = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         fields = {**{k: env_fields.get(k) for k in ("cpu_model", "git_commit")}, **item.fields,

@@ -41,12 +41,15 @@ def _event(kind: str, job: str, **more) -> None:
         pass
     record = {"kind": kind, "job": job, "pid": os.getpid(), "node": node, "time": time.time(), **more}
     name = f"{kind}-{uuid.uuid4().hex}.json"
-    (folder / f".{name}").write_text(json.dumps(record))
-    (folder / f".{name}").rename(folder / name)          # whole: the tests read events while jobs write them
+    # Whole: the tests read events while jobs write them. The part file's name does not end in .json: a reader's
+    # glob matched it (pathlib's * matches a leading dot) and it was renamed before the read (CI-like run, 2026-11-29).
+    (folder / f".{name}.part").write_text(json.dumps(record))
+    (folder / f".{name}.part").rename(folder / name)
 
 
 def events(root: Path, kind: str | None = None) -> list[dict]:
-    found = [json.loads(p.read_text()) for p in sorted((root / "fake-events").glob("*.json"))]
+    found = [json.loads(p.read_text()) for p in sorted((root / "fake-events").glob("*.json"))
+             if not p.name.startswith(".")]
     return sorted((e for e in found if kind is None or e["kind"] == kind), key=lambda e: e["time"])
 
 

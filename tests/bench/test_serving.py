@@ -197,6 +197,39 @@ def test_serve_system_runs_every_scenario_and_checks_outputs_against_batch_1(sle
     assert all(r["same_as_batch1"] == 1.0 and r["bleu_delta_vs_batch1"] == 0.0 for r in served)
 
 
+def test_each_test_records_where_the_cpu_went_driver_worker_others_and_steal(sleeper, tmp_path):
+    """Issue 51: PaDIR T = 2 on ONNX Runtime ran slower under LoadGen than alone; each test now says how much of the
+    machine the driver and the worker took. Here the driver spins between queries and the worker only sleeps."""
+    from bench.measure.load import Snapshot
+    from bench.serving.measure import CPU_FIELDS, cpu_shares
+
+    # The arithmetic, on made-up counters: 1,000 ticks of two cores, 300 busy; the driver 100, the worker 150.
+    before = [Snapshot(10_000, 5_000, 0, 0, 0.0), Snapshot(10_000, 5_000, 0, 0, 0.0)]
+    after = [Snapshot(11_000, 5_700, 20, 100, 5.0), Snapshot(11_000, 5_700, 20, 150, 5.0)]
+    assert cpu_shares(before, after) == {"driver_cpu_share": 0.1, "worker_cpu_share": 0.15, "others_cpu_share": 0.05,
+                                         "steal_share": 0.02}
+    assert cpu_shares([None, None], after) == dict.fromkeys(CPU_FIELDS)
+
+    worker = sleeper["s10"]
+
+    def spin_then_serve(indices):
+        end = time.process_time() + 0.010                                  # 10 ms of the driver's CPU per query
+        while time.process_time() < end:
+            pass
+        return serve_fn(worker)(indices)
+
+    serving = ServingSpec(scenarios=("SingleStream",), min_duration_s=0.3, min_queries=30)
+    records = serve_system(spin_then_serve, len(SOURCES), Baseline(20.0, 22.0, [s.upper() for s in SOURCES]),
+                           serving, tmp_path, seed=0, pids=(os.getpid(), worker.pid))
+    assert all(set(CPU_FIELDS) <= set(r) for r in records)
+    shares = records[0]
+    assert shares["driver_cpu_share"] > shares["worker_cpu_share"] >= 0.0
+    assert 0.0 <= shares["others_cpu_share"] <= 1.0 and 0.0 <= shares["steal_share"] <= 1.0
+    without = serve_system(serve_fn(worker), len(SOURCES), Baseline(10.0, 11.0, [s.upper() for s in SOURCES]),
+                           serving, tmp_path / "none", seed=0)
+    assert all(r[k] is None for r in without for k in CPU_FIELDS)                # no pids: nothing made up
+
+
 def test_no_search_or_validation_runs_below_the_lowest_rate_a_test_may_take(sleeper, tmp_path, monkeypatch):
     """A bound that no QPS from the floor (min_queries / MAX_TEST_S) up holds is NOT_FOUND: no validation runs, and
     the searches never start below the floor (a JAX system whose p99 missed 100 ms even at 2 QPS searched down to 1
@@ -436,6 +469,8 @@ def test_a_suite_serves_its_chosen_systems_after_timing_and_resumes_after_a_kill
     write_report(run.path)
     page = (run.path / "serving.md").read_text()
     assert "SingleStream against the harness's batch-1 timing" in page and "driver's cost" in page
+    assert all(r["driver_cpu_share"] is not None and r["worker_cpu_share"] is not None for r in ar if r["queries"])
+    assert "driver CPU" in page and "worker CPU" in page                # where the CPU went, on the page
     assert (run.path / "serving.png").is_file()
     assert "serving.md" in (run.path / "leaderboard.md").read_text()
     plan_reads_back_how_long_each_system_took_to_serve(spec, run, tmp_path)

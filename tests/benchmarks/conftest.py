@@ -19,6 +19,17 @@ def pytest_configure(config):
     config.stash[_ROWS] = []
 
 
+UNTIMED_PRESET = "tiny"   # the model of a benchmark that runs untimed (the test suite): the same checks, a fraction of the compile
+
+
+@pytest.fixture(scope="session")
+def bench_preset(request) -> str:
+    """The preset a model benchmark builds: its subject (`small`) when timed (``--benchmark-enable``), else
+    ``UNTIMED_PRESET``: the test suite runs each benchmark once for its checks, and compiling `small` was most
+    of their time (2026-11-29: 68 s of the suite's cold run)."""
+    return "small" if request.config.getoption("benchmark_enable", False) else UNTIMED_PRESET
+
+
 @pytest.fixture
 def latency_rows(request) -> list:
     """Benchmarks append ``(benchmark name, system, LatencySummary, extra dict)`` for the summary."""

@@ -31,7 +31,8 @@ comparison), ``over_T_passes_plus_encoder_and_length_p50`` (the same with encode
 prediction, the older definition) and ``ar_cached_over_padir_p50``. pytest-benchmark's own stats
 time the whole measured round (one ``measure`` call).
 ``NARBENCH_BENCH_ROUNDS=N`` times every sentence N times instead (quick runs while developing); untimed (the test
-suite's run, ``--benchmark-disable``) each decodes it ``UNTIMED_ROUNDS`` times, enough for its checks.
+suite's run, ``--benchmark-disable``) each decodes it ``UNTIMED_ROUNDS`` times, enough for its checks, with the
+``UNTIMED_PRESET`` model (conftest.py) in place of `small`.
 """
 from __future__ import annotations
 
@@ -148,14 +149,14 @@ def vocab():
 
 
 @pytest.fixture(scope="module")
-def ar_model():
-    cfg = preset("small", kind="ar", vocab_size=VOCAB, dropout_rate=0.0)
+def ar_model(bench_preset):
+    cfg = preset(bench_preset, kind="ar", vocab_size=VOCAB, dropout_rate=0.0)
     return cfg, t5.init_params(cfg, jax.random.key(0))
 
 
 @pytest.fixture(scope="module")
-def padir_model():
-    cfg = preset("small", kind="padir", vocab_size=VOCAB, dropout_rate=0.0)
+def padir_model(bench_preset):
+    cfg = preset(bench_preset, kind="padir", vocab_size=VOCAB, dropout_rate=0.0)
     return cfg, t5.init_params(cfg, jax.random.key(1))
 
 

@@ -150,7 +150,8 @@ def test_a_suite_trains_distils_and_times_from_a_pack_without_tensorflow(pack, t
     if jax_cache.is_dir():
         (root / "jax_cache").symlink_to(jax_cache)   # compiled programs are no data: share the session's
     spec = tmp_path / "packed.toml"
-    budget = "steps = 4\nbatch_tokens = 512\nlearning_rate = 3e-3\nwarmup_steps = 1\nmax_length = 32\nbuckets = [32]\n"
+    budget = ("steps = 4\nbatch_tokens = 512\nlearning_rate = 3e-3\nwarmup_steps = 1\nmax_length = 32\nbuckets = [32]\n"
+              "eval_every = 2\ndev_sentences = 8\n")     # two curve points of 8 sentences (by default: 4 of 200)
     spec.write_text(SUITE.format(task=TASK, budgets="".join(f"[train.{f}]\n{budget}\n" for f in ("ar", "padir"))))
     env = dict(os.environ, NARBENCH_DATA=str(root), PYTHONPATH=os.pathsep.join([str(blocked), str(ROOT)]))
     env.pop("NARBENCH_PACKS", None)
