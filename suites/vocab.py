@@ -172,6 +172,7 @@ class LazyVocabulary(seqio.SentencePieceVocabulary):
         self._build = build
         self._peek = peek              # the model path if already trained (no training), else None
         self._key = key                # identifies the vocabulary before it is built
+        self._root: str | None = None  # the data root the model file was resolved under
         self._built_lock = threading.Lock()
         super().__init__(sentencepiece_model_file="")
 
@@ -181,9 +182,9 @@ class LazyVocabulary(seqio.SentencePieceVocabulary):
         with self._built_lock:
             # Built once per data root; again if the file went (the data root moved, or was cleaned meanwhile)
             # or the root changed (``NARBENCH_DATA`` set anew): the old root's path would leak into records.
-            root = str(data_root())
+            root = str(data_root(create=False))        # read at every encode/decode: no mkdir
             if (not self._sentencepiece_model_file or not os.path.isfile(self._sentencepiece_model_file)
-                    or getattr(self, "_root", None) != root):
+                    or self._root != root):
                 path = str(self._build())
                 load_vocabulary(path)  # checks the id layout
                 self._sentencepiece_model_file, self._root = path, root

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 from bench.columns import fixed, ms
+from bench.serving.measure import CPU_FIELDS
 from bench.serving.rows import cell
 from bench.serving.run import DRIVER
 from narbench_core import markdown
@@ -66,8 +67,7 @@ def _rounds_row(rounds: list[dict]) -> dict:
 
     first, last = rounds[0], rounds[-1]
     keys = ("latency_p50_ms", "latency_p90_ms", "latency_p99_ms", "solo_p50_ms", "solo_p90_ms", "worker_p50_ms",
-            "qps", "solo_matched_p50_ms", "solo_matched_p90_ms", "driver_cpu_share", "worker_cpu_share",
-            "others_cpu_share", "steal_share")
+            "qps", "solo_matched_p50_ms", "solo_matched_p90_ms", *CPU_FIELDS)
     return {**first, **{k: median(k) for k in keys}, "test": "singlestream-rounds", "rounds": rounds,
             "queries": sum(r["queries"] or 0 for r in rounds),
             "solo_drift": math.prod(r["solo_drift"] for r in rounds) if all(r.get("solo_drift") for r in rounds)
@@ -237,6 +237,7 @@ def render(records: Sequence[dict], shown: Mapping[str, str], settings: Mapping,
     if single:
         off = disagreements(records)
         d = driver_of(records)
+        cpu = [k for k in CPU_FIELDS[:3] if any(r.get(k) is not None for r in single)]   # runs since 2026-11-29
 
         def drv(r: dict) -> dict | None:
             return driver_of(records, r.get("test_set"))
@@ -261,15 +262,12 @@ def render(records: Sequence[dict], shown: Mapping[str, str], settings: Mapping,
                   "*worker p50* is the worker's own clock of its calls during SingleStream"
                   + ("; *driver CPU*, *worker CPU* and *others CPU* are the CPU time the driver (LoadGen, the batcher), "
                      "the worker (the engine) and everything else took during SingleStream, as shares of all the "
-                     "machine's cores (0.5: one core of two)." if any(r.get("driver_cpu_share") is not None
-                                                                      for r in single) else "."), "",
+                     "machine's cores (0.5: one core of two)." if cpu else "."), "",
                   *_table(single, ["latency_p50_ms", "solo_p50_ms",
                                    *(["solo_matched_p50_ms"] if any(r.get("solo_matched_p50_ms") for r in single)
                                      else []),
                                    "batch1_p50_ms", "worker_p50_ms",
-                                   "latency_p90_ms", "solo_p90_ms", "solo_drift",
-                                   *(["driver_cpu_share", "worker_cpu_share", "others_cpu_share"]
-                                     if any(r.get("driver_cpu_share") is not None for r in single) else [])],
+                                   "latency_p90_ms", "solo_p90_ms", "solo_drift", *cpu],
                          shown, extra=(
                       ("Rounds", lambda r: str(len(r.get("rounds") or [r]))),
                       ("p50 / (solo + driver)", lambda r: fixed(3)(agreement(r, drv(r))[0])),
