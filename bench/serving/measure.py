@@ -16,19 +16,23 @@ shape the batcher can form (``ServingSpec.batch_sizes``):
    system, and the check compares LoadGen's figures with solo plus it (``bench.serving.report.agreement``).
 2. Offline: every query at once, batches of up to ``max_batch``, once for each of the spec's ``max_batch``
    values: sentences per second. LoadGen issues as many samples as the expected rate fills in the minimum
-   duration; a first guess that ends early is run again at the rate it measured. The largest batch of the
+   duration; the guess is the best rate measured so far (batch 1's at first), since a guess too high makes a
+   test run as many times its minimum as it overshoots, and one too low ends early and is run again at the rate
+   it measured. The largest batch of the
    fastest VALID Offline test (``best_offline``) is the system's batch from here on, as its users would
    choose: batching triples one engine's throughput and halves another's (docs/serving.md).
-3. Server at ``loads`` x that Offline throughput (Poisson arrivals, PerformanceOnly): the latency-QPS curve.
+3. Server at ``loads`` x that Offline throughput (Poisson arrivals, PerformanceOnly): the latency-QPS curve,
+   each test ``min_queries`` long or ``MAX_TEST_S`` at its rate, whichever is shorter (no fewer than
+   ``search_queries``): it holds no bound, so early stopping asks only for enough queries.
 4. Server, per latency bound: LoadGen's FindPeakPerformance (it widens, then bisects, checking the bound at
    each step with ``search_queries``), from the largest curve QPS that held the bound, else from a quarter of
    SingleStream's QPS; a search whose first QPS already misses the bound finds nothing, and runs again from half
    of it (``SEARCHES`` in all). Then a PerformanceOnly test at the peak with ``min_queries`` validates it (p99
    needs hundreds of queries for LoadGen's early stopping); while LoadGen calls it INVALID for the bound (its
-   latency check, or early stopping's bound on the p99), 10% less, at most ``VALIDATIONS`` tests. No search or
-   validation runs below the QPS at which ``min_queries`` would take ``MAX_TEST_S``: a bound no QPS from there up
-   holds is recorded ``NOT_FOUND``. A bound that SingleStream's p99 already misses is recorded as unreachable
-   without a search.
+   latency check, or early stopping's bound on the p99), a lower QPS (``step_down``: by as much as the p99 missed
+   the bound, 10% to 50% less), at most ``VALIDATIONS`` tests. No search or validation runs below the QPS at which
+   ``min_queries`` would take ``MAX_TEST_S``: a bound no QPS from there up holds is recorded ``NOT_FOUND``. A
+   bound that SingleStream's p99 already misses is recorded as unreachable without a search.
 
 Each sample's outputs are compared with the system's batch-1 outputs (share identical, BLEU difference). Every
 test also keeps the worker's own clock of its decoder calls (``worker_ms``: p50 and p90 a call, no pipe, no
@@ -47,8 +51,11 @@ from suites.spec import ServingSpec
 
 SOLO_FIELDS = ("solo_p50_ms", "solo_p90_ms", "solo_drift")
 VALIDATIONS = 4           # validation tests per bound before the peak is given up as INVALID
-MAX_TEST_S = 240.0        # no search or validation runs below the QPS at which min_queries would take longer
-STEP_DOWN = 0.9           # the next validation's QPS after the bound was missed
+# No search or validation runs below the QPS at which min_queries would take longer. 240 s until 2026-11-29: in
+# results/serving/20261129T094636Z-a6fb7c5b, 20 searches and validations ran below 700 / 60 = 11.7 QPS (1,989 s of
+# its 4,946 s of LoadGen tests); 17 of them held nothing, and the other 3 were searches that widened to 18-28 QPS.
+MAX_TEST_S = 60.0
+STEP_DOWN = (0.5, 0.9)    # the next validation's QPS after the bound was missed: x bound / p99 within these
 SEARCHES = 3              # FindPeakPerformance searches per bound, each from half the last one's first QPS
 START_SHARE = 0.25        # a bound no curve point held starts its search at this share of SingleStream's QPS
 BIG_BOUND_MS = 60_000.0   # the curve's tests hold no bound: LoadGen's early stopping then only needs enough queries
@@ -139,15 +146,17 @@ def serve_system(serve: Callable[[list[int]], list[str]], n: int, baseline: Base
             baseline = with_solo(baseline, blocks)
     offline_qps, best = 1000.0 / baseline.p50_ms, serving.max_batch[-1]
     if "Offline" in serving.scenarios or "Server" in serving.scenarios:
+        measured = [1000.0 / baseline.p50_ms]                         # sentences/s: batch 1's, then each test's
         for b in serving.max_batch:
             name = "offline" if len(serving.max_batch) == 1 else f"offline-b{b}"
             batch = dict(max_batch=b, max_wait_ms=serving.max_wait_ms)
-            expected = 1000.0 / baseline.p50_ms * b ** BATCH_GAIN
-            result = test(name, Settings("Offline", min_queries=1, expected_qps=expected, **batch, **common),
+            result = test(name, Settings("Offline", min_queries=1, expected_qps=max(measured), **batch, **common),
                           "offline")
             if not result.valid and result.checks.get("min_duration") is False and result.qps:
                 result = test(f"{name}-2", Settings("Offline", min_queries=1, expected_qps=result.qps * 1.1, **batch,
                                                     **common), "offline")
+            if result.valid and result.qps:
+                measured.append(result.qps)
         chosen = best_offline(records)
         if chosen is not None:
             offline_qps, best = chosen["qps"], chosen["max_batch"]
@@ -157,8 +166,9 @@ def serve_system(serve: Callable[[list[int]], list[str]], n: int, baseline: Base
     curve: list[tuple[float, Result]] = []
     for load in serving.loads:
         qps = load * offline_qps
+        queries = min(serving.min_queries, max(serving.search_queries, int(qps * MAX_TEST_S)))
         curve.append((qps, test(f"server-load{load:g}", Settings(
-            "Server", min_queries=serving.min_queries, target_qps=qps, bound_ms=BIG_BOUND_MS,
+            "Server", min_queries=queries, target_qps=qps, bound_ms=BIG_BOUND_MS,
             percentile=serving.percentile, **batch, **common), "curve")))
     rates = [r.qps for r in singles if r.qps]
     single_qps = float(np.median(rates)) if rates else 1000.0 / baseline.p50_ms
@@ -188,10 +198,21 @@ def serve_system(serve: Callable[[list[int]], list[str]], n: int, baseline: Base
                 percentile=serving.percentile, **batch, **common), "peak", bound)
             if result.valid or not (result.checks.get("min_duration") and result.checks.get("min_queries")):
                 break
-            if qps * STEP_DOWN < floor:
+            qps *= step_down(bound, result.latency_ms.get("p99"))
+            if qps < floor:
                 break
-            qps *= STEP_DOWN                 # the bound missed (latency, or early stopping's p99 bound): 10% less
     return records
+
+
+def step_down(bound_ms: float, p99_ms: float | None) -> float:
+    """The factor on a validation's QPS after LoadGen called it INVALID for the bound: bound / p99 within
+    ``STEP_DOWN`` (10% less where the p99 held and early stopping's bound on it did not, up to half where a queue
+    built up). In results/serving/20261129T094636Z-a6fb7c5b, 10% steps left 9 of the 18 bounds validated INVALID
+    after four validations; four first validations had their p99 at 2.8-21x the bound."""
+    low, high = STEP_DOWN
+    if not p99_ms or p99_ms <= bound_ms:
+        return high
+    return min(high, max(low, bound_ms / p99_ms))
 
 
 def best_offline(records: Sequence[dict], system: str | None = None) -> dict | None:
@@ -292,8 +313,10 @@ def estimate_seconds(serving: ServingSpec, latency_ms: float, compile_s: float =
     """Seconds to serve one system of batch-1 latency ``latency_ms`` whose batch-1 warm-up took ``compile_s``
     (``narbench plan``) on a test set of ``sentences``: the warm-up of every batch shape, the solo batch-1 timings
     around each SingleStream round, then LoadGen's tests, each lasting its minimum duration or as long as its
-    queries take at the rate it runs, whichever is longer, with ``VALIDATIONS_SEEN`` validations a bound."""
+    queries take at the rate it runs, whichever is longer, with ``VALIDATIONS_SEEN`` validations a bound; no Server
+    test runs at a rate that would take over ``MAX_TEST_S``."""
     d, one = serving.min_duration_s, max(latency_ms, 0.01) / 1000.0
+    floor = serving.min_queries / MAX_TEST_S                         # QPS: the lowest a search or validation runs at
     offline = max(serving.max_batch) ** BATCH_GAIN / one             # sentences/s, batched
     seconds = compile_s * len(serving.batch_sizes)
     if "SingleStream" in serving.scenarios:
@@ -303,11 +326,12 @@ def estimate_seconds(serving: ServingSpec, latency_ms: float, compile_s: float =
         seconds += d * 1.5 * len(serving.max_batch)                 # a first guess may run again
     if "Server" in serving.scenarios:
         for load in serving.loads:
-            seconds += max(d, serving.min_queries / (load * offline))
+            rate = load * offline
+            seconds += max(d, min(serving.min_queries, max(serving.search_queries, rate * MAX_TEST_S)) / rate)
         for bound in serving.bounds_ms:
             if bound < 2 * latency_ms:                               # likely unreachable: no search runs
                 continue
-            peak = 0.6 * offline
+            peak = max(floor, 0.6 * offline)
             seconds += (SEARCH_STEPS * max(d, serving.search_queries / peak)
                         + VALIDATIONS_SEEN * max(d, serving.min_queries / peak))
     return seconds

@@ -549,6 +549,49 @@ def test_plans_serving_estimate_is_the_documented_arithmetic():
     # Offline once for each largest batch, warm-up for each power of two up to the largest
     several = ServingSpec(bounds_ms=(15.0,), min_duration_s=5, min_queries=700, loads=(), max_batch=(1, 4, 16))
     assert estimate_seconds(several, 10.0, 2.0) == pytest.approx(10 + 7 + 3 * 7.5)
+    # a slow system: the curve at 4/s runs MAX_TEST_S (240 queries, not 700); the search and validations at the
+    # floor, 700 / MAX_TEST_S QPS: 9 steps of 200 queries and 2 validations of MAX_TEST_S
+    from bench.serving import measure
+
+    slow = ServingSpec(bounds_ms=(2000.0,), min_duration_s=5, min_queries=700, search_queries=200, loads=(1.0,),
+                       max_batch=1, scenarios=("Server",))
+    floor = 700 / measure.MAX_TEST_S
+    assert estimate_seconds(slow, 250.0) == pytest.approx(
+        measure.MAX_TEST_S + 9 * 200 / floor + 2 * measure.MAX_TEST_S + 1.5 * 5)
+
+
+def test_a_missed_bound_steps_the_validation_down_by_as_much_as_its_p99_missed():
+    from bench.serving.measure import STEP_DOWN, step_down
+
+    low, high = STEP_DOWN
+    assert step_down(100.0, 141.0) == pytest.approx(100 / 141)      # between the limits: bound / p99
+    assert step_down(250.0, 1792.0) == low                          # a queue built up: at most half
+    assert step_down(100.0, 95.0) == high                           # the p99 held, early stopping's bound did not
+    assert step_down(100.0, None) == high and step_down(100.0, 105.0) == high
+
+
+def test_offline_guesses_the_best_rate_measured_so_far(tmp_path, monkeypatch):
+    """Each Offline test's expected rate (how many samples LoadGen issues) is the best VALID rate measured so far,
+    batch 1's timing at first: a system whose throughput falls with the batch is never issued a batch-scaled
+    guess it would take several minimum durations to serve."""
+    from bench.serving import loadgen as lg_module
+    from bench.serving import measure
+
+    rates = {1: 100.0, 4: 300.0, 16: 150.0}                         # sentences/s by max_batch
+    seen = []
+
+    def fake_test(settings, serve, n, log_dir, length=None):
+        seen.append((settings.max_batch, settings.expected_qps))
+        return lg_module.Result("VALID", "", rates[settings.max_batch], dict.fromkeys(("p50", "p90", "p99")), 10,
+                                {"min_duration": True}, None)
+
+    monkeypatch.setattr(measure, "run_test", fake_test)
+    serving = ServingSpec(bounds_ms=(100.0,), min_duration_s=1, min_queries=10, max_batch=(1, 4, 16),
+                          scenarios=("Offline",))
+    records = measure.serve_system(lambda idx: [""] * len(idx), 4, Baseline(20.0, 22.0, [""] * 4), serving,
+                                   tmp_path, seed=0)
+    assert seen == [(1, 50.0), (4, 100.0), (16, 300.0)]
+    assert measure.best_offline(records)["max_batch"] == 4
 
 
 def test_results_format_lists_the_serving_columns():
