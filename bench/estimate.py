@@ -19,7 +19,9 @@ The estimator is deliberately simple:
   rule stopped, of the same task and model shape (size and layers), else the same task, else the same
   shape; else the cap) x the median seconds per step of the nearest measured models (same family and
   model shape; preferring the same checkpoint, then training cell, task, batch tokens and work per step),
-  each scaled linearly by batch tokens and by its family's work per step (``Family.train_work``); plus
+  each scaled linearly by batch tokens and by its family's work per step (``Family.train_work``); a size
+  never measured here takes the measured size of its family nearest it in work per token, scaled by the
+  ratio of their work per token (``token_work``: its layers' matrices and the output layer); plus
   its dev points x seconds per point and the fixed overhead, where a checkpoint record measured them. A
   partial training counts only its rest: to where its rule stops it, from its dev curve so far
   (``progress``: exact once the plateau rule fired; before, the earliest it can fire, unless the
@@ -63,6 +65,12 @@ def model_shape(preset: str, overrides: Mapping[str, Any] | None = None) -> tupl
 
     merged = {**PRESETS.get(preset, {}), **dict(overrides or {})}
     return tuple((k, merged.get(k)) for k in SHAPE_KEYS)
+
+
+def _one_preset(model: Mapping[str, Any]) -> str:
+    """A run's spec's model preset where it has one; "" on a size axis (each row names its own ``size``)."""
+    preset = model.get("preset", "")
+    return preset if isinstance(preset, str) else ""
 
 
 def this_machine() -> dict[str, Any]:
@@ -230,7 +238,7 @@ class Measured:
                 extra, _ = fam.axes_configs(fam.model_axes(r))
             except UserError:                                 # a family (or axis) this narbench does not know
                 continue
-            shape = model_shape(model.get("preset", ""), {**(model.get("overrides") or {}), **extra})
+            shape = model_shape(r.size or _one_preset(model), {**(model.get("overrides") or {}), **extra})
             label, steps, seconds = r.model, r.train_steps, r.train_seconds
             known = (r.checkpoint, steps, seconds) in self._seen_models
             if label and (label, r.checkpoint) not in seen and steps and seconds and not known:
@@ -248,8 +256,9 @@ class Measured:
                     name, family, r.system, tuple(sorted(fam.grid_axes(r).items())), r.task, shape,
                     int(r.batch_size or 1), r.decoder or "", r.hypotheses, float(r.latency_mean_ms),
                     float(r.passes_mean), r.compile_s))
-        self._read_distill(_json(folder / "distill.json"), name,     # the teacher: the suite's own AR model
-                           model_shape(model.get("preset", ""), model.get("overrides")))
+        if _one_preset(model):                                # the teacher: the suite's own AR model (one size)
+            self._read_distill(_json(folder / "distill.json"), name,
+                               model_shape(_one_preset(model), model.get("overrides")))
         if isinstance(spec.get("serving"), dict) and (folder / "serving.jsonl").is_file():
             self._read_served(folder, spec["serving"], name)
 
@@ -325,17 +334,28 @@ def _median(values: list[float]) -> float:
 
 def train_estimate(measured: Measured, family: str, task: str, shape: tuple, label: str, budget,
                    axes: Mapping[str, Any], resumed_at: tuple[int, list[dict]] | None = None,
-                   checkpoint: str | None = None) -> Estimate:
+                   checkpoint: str | None = None, vocab_size: int | None = None) -> Estimate:
     """Seconds to train one cell (see the module docstring); ``budget`` is its ``TrainBudget``; a partial
     training's ``resumed_at`` (its steps done and dev curve) counts only the rest (``progress``), and the
-    record in its ``checkpoint`` folder (``portable``) gives its own seconds per step so far."""
+    record in its ``checkpoint`` folder (``portable``) gives its own seconds per step so far. A model size never
+    measured here takes the family's measured sizes' rate scaled by work per token (``token_work``; its
+    ``vocab_size`` counts the output layer)."""
     fam = families.get(family)
     resumed = None if resumed_at is None else progress(fam.train_config(budget.train_kwargs(), axes), *resumed_at)
     work = fam.train_work(axes)
     pool = [m for m in measured.trained if m.family == family and m.shape == shape]
+    ratio = 1.0                                       # this size's work per token over the measured size's
     if not pool:
-        return Estimate(None, f"no {fam.label} model of this size was measured on this machine")
-    per_step, rate = _measured_rate(pool, checkpoint, label, task, budget.batch_tokens, work)
+        others = [m for m in measured.trained if m.family == family]
+        if not others:
+            return Estimate(None, f"no {fam.label} model was measured on this machine")
+        near = _nearest_shape(others, shape, vocab_size or 0)
+        ratio = token_work(shape, vocab_size or 0) / token_work(near, vocab_size or 0)
+        pool = [m for m in others if m.shape == near]
+    per_step, rate = _measured_rate(pool, checkpoint if ratio == 1.0 else None, label, task, budget.batch_tokens, work)
+    if ratio != 1.0:
+        per_step *= ratio
+        rate = f"{per_step:.2f} s (no model of this size measured here: {rate} at the nearest size x {ratio:.2f} work per token)"
     steps, stop, median = budget.steps, "", None
     if budget.until == "plateau":
         median, stop = _plateau_steps(measured, family, task, shape, budget.steps)
@@ -351,13 +371,32 @@ def train_estimate(measured: Measured, family: str, task: str, shape: tuple, lab
     per_point = ([m.eval_seconds_per_point for m in pool if m.eval_seconds_per_point and m.task == task]
                  or [m.eval_seconds_per_point for m in pool if m.eval_seconds_per_point])
     fixed = [m.overhead_seconds for m in pool if m.overhead_seconds and m.task == task]
-    evals = points * _median(per_point) if per_point else 0.0
+    evals = points * _median(per_point) * ratio if per_point else 0.0
     overhead = _median(fixed) if fixed else 0.0
     how = (f"{steps - done:,} {'more ' if done else ''}steps{stop} x {rate}"
-           + (f" + {points} dev points x {_median(per_point):.1f} s" if per_point else
+           + (f" + {points} dev points x {_median(per_point) * ratio:.1f} s" if per_point else
               (f" + {points} dev points (not measured)" if points else ""))
            + (f" + {overhead:.0f} s compiling and checkpoints" if fixed else ""))
     return Estimate((steps - done) * per_step + evals + overhead, how)
+
+
+def token_work(shape: tuple, vocab_size: int = 0) -> float:
+    """Multiply-adds per target token of a model ``shape`` (``model_shape``), as a relative measure of a train
+    step's work between sizes: per encoder layer its attention projections (4 d x heads x head_dim) and gated
+    feed-forward (3 d x d_ff), per decoder layer a second attention (cross) besides, and the output layer
+    (d x ``vocab_size``). Family extras (PaDIR's positional attention) are left out: the ratio is between sizes
+    of one family."""
+    d = {k: v or 0 for k, v in dict(shape).items()}
+    dm = d.get("d_model", 0)
+    attn, ffn = 4 * dm * d.get("num_heads", 0) * d.get("head_dim", 0), 3 * dm * d.get("d_ff", 0)
+    return (d.get("num_encoder_layers", 0) * (attn + ffn) + d.get("num_decoder_layers", 0) * (2 * attn + ffn)
+            + dm * vocab_size) or 1.0
+
+
+def _nearest_shape(pool: list[TrainedModel], shape: tuple, vocab_size: int) -> tuple:
+    """The measured model shape of ``pool`` nearest ``shape`` in work per token (by ratio, either way)."""
+    target = token_work(shape, vocab_size)
+    return min({m.shape for m in pool}, key=lambda s: abs(math.log(token_work(s, vocab_size) / target)))
 
 
 def _measured_rate(pool: list[TrainedModel], checkpoint: str | None, label: str, task: str, batch_tokens: int,

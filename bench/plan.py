@@ -36,26 +36,32 @@ class Plan:
 
 
 def expand(spec: SuiteSpec) -> Plan:
-    """All training cells, systems and evaluation cells of a spec, in run order."""
+    """All training cells, systems and evaluation cells of a spec, in run order. On a size axis (several model
+    presets) every family expands once per size: its cells carry the size, its systems' names end in it and
+    each size's speedups pair with that size's AR greedy."""
     base = families.get(families.BASELINE)            # required: every suite has its section
     order = [base] + [f for f in families.all_families() if f is not base and spec.section(f.name) is not None]
     cells: dict[TrainCell, None] = {}
     systems: list[System] = []
     evals: list[EvalCell] = []
+    sizes = spec.model.presets if spec.model.sized else (None,)
     for task in spec.tasks:
         task_systems: list[System] = []
-        for seed in spec.seeds:
-            sfx = f"-seed{seed}" if len(spec.seeds) > 1 else ""
-            ctx = Context(task.train, seed, TrainCell(task.train, base.name, seed), spec.decoder_shapes())
-            expanded: list[System] = []
-            for family in order:
-                ctx = dataclasses.replace(ctx, earlier=tuple(expanded))
-                for system in family.expand(spec.section(family.name), ctx):
-                    expanded.append(system)
-                    cells[system.cell] = None
-                    task_systems.append(dataclasses.replace(
-                        system, name=system.name + sfx, baseline=base.baseline_system + sfx,
-                        info=system.info + (("seed", seed),)))
+        for size in sizes:
+            for seed in spec.seeds:
+                sfx = (f"-{size}" if size else "") + (f"-seed{seed}" if len(spec.seeds) > 1 else "")
+                ctx = Context(task.train, seed, _sized(TrainCell(task.train, base.name, seed), size),
+                              spec.decoder_shapes())
+                expanded: list[System] = []
+                for family in order:
+                    ctx = dataclasses.replace(ctx, earlier=tuple(expanded))
+                    for system in family.expand(spec.section(family.name), ctx):
+                        system = dataclasses.replace(system, cell=_sized(system.cell, size))
+                        expanded.append(system)
+                        cells[system.cell] = None
+                        task_systems.append(dataclasses.replace(
+                            system, name=system.name + sfx, baseline=base.baseline_system + sfx,
+                            info=system.info + (("seed", seed),) + ((("size", size),) if size else ())))
         names = [s.name for s in task_systems]
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
@@ -71,6 +77,10 @@ def expand(spec: SuiteSpec) -> Plan:
     sources = {s for c in cells for s in c.sources}
     ordered = sorted(cells, key=lambda c: 1 if c.sources else 0 if c in sources else 2)
     return Plan(tuple(ordered), tuple(systems), tuple(evals))
+
+
+def _sized(cell: TrainCell, size: str | None) -> TrainCell:
+    return cell.sized(size) if size else cell
 
 
 def needed_cells(plan: Plan, todo: list[EvalCell]) -> list[TrainCell]:

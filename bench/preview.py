@@ -21,6 +21,7 @@ from typing import Any, Callable
 
 from bench import estimate as est
 from bench import families
+from narbench_core.errors import UserError
 from bench.families import System, TrainCell
 from bench.plan import Plan, expand
 from narbench_core import defaults
@@ -160,17 +161,25 @@ def preview(spec: SuiteSpec, locator: Locator, measured: est.Measured) -> Previe
     folders: dict[TrainCell, Path] = {}           # cached cells' checkpoint folders
     states: dict[TrainCell, CellPreview] = {}
     distills: dict[tuple, DistillPreview] = {}
-    shape = est.model_shape(spec.model.preset, spec.model.override_dict())
 
     def train(cell: TrainCell, note: str, state: str = TO_TRAIN, folder: str | None = None,
               resumed_at: tuple[int, list[dict]] | None = None) -> CellPreview:
         budget = spec.budget(cell.family)
         axes = dict(cell.axes)
         model_extra, _ = families.get(cell.family).axes_configs(dict(axes))
-        cell_shape = est.model_shape(spec.model.preset, {**spec.model.override_dict(), **model_extra})
+        cell_shape = est.model_shape(spec.model.preset_of(cell), {**spec.model.override_dict(), **model_extra})
         estimate = est.train_estimate(measured, cell.family, cell.task, cell_shape, cell.label, budget, axes,
-                                      resumed_at, folder)
+                                      resumed_at, folder, _vocab_size(cell))
         return CellPreview(cell, state, folder, note, estimate)
+
+    def _vocab_size(cell: TrainCell) -> int | None:
+        """The cell's vocabulary size where its task's data can name it (a size's work per token needs it)."""
+        if locator.not_ready(cell.task) is not None:
+            return None
+        try:
+            return int(locator.configs(spec, cell)[0].vocab_size)
+        except (UserError, AttributeError, TypeError, KeyError):      # fakes' configs are dicts
+            return None
 
     def distillation(cell: TrainCell, teacher_dir: Path | None) -> tuple[DistillPreview, str | None]:
         key = (cell.teacher, cell.task, cell.seed)
@@ -180,7 +189,7 @@ def preview(spec: SuiteSpec, locator: Locator, measured: est.Measured) -> Previe
             rest = None if size is None else max(size - defaults.DISTILL_HELDOUT, 0)
             sentences = rest if cap is None else cap if rest is None else min(cap, rest)
             teacher_extra, _ = families.get(cell.teacher.family).axes_configs(dict(cell.teacher.axes))
-            teacher_shape = est.model_shape(spec.model.preset, {**spec.model.override_dict(), **teacher_extra})
+            teacher_shape = est.model_shape(spec.model.preset_of(cell.teacher), {**spec.model.override_dict(), **teacher_extra})
             cost = est.distill_estimate(measured, teacher_shape, cell.task, kwargs["decoder"], kwargs["engine"],
                                         sentences)
             if teacher_dir is None:
@@ -233,7 +242,7 @@ def preview(spec: SuiteSpec, locator: Locator, measured: est.Measured) -> Previe
         visit(cell)
     for system in plan.systems:
         states[system.cell].systems.append(system.name)
-    splits = _splits(spec, plan, locator, measured, shape)
+    splits = _splits(spec, plan, locator, measured)
     return Preview(spec, plan, [states[c] for c in plan.train_cells], list(distills.values()), splits, measured,
                    locator.data_root)
 
@@ -244,7 +253,7 @@ def _portable(folder: Path) -> str:
     return portable(folder)
 
 
-def _splits(spec: SuiteSpec, plan: Plan, locator: Locator, measured: est.Measured, shape: tuple) -> list[SplitPreview]:
+def _splits(spec: SuiteSpec, plan: Plan, locator: Locator, measured: est.Measured) -> list[SplitPreview]:
     """One timed measurement per (task, split): its systems, sentences and seconds."""
     out = []
     for task, split in dict.fromkeys((ts.task, ts.split) for ts in spec.test_sets()):
@@ -260,7 +269,8 @@ def _splits(spec: SuiteSpec, plan: Plan, locator: Locator, measured: est.Measure
             model_extra, _ = families.get(s.cell.family).axes_configs(dict(s.cell.axes))
             axes = families.get(s.family).grid_axes({**info, "distill": s.cell.teacher is not None})
             cost = est.system_cost(measured, s.family, s.name, tuple(sorted(axes.items())), s.cell.task,
-                                   est.model_shape(spec.model.preset, {**spec.model.override_dict(), **model_extra}),
+                                   est.model_shape(spec.model.preset_of(s.cell),
+                                                   {**spec.model.override_dict(), **model_extra}),
                                    spec.batch_size, s.decoder, info.get("hypotheses"), info.get("iterations"))
             seconds = None if n is None else est.timing_seconds(cost, n, spec.timing.repeats, solo)
             costs[s.name] = (cost, seconds)

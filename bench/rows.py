@@ -102,6 +102,8 @@ IDENTITY = (
     C("hypotheses", "# Hyp.", doc="beam size (AR) or length hypotheses (PaDIR)"),
     C("distill", "Distilled", doc="trained on the AR teacher's outputs"),
     C("seed", doc="the training seed of the system's models"),
+    C("size", "Size", align="left", optional=True,
+      doc="the model preset of the system's models on a suite's size axis (several presets); None with one preset"),
     C("variant", doc="systems that differ only in refinement iterations share it (one line in T plots)"),
     C("reproduces", align="left", optional=True,
       doc="the system of the run whose outputs this one should reproduce (PaDIR on ONNX Runtime: the same "
@@ -226,6 +228,8 @@ COSTS = (                                            # XLA systems only (None fo
 )
 TRAINING = (                                         # the system's trained model (None: its family trains none)
     C("model", align="left", doc="the trained model (training cell) the system decodes with", optional=True),
+    C("model_params", "params", si, doc="the trained model's parameter count (its checkpoint's record)",
+      optional=True),
     C("train_steps", "train steps", count, doc="optimizer steps (a matched budget's resolved count)", optional=True),
     C("train_tokens", "train tokens", si, doc="target tokens trained on", optional=True),
     C("train_seconds", "train s", fixed(0), doc="seconds in train steps (no compiling, checkpoints, curves)",

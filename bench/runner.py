@@ -68,7 +68,7 @@ def real_configs(spec: SuiteSpec, cell: TrainCell) -> tuple[Any, Any]:
     from suites.catalog import task_info
 
     vocab_size = task_info(cell.task).vocabulary.vocab_size
-    return families.get(cell.family).configs(spec.model.preset, vocab_size, spec.model.override_dict(),
+    return families.get(cell.family).configs(spec.model.preset_of(cell), vocab_size, spec.model.override_dict(),
                                              {**spec.budget(cell.family).train_kwargs(), "seed": cell.seed},
                                              dict(cell.axes))
 
@@ -354,7 +354,7 @@ class Runner:
 
     @staticmethod
     def _baseline(cell: TrainCell) -> TrainCell:
-        return TrainCell(cell.task, families.BASELINE, cell.seed)
+        return TrainCell(cell.task, families.BASELINE, cell.seed, preset=cell.preset)   # the same size's
 
     def _match_budget(self, cell: TrainCell):
         budget = self.spec.budget(cell.family) if families.get(cell.family).trains else None
@@ -418,7 +418,7 @@ class Runner:
         decay = learning.decay_started(record)
         if save and points and self.store is not None:
             self.store.save_curve(cell.label, learning.records(cell.label, cell.family, points, decay))
-        return {"model": cell.label, "train_steps": record.get("steps_done"),
+        return {"model": cell.label, "model_params": record.get("num_params"), "train_steps": record.get("steps_done"),
                 "train_tokens": record.get("target_tokens"), "train_seconds": record.get("train_seconds"),
                 "train_flops": record.get("train_flops"),
                 "warm_start_seconds": (record.get("init") or {}).get("source_train_seconds"),
@@ -431,11 +431,13 @@ class Runner:
 
     def _save_distillation(self, cell: TrainCell, record: dict) -> None:
         """Copy the distillation's record into the run folder (``distill.json``), keyed by task (plus
-        ``-seed{N}`` when the suite has several seeds) if the run distils more than one."""
+        ``-<size>`` on a size axis and ``-seed{N}`` when the suite has several seeds) if the run distils more than
+        one."""
         if self.store is None:
             return
         teachers = {c.teacher for c in expand(self.spec).train_cells if c.teacher is not None}
-        key = cell.task + (f"-seed{cell.seed}" if len(self.spec.seeds) > 1 else "")
+        key = (cell.task + (f"-{cell.preset}" if cell.preset else "")
+               + (f"-seed{cell.seed}" if len(self.spec.seeds) > 1 else ""))
         self.store.save_distill(key, record, keyed=len(teachers) > 1)
 
     def evaluate(self, systems: list[tuple[System, Path]], data: TestData, targets: list[Target]) -> list[Row]:

@@ -292,16 +292,19 @@ class ARDecoder(_BaseDecoder):
 class PaDIRDecoder(_BaseDecoder):
     """refine:T with k length hypotheses; ``passes`` = refinement passes run per sentence.
     ``early_stop=False`` runs exactly T passes; with ``force_length`` every hypothesis has that length
-    (the length predictor does not run) and refines in the one capacity that holds it."""
+    (the length predictor does not run) and refines in the one capacity that holds it. ``keep_repeats`` skips the
+    last step's dropping of consecutive repeats, and ``run_at_lengths`` refines at given lengths instead of the
+    predicted ones (oracle lengths): diagnostics of where a gap to AR comes from (``bench.gap``)."""
     ALGORITHMS = ("refine",)
     MODEL, SPECS = "a PaDIR checkpoint", "refine:T (e.g. refine:4)"
 
     def __init__(self, *args, length_hyps: int = defaults.LENGTH_HYPS, remask: str = defaults.REMASK,
                  start: str = defaults.START, seed: int = 0, early_stop: bool = True,
-                 length_bonus: int = defaults.LENGTH_BONUS, **kw):
+                 length_bonus: int = defaults.LENGTH_BONUS, keep_repeats: bool = False, **kw):
         super().__init__(*args, **kw)
         check_refine_options(remask, start, length_hyps, length_bonus)
         self.length_hyps, self.remask, self.start = int(length_hyps), remask, start
+        self.keep_repeats = bool(keep_repeats)
         self.length_bonus = int(length_bonus)
         self.early_stop, self.seed = bool(early_stop), int(seed)
         self.rng = jax.random.key(self.seed)
@@ -313,7 +316,7 @@ class PaDIRDecoder(_BaseDecoder):
         # of the same model config and options, so refine:1/2/4/10 compile each shape once in memory
         # (re-reading one's own executable from JAX's persistent cache segfaulted in jaxlib 0.10.2).
         self._refine = _shared_refine(self.config, self.length_hyps, remask, start, self.max_decode_length,
-                                      self.early_stop)
+                                      self.early_stop, self.keep_repeats)
         self._num_iterations = jax.device_put(np.int32(self.parsed.k))
 
     def _encode_and_lengths(self, params, inputs):
@@ -337,6 +340,19 @@ class PaDIRDecoder(_BaseDecoder):
 
     def run(self, prepared: Prepared) -> DeviceOutput:
         out = self._encode_and_refine(prepared)
+        return DeviceOutput(tokens=out.tokens, passes=out.passes, score=out.score)
+
+    def run_at_lengths(self, prepared: Prepared, lengths: Sequence[int]) -> DeviceOutput:
+        """``run`` with every hypothesis of row i at ``lengths[i]`` tokens (EOS included, clipped to [1,
+        max_decode_length]) instead of the predicted lengths: the oracle-length diagnostic."""
+        inputs = jnp.asarray(prepared.inputs)
+        encoded, _ = self._encode(self.params, inputs)
+        given = np.ones(inputs.shape[0], np.int32)
+        given[:len(lengths)] = np.clip(np.asarray(lengths, np.int32), 1, self.max_decode_length)
+        at = jnp.asarray(np.repeat(given[:, None], self.length_hyps, axis=1))                     # [b, k]
+        capacity = prepared.target_bucket or self._choose_bucket(inputs.shape[1], int(given[prepared.active].max()))
+        out = self._refine(self.params, encoded, inputs, at, jnp.asarray(prepared.active), self.rng,
+                           self._num_iterations, capacity)
         return DeviceOutput(tokens=out.tokens, passes=out.passes, score=out.score)
 
     def refine_with_history(self, prepared: Prepared, attention: bool = False) -> refine.RefineOutput:
@@ -420,7 +436,7 @@ def _shared_encode(config: ModelConfig, length_hyps: int, max_decode_length: int
 
 @functools.lru_cache(maxsize=None)
 def _shared_refine(config: ModelConfig, length_hyps: int, remask: str, start: str, max_decode_length: int,
-                   early_stop: bool):
+                   early_stop: bool, keep_repeats: bool = False):
     """The jitted refinement of k length hypotheses for one model config and decoding options; the
     T is an argument; static ones: the target capacity, ``history_iterations`` (0: no history,
     else the passes the history holds) and ``attention`` (the history keeps the attention weights)."""
@@ -442,7 +458,7 @@ def _shared_refine(config: ModelConfig, length_hyps: int, remask: str, start: st
         return refine.refine_length_hypotheses(fn, jnp.minimum(lengths, capacity), capacity, num_iterations, rng,
                                                remask, start, config.vocab_size, early_stop, active,
                                                retain_history=history_iterations > 0, history_iterations=history_iterations or None,
-                                               fixed_eos=config.fixed_eos)
+                                               fixed_eos=config.fixed_eos, keep_repeats=keep_repeats)
 
     return jax.jit(refine_all, static_argnames=("capacity", "history_iterations", "attention"))
 

@@ -211,10 +211,12 @@ def _pick_hypothesis(x: Array, best: Array) -> Array:
 def refine_length_hypotheses(refine_fn: RefineFn, lengths: Array, capacity: int, num_iterations: int | Array, rng: Array,
                              remask: str = defaults.REMASK, start: str = defaults.START, vocab_size: int = 0,
                              early_stop: bool = True, active: Optional[Array] = None, retain_history: bool = False,
-                             history_iterations: Optional[int] = None, fixed_eos: bool = False) -> RefineOutput:
+                             history_iterations: Optional[int] = None, fixed_eos: bool = False,
+                             keep_repeats: bool = False) -> RefineOutput:
     """Refine k hypotheses per row in parallel (``refine_fn`` sees ``b * k`` rows, row ``i * k + j`` has
     length ``lengths[i, j]``; rows with ``active`` [b] False are batch padding and skipped) and keep
-    each row's best by mean log-prob, with repeats dropped.
+    each row's best by mean log-prob, with repeats dropped (the paper's last step; ``keep_repeats``: not, a
+    diagnostic of what that step costs or buys).
     ``passes`` per row is the maximum over its k hypotheses (they share every pass); the history (see
     ``iterative_refinement``) is the best hypothesis's, so its own passes are ``history.active.sum(0)``."""
     assert lengths.ndim == 2, lengths.shape
@@ -233,5 +235,6 @@ def refine_length_hypotheses(refine_fn: RefineFn, lengths: Array, capacity: int,
         per_pass = jax.vmap(lambda x: _pick_hypothesis(x, best))                     # [T, b*k, ...] -> [T, b, ...]
         history = RefineHistory(per_pass(res.history.tokens), per_pass(res.history.active), best_mask,
                                 jax.tree_util.tree_map(per_pass, res.history.aux))
-    return RefineOutput(drop_repeats(_pick_hypothesis(res.tokens, best), best_mask), jnp.max(score, axis=1),
+    picked = _pick_hypothesis(res.tokens, best)                                      # [b, n]
+    return RefineOutput(picked if keep_repeats else drop_repeats(picked, best_mask), jnp.max(score, axis=1),
                         jnp.max(res.passes.reshape(b, k), axis=1), history)

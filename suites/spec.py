@@ -77,11 +77,28 @@ class TaskSpec:
 
 @dataclass(frozen=True)
 class ModelSpec:
-    preset: str
+    """The models' size: one preset, or several (``preset = ["mini", "small", "medium"]``: the size axis, every
+    model of the suite trained at each size, issue 52), with the suite's overrides on every one."""
+
+    presets: tuple[str, ...]
     overrides: tuple[tuple[str, Any], ...] = ()   # sorted (field, value) pairs
 
     def override_dict(self) -> dict[str, Any]:
         return dict(self.overrides)
+
+    @property
+    def sized(self) -> bool:
+        """Whether size is an axis (several presets): cells, systems and rows then name their size."""
+        return len(self.presets) > 1
+
+    def preset_of(self, cell: Any) -> str:
+        """The preset a training cell's model is built at: its own size on a size axis, else the one preset."""
+        return getattr(cell, "preset", None) or self.presets[0]
+
+    def to_dict(self) -> dict[str, Any]:
+        # one preset stays a string: the spec hash of every suite without a size axis is unchanged
+        preset = self.presets[0] if not self.sized else list(self.presets)
+        return {"preset": preset, "overrides": self.override_dict()}
 
 
 @dataclass(frozen=True)
@@ -243,7 +260,7 @@ class SuiteSpec:
             **({"decode_buckets": list(self.decode_buckets)} if self.decode_buckets else {}),
             **({"max_decode_length": self.max_decode_length} if self.max_decode_length else {}),
             "tasks": [t.to_dict() for t in self.tasks],
-            "model": {"preset": self.model.preset, "overrides": self.model.override_dict()},
+            "model": self.model.to_dict(),
             "train": {family: clean(dataclasses.asdict(b)) for family, b in self.budgets},
             **{family: clean(dataclasses.asdict(section)) for family, section in self.systems},
             "distill": {k: v for k, v in clean(dataclasses.asdict(self.distill)).items()
@@ -566,7 +583,8 @@ def serving_spec(table: Any, source: str) -> ServingSpec:
 
 
 def _model(r: Reader) -> ModelSpec:
-    preset = r.get("preset", string(_NAME, what="a preset name (tiny, small, paper)"), required=True)
+    preset = r.get("preset", one_or_list(string(_NAME, what="a preset name (tiny, mini, small, medium, paper)"),
+                                         "preset names"), required=True)
     o = r.sub("overrides")
     overrides = {}
     for key in list(o.table):
@@ -579,7 +597,8 @@ def _model(r: Reader) -> ModelSpec:
         else:
             overrides[key] = o.get(key, integer(1))
     r.done()
-    return ModelSpec(preset=preset, overrides=tuple(sorted(overrides.items())))
+    return ModelSpec(presets=preset if isinstance(preset, tuple) else (preset,),
+                     overrides=tuple(sorted(overrides.items())))
 
 
 class Section(Protocol):
@@ -678,7 +697,8 @@ def _merged(base: dict, over: dict) -> dict:
 def load_spec(name_or_path: str | Path, sections: Mapping[str, Section] | None = None) -> SuiteSpec:
     """A built-in suite by name (``smoke``, ``default`` ...) or a path to a ``.toml`` file (see
     ``parse_spec`` for ``sections``). A top-level ``extends = "default"`` (a built-in suite) takes that
-    suite's settings and lays this file's on top (tables merge key by key, other values replace)."""
+    suite's settings and lays this file's on top (tables merge key by key, other values replace);
+    ``without = ["ort"]`` beside it leaves those tables of the extended suite out (a family's systems)."""
     data, source, base_dir = _load_data(name_or_path)
     return parse_spec(data, source, sections, base_dir=base_dir)
 
@@ -715,7 +735,11 @@ def _load_data(name_or_path: str | Path, chain: tuple[str, ...] = ()) -> tuple[d
     if parent in chain or parent == path.stem:
         raise UserError(f"{source}: extends = {parent!r} makes a cycle; a suite cannot extend itself")
     base, _, _ = _load_data(parent, chain + (path.stem,))
-    return _merged(base, data), source, base_dir
+    without = data.pop("without", [])
+    if not isinstance(without, list) or not all(isinstance(t, str) and isinstance(base.get(t), dict) for t in without):
+        raise UserError(f"{source}: without = {without!r} must list tables of the suite it extends "
+                        f"({', '.join(k for k, v in base.items() if isinstance(v, dict))}) to leave out")
+    return _merged({k: v for k, v in base.items() if k not in without}, data), source, base_dir
 
 
 # ---------------------------------------------------------------------------------------- writing

@@ -228,7 +228,7 @@ def training_max_length(spec) -> int:
     from models.config import preset
     from models.train import TrainConfig
 
-    cap = preset(spec.model.preset, **spec.model.override_dict()).max_target_length
+    cap = min(preset(name, **spec.model.override_dict()).max_target_length for name in spec.model.presets)
     return min([cap] + [b.max_length or TrainConfig.max_length for _, b in spec.budgets])
 
 

@@ -86,6 +86,19 @@ def register(sub) -> None:
     p.add_argument("run_dir", help="run folder (results/<suite>/<run_id>) or suite folder (latest)")
     p.set_defaults(func=cmd_report)
 
+    p = sub.add_parser("gap", help="where a run's AR-PaDIR gap goes: its PaDIR models decoded again with one "
+                       "change at a time (oracle length, repeats kept, k, T) and their training-set BLEU",
+                       description="Decode-time diagnostics of a finished run (bench/gap.py): each chosen PaDIR "
+                       "system's model decodes the run's test sentences again at the reference length, without the "
+                       "repeat-dropping step, with k = 1/3/5/10 length hypotheses and T = 4/10/20 iterations, and "
+                       "its training sentences (so is the AR baseline's). Writes gap.jsonl (diagnostics, never "
+                       "result rows) and gap.md into the run folder, and resumes where it stopped.")
+    p.add_argument("run_dir", help="run folder (results/<suite>/<run_id>) or suite folder (latest)")
+    p.add_argument("--system", action="append", default=[], metavar="ID",
+                   help="a PaDIR system id of the run to diagnose (repeatable; default: every JAX PaDIR system at "
+                        "T = 4 and k = 1)")
+    p.set_defaults(func=cmd_gap)
+
     p = sub.add_parser("results", help="print a run's rows as csv, json or markdown",
                        description="Print rows.jsonl of a run for pandas and other tools; with --columns, what "
                        "each column of rows.jsonl means.")
@@ -400,6 +413,15 @@ def cmd_report(args) -> int:
     from bench.store import resolve_run_dir
 
     return _finish(resolve_run_dir(args.run_dir, writes=True))
+
+
+def cmd_gap(args) -> int:
+    from bench.gap import run_gap
+
+    _setup(None)
+    path = run_gap(args.run_dir, args.system)
+    print(f"narbench: {path / 'gap.md'}")
+    return 0
 
 
 def cmd_results(args) -> int:

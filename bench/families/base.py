@@ -8,6 +8,7 @@ family and never branches on which family it is.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -26,12 +27,20 @@ class TrainCell:
     axes: tuple[tuple[str, Any], ...] = ()     # the family's training axes, e.g. (("unmask_rate", 0.15),)
     teacher: "TrainCell | None" = None         # distillation teacher: its outputs replace the references
     warm_start: "TrainCell | None" = None      # the cell whose checkpoint initialises this one's parameters
+    preset: str | None = None                  # its size on a suite's size axis (None: the suite's one preset)
 
     @property
     def label(self) -> str:
         axes = "".join(f" {k} {v:g}" if isinstance(v, float) else f" {k} {v}" for k, v in self.axes)
-        return (f"{self.family} {self.task}{axes}{' distill' if self.teacher else ''}"
+        return (f"{self.family} {self.task}{' size ' + self.preset if self.preset else ''}{axes}"
+                f"{' distill' if self.teacher else ''}"
                 f"{' init ' + self.warm_start.family if self.warm_start else ''} seed {self.seed}")
+
+    def sized(self, preset: str) -> "TrainCell":
+        """This cell, its teacher and its warm-start source at the size ``preset``."""
+        return dataclasses.replace(self, preset=preset,
+                                   teacher=self.teacher.sized(preset) if self.teacher else None,
+                                   warm_start=self.warm_start.sized(preset) if self.warm_start else None)
 
     @property
     def sources(self) -> tuple["TrainCell", ...]:
@@ -154,6 +163,13 @@ class Family:
         from models.decoders import load_decoder
 
         return load_decoder(checkpoint_dir, spec, **options)
+
+    def diagnosed(self, row, iterations: int | None = None, length_hyps: int | None = None,
+                  keep_repeats: bool = False) -> tuple[str, dict[str, Any]] | None:
+        """The decoder spec and options that decode a result row's model with refinement iterations, length
+        hypotheses or the repeat-dropping step changed (``bench.gap``: where the gap to AR goes), None when the
+        family's decoders have none of them (its rows are not diagnosed). None by default."""
+        return None
 
     def check_installed(self) -> None:
         """A one-line ``UserError`` naming the extra to install when the family's engine is missing (a suite

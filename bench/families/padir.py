@@ -334,6 +334,12 @@ class PaDIRFamily(Family):
             values.update(glance_start=d.GLANCE_START, glance_end=d.GLANCE_END)
         return live(values)
 
+    def diagnosed(self, row, iterations: int | None = None, length_hyps: int | None = None,
+                  keep_repeats: bool = False) -> tuple[str, dict[str, Any]]:
+        options = {**dict(row.decoder_options or {}), "length_hyps": length_hyps or row.hypotheses,
+                   "keep_repeats": keep_repeats}
+        return f"refine:{iterations or row.iterations}", options
+
     def grid_axes(self, row) -> dict[str, Any]:
         return self.live_values(row)
 

@@ -37,6 +37,7 @@ from narbench_core import langs
 from narbench_core.markdown import table
 
 CONFIDENCE = 0.95
+SIZE = "size"             # the row column a suite's size axis fills: held equal in every cell, never an axis here
 
 
 # --------------------------------------------------------------------------------------- statistics
@@ -115,7 +116,8 @@ class _Run:
 
     def __init__(self, rows: Sequence[Row], samples: Sequence[dict], n_resamples: int, seed: int):
         self.rows = [r for r in rows if r.bleu is not None and families.get(r.family).grid_axes(r)]
-        self.axes = {r.key: families.get(r.family).grid_axes(r) for r in self.rows}
+        # the model size (a suite's size axis) is held, never varied: two sizes are compared on the scale page
+        self.axes = {r.key: {**families.get(r.family).grid_axes(r), SIZE: r.get("size")} for r in self.rows}
         self.n_resamples, self.seed = n_resamples, seed
         groups: dict[tuple[str, str], list[dict]] = {}
         for s in samples:
@@ -132,7 +134,7 @@ class _Run:
             for r in self.rows:
                 if r.family == family:
                     for axis, v in self.axes[r.key].items():
-                        if v is not None:
+                        if v is not None and axis != SIZE:
                             seen.setdefault(axis, set()).add(v)
             axes = {a: sorted(vs) for a, vs in seen.items() if len(vs) > 1}
             if axes:
@@ -199,6 +201,8 @@ def _context(x: Row, y: Row, axis: str, varying: Sequence[str]) -> str:
         row, values, texts = (x, ax, tx) if ax.get(other) is not None else (y, ay, ty)
         if values.get(other) is not None:
             parts.append((texts.get(other) or f"{other} {values[other]}").lstrip(", "))
+    if x.get(SIZE) is not None:
+        parts.append(str(x.get(SIZE)))
     return ", ".join(parts)
 
 

@@ -25,13 +25,18 @@ def _join(label: str, texts: Sequence[str | None]) -> str:
     return out
 
 
+def _core_parts(row: Row) -> list[tuple[str, str | None, bool]]:
+    """Name parts every family's rows have: the model size on a suite's size axis (", mini")."""
+    return [("size", None if row.get("size") is None else f", {row.get('size')}", False)]
+
+
 def display_names(rows: Sequence[Row]) -> dict[str, str]:
     """System id -> display name, for every system of ``rows`` (unique: names that would collide, as
     when an axis a family does not describe tells them apart, keep their ids)."""
     first: dict[str, Row] = {}
     for r in rows:
         first.setdefault(r.system, r)
-    parts = {name: families.get(r.family).name_parts(r) for name, r in first.items()}
+    parts = {name: families.get(r.family).name_parts(r) + _core_parts(r) for name, r in first.items()}
     names: dict[str, str] = {}
     for family in dict.fromkeys(r.family for r in first.values()):
         members = [n for n, r in first.items() if r.family == family]

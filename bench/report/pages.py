@@ -18,6 +18,8 @@ from bench.report.plots import (BLEU_VS_ITERATIONS, CURVE_PLOT, DIAL_PLOT, GRID_
                                 PLOTS, plot_bleu_vs_iterations, plot_dial, plot_latency_cdf, plot_learning_curves,
                                 plot_pareto)
 from bench.report.names import display_names, render_legend
+from bench.report.scale import SCALE_PAGE, write_scale
+from bench.gap import GAP_PAGE, write_gap_page
 from bench.report.tables import (LATENCY_TABLE, LEADERBOARD, fastest_ar, isolation_note, markdown_table,
                                  near_baseline, render_budgets, render_grid, render_isolation, render_modes,
                                  render_phases, render_significance, run_says, signature_fields, system_order,
@@ -236,6 +238,10 @@ def render_leaderboard(rows: list[Row], info: dict, env: dict, run_dir: Path, sa
                   + (f", [{st.CURVES}]({st.CURVES})" if (run_dir / st.CURVES).is_file() else ""),
                   *([f"- [{GRID_PAGE}]({GRID_PAGE}): what each ablation axis costs and buys"]
                     if (run_dir / GRID_PAGE).is_file() else []),
+                  *([f"- [{SCALE_PAGE}]({SCALE_PAGE}): the AR-NAR gap against model size"]
+                    if (run_dir / SCALE_PAGE).is_file() else []),
+                  *([f"- [{GAP_PAGE}]({GAP_PAGE}): where the gap goes (`narbench gap`: decode-time diagnostics)"]
+                    if (run_dir / GAP_PAGE).is_file() else []),
                   *(["- [serving.md](serving.md): the systems served under load by MLPerf LoadGen"]
                     if (run_dir / "serving.md").is_file() else []),
                   *(f"- ![{p}]({p})" for p in (*PLOTS, CURVE_PLOT, DIAL_PLOT, GRID_PLOT) if (run_dir / p).is_file()),
@@ -250,7 +256,8 @@ def render_leaderboard(rows: list[Row], info: dict, env: dict, run_dir: Path, sa
 
 def write_report(run_dir: str | Path, finished: str | None = None) -> list[Path]:
     """Write ``table.md``, ``leaderboard.md`` and the plots into the run folder (``learning_curves.png``
-    when it has ``curves.jsonl``; ``grid.md`` and ``grid.png`` when a family's rows vary an ablation axis).
+    when it has ``curves.jsonl``; ``grid.md`` and ``grid.png`` when a family's rows vary an ablation axis; ``scale.md``
+    and ``scale.png`` on a size axis).
     ``finished``: the time the run is about to be marked finished (``narbench run`` writes the report first)."""
     import matplotlib
 
@@ -276,6 +283,8 @@ def write_report(run_dir: str | Path, finished: str | None = None) -> list[Path]
         plot_dial(rows, modes, run.path / DIAL_PLOT)
     settings = run.spec_settings()
     grid = write_grid(run.path, rows, samples, info, settings["bootstrap_resamples"], defaults.SIGNIFICANCE_SEED)
+    grid += write_scale(run.path, rows, samples, info, settings["bootstrap_resamples"], defaults.SIGNIFICANCE_SEED)
+    grid += write_gap_page(run.path, rows, info)
     served = run.serving() if (run.path / st.SERVING).is_file() else []
     if served:
         from bench.serving import report as serving_report

@@ -219,7 +219,8 @@ def render(records: Sequence[dict], shown: Mapping[str, str], settings: Mapping,
     if found:
         lines += ["## Server: the highest QPS whose latency percentile holds the bound", "",
                   "Found by LoadGen's FindPeakPerformance (it widens, then bisects), then validated by a "
-                  "PerformanceOnly test at that QPS (10% lower after a failed validation).", ""]
+                  "PerformanceOnly test at that QPS, and at a lower QPS after each failed one (docs/serving.md says "
+                  "how much lower).", ""]
         for bound in sorted({b for _, b in found}):
             rs = sorted((r for (s, b), r in found.items() if b == bound), key=lambda r: -r["qps"])
             lines += [f"### Bound {bound:g} ms", "", *_table(rs, ["bleu", "qps", "latency_p50_ms", "latency_p99_ms",

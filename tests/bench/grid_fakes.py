@@ -170,6 +170,7 @@ class FakeDistiller:
 
 
 STEP_COST = {"ar": {"flops": 1e9, "seconds": 0.5}, "padir": {"flops": 2.5e9, "seconds": 0.8}}   # per step
+FAKE_PARAMS = {"tiny": 10 ** 6, "mini": 4 * 10 ** 6, "small": 16 * 10 ** 6}                   # by preset
 TOKENS_PER_STEP = 200
 
 
@@ -178,7 +179,7 @@ def fake_train_record(checkpoint_dir) -> dict:
     meta = json.loads((Path(checkpoint_dir) / "narbench.json").read_text())
     steps, cost = meta["train_config"]["steps"], STEP_COST.get(meta["family"], STEP_COST["padir"])
     record = {"steps_done": steps, "target_tokens": TOKENS_PER_STEP * steps, "train_seconds": cost["seconds"] * steps,
-              "train_flops": cost["flops"] * steps}
+              "train_flops": cost["flops"] * steps, "num_params": FAKE_PARAMS.get(meta.get("preset"), 10 ** 6)}
     if meta.get("init_from"):
         source = fake_train_record(meta["init_from"])
         record["init"] = {"source_train_seconds": source["train_seconds"], "source_train_flops": source["train_flops"]}
@@ -205,7 +206,7 @@ class FakeStepCost:
 
 
 def fake_configs(spec, cell) -> tuple[dict, dict]:
-    model = {"family": cell.family, "preset": spec.model.preset, **dict(cell.axes)}
+    model = {"family": cell.family, "preset": spec.model.preset_of(cell), **dict(cell.axes)}
     train = {**spec.budget(cell.family).train_kwargs(), "seed": cell.seed}
     if "buckets" in train:
         train["buckets"] = list(train["buckets"])

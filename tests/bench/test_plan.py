@@ -164,6 +164,23 @@ def test_a_plateau_is_estimated_from_the_nearest_models_the_rule_stopped():
     assert resumed.how.startswith("2,600 more steps (plateau: step 3,600 at the earliest")
 
 
+def test_a_size_never_measured_takes_the_nearest_size_scaled_by_work_per_token():
+    from suites.spec import TrainBudget
+
+    small, mini, medium = (estimate.model_shape(p) for p in ("small", "mini", "medium"))
+    measured = estimate.Measured(trained=[estimate.TrainedModel("x", "ar", "bible", small, 2048, 1.0, None, 7000, 2.0,
+                                                                "plateau")])
+    budget = TrainBudget(steps=10_000, batch_tokens=2048, learning_rate=0.03, warmup_steps=100)
+    for shape in (mini, medium):
+        got = estimate.train_estimate(measured, "ar", "bible", shape, "a", budget, {}, vocab_size=8000)
+        ratio = estimate.token_work(shape, 8000) / estimate.token_work(small, 8000)
+        assert got.seconds == pytest.approx(10_000 * 2.0 * ratio)
+        assert f"x {ratio:.2f} work per token" in got.how and "no model of this size measured here" in got.how
+    low, high = (estimate.token_work(s, 8000) / estimate.token_work(small, 8000) for s in (mini, medium))
+    assert 0.2 < low < 0.5 < 2.0 < high < 6.0              # the presets sit about 4x apart
+    assert estimate.train_estimate(measured, "padir", "bible", small, "a", budget, {}).seconds is None
+
+
 def test_plan_command_prints_json_and_leaves_other_machines_out(measured, monkeypatch, capsys):
     tmp_path, deps, run = measured
     monkeypatch.setattr(preview, "real_locator", lambda: fake_locator(deps))

@@ -549,15 +549,17 @@ def test_plans_serving_estimate_is_the_documented_arithmetic():
     # Offline once for each largest batch, warm-up for each power of two up to the largest
     several = ServingSpec(bounds_ms=(15.0,), min_duration_s=5, min_queries=700, loads=(), max_batch=(1, 4, 16))
     assert estimate_seconds(several, 10.0, 2.0) == pytest.approx(10 + 7 + 3 * 7.5)
-    # a slow system: the curve at 4/s runs MAX_TEST_S (240 queries, not 700); the search and validations at the
-    # floor, 700 / MAX_TEST_S QPS: 9 steps of 200 queries and 2 validations of MAX_TEST_S
+    # a slow system: the curve at 4/s runs the queries LoadGen's early stopping needs at p99 (459, not 700); the
+    # search and validations at the floor, 700 / MAX_TEST_S QPS: 9 steps of 200 queries and 2 validations of
+    # MAX_TEST_S
     from bench.serving import measure
 
+    assert measure.early_stop_queries(0.99) == 459 and measure.early_stop_queries(0.9) == 44
     slow = ServingSpec(bounds_ms=(2000.0,), min_duration_s=5, min_queries=700, search_queries=200, loads=(1.0,),
                        max_batch=1, scenarios=("Server",))
     floor = 700 / measure.MAX_TEST_S
     assert estimate_seconds(slow, 250.0) == pytest.approx(
-        measure.MAX_TEST_S + 9 * 200 / floor + 2 * measure.MAX_TEST_S + 1.5 * 5)
+        459 / 4.0 + 9 * 200 / floor + 2 * measure.MAX_TEST_S + 1.5 * 5)
 
 
 def test_a_missed_bound_steps_the_validation_down_by_as_much_as_its_p99_missed():

@@ -64,7 +64,7 @@ def test_minimal_spec_round_trips_with_defaults(tmp_path):
 def test_default_suite_matches_the_readme_job():
     spec = load_spec("default")
     assert [t.train for t in spec.tasks] == ["bible_de_en"]
-    assert spec.model.preset == "small"
+    assert spec.model.presets == ("small",) and not spec.model.sized
     assert spec.section("ar").decoders == ("greedy", "beam:5")
     assert spec.section("padir").iterations == (1, 2, 4, 10) and set(spec.section("padir").distill) == {False, True}
 
@@ -136,6 +136,9 @@ def test_test_set_syntax(tmp_path):
     ("iterations = [1, 2]", 'iterations = [1, 2]\n[distill]\ndecoder = "beam:0"', "x.toml: distill.decoder: expected"),
     ("iterations = [1, 2]", 'iterations = [1, 2]\n[distill]\ndecoder = 5', "x.toml: distill.decoder: expected"),
     ("iterations = [1, 2]", 'iterations = [1, 2]\n[distill]\ndecoder = "greedy"\nbeam_size = 5', "x.toml: distill.beam_size: give decoder only"),
+    ('preset = "tiny"', "preset = []", "x.toml: model.preset: expected a non-empty list of preset names"),
+    ('preset = "tiny"', 'preset = ["tiny", "tiny"]', "x.toml: model.preset: expected distinct preset names"),
+    ('preset = "tiny"', 'preset = ["tiny", "a b"]', "x.toml: model.preset: expected preset names"),
 ])
 def test_bad_values_name_the_key(tmp_path, old, new, message):
     assert old in GOOD
@@ -239,6 +242,32 @@ def test_extends_lays_a_suite_on_a_built_in_one(tmp_path):
     path.write_text('extends = "default"\nname = "loop"\n')
     with pytest.raises(UserError, match="makes a cycle"):
         load_spec(path)
+
+
+def test_without_leaves_tables_of_the_extended_suite_out(tmp_path):
+    path = tmp_path / "child.toml"
+    path.write_text('extends = "default"\nwithout = ["ort"]\nname = "child"\n')
+    child = load_spec(path)
+    assert child.section("ort") is None and child.section("ct2") is not None
+    for bad in ('["nosuch"]', '"ort"', '["name"]'):
+        path.write_text(f'extends = "default"\nwithout = {bad}\nname = "child"\n')
+        with pytest.raises(UserError, match="without = .* must list tables of the suite it extends") as err:
+            load_spec(path)
+        assert "\n" not in str(err.value)
+
+
+def test_a_size_axis_reads_and_one_preset_keeps_its_spec(tmp_path):
+    """``preset`` takes one name or a list (the size axis); one preset writes as before, so no suite without a size
+    axis changes its hash; several round-trip as a list."""
+    one = load_spec(write(tmp_path, GOOD))
+    assert one.model.presets == ("tiny",) and not one.model.sized and one.to_dict()["model"]["preset"] == "tiny"
+    sized = load_spec(write(tmp_path, GOOD.replace('preset = "tiny"', 'preset = ["tiny", "mini"]'), "s.toml"))
+    assert sized.model.presets == ("tiny", "mini") and sized.model.sized
+    assert sized.to_dict()["model"]["preset"] == ["tiny", "mini"] and sized.spec_hash() != one.spec_hash()
+    again = parse_spec(tomllib.loads(sized.to_toml()), "round-trip")
+    assert again.replace(source=sized.source) == sized
+    scale = load_spec("scale")
+    assert scale.model.presets == ("mini", "small", "medium") and scale.section("ort") is None
 
 
 @pytest.mark.parametrize("name", ["..", ".", ".hidden", "a/b", "../up", ""])

@@ -115,6 +115,25 @@ def test_padir_refine_roundtrip(padir_config, padir_params, tiny_vocab, remask, 
     assert cost["flops"] > 0                                              # one pass computes something
 
 
+def test_padir_at_given_lengths_is_padir_forced_to_them(padir_config, padir_params, tiny_vocab):
+    """``run_at_lengths`` (the oracle-length diagnostic) refines every hypothesis of a row at its given length:
+    at one length for all it gives the tokens of a decoder forced to that length; each row's tokens end at its
+    own length (``keep_repeats``: the raw tokens, nothing dropped)."""
+    def tokens(decoder, lengths=None):
+        prepared = decoder.prepare(SOURCES)
+        out = decoder.run(prepared) if lengths is None else decoder.run_at_lengths(prepared, lengths)
+        return np.asarray(jax.device_get(out.tokens))[:len(SOURCES)]
+
+    free = decoders.make_decoder(padir_config, padir_params, tiny_vocab, "refine:2", keep_repeats=True, **OPTS)
+    forced = decoders.make_decoder(padir_config, padir_params, tiny_vocab, "refine:2", keep_repeats=True,
+                                   force_length=6, **OPTS)
+    np.testing.assert_array_equal(tokens(free, [6, 6, 6]), tokens(forced))
+    uneven = tokens(free, [3, 5, 9])
+    assert all(not row[n:].any() for row, n in zip(uneven, [3, 5, 9]))
+    dropped = decoders.make_decoder(padir_config, padir_params, tiny_vocab, "refine:2", **OPTS)
+    assert len(roundtrip(dropped).hypotheses) == 3 and dropped.keep_repeats is False
+
+
 def test_spec_and_option_errors(ar_config, ar_params, padir_config, padir_params, tiny_vocab):
     with pytest.raises(UserError, match="needs an AR checkpoint; use refine:T"):
         decoders.make_decoder(padir_config, padir_params, tiny_vocab, "beam:4")

@@ -126,6 +126,16 @@ def test_length_hypotheses_pick_best_mean_logprob():
     assert int(out.passes[0]) == 2
 
 
+def test_keep_repeats_skips_only_the_last_step():
+    # one hypothesis of length 4 whose fixed point repeats a token: dropped by default, kept on request
+    fn = fixed_target([[6, 6, 7, 1]])
+    args = (fn, jnp.array([[4]]), 4, 3, jax.random.key(0), "none", "random", V)
+    np.testing.assert_array_equal(refine.refine_length_hypotheses(*args).tokens, [[6, 7, 1, 0]])
+    kept = refine.refine_length_hypotheses(*args, keep_repeats=True)
+    np.testing.assert_array_equal(kept.tokens, [[6, 6, 7, 1]])
+    assert int(kept.passes[0]) == int(refine.refine_length_hypotheses(*args).passes[0])
+
+
 def test_drop_repeats_example():
     toks = jnp.array([[5, 5, 6, 6, 1, 0], [7, 8, 7, 7, 7, 1]])
     mask = jnp.array([[1, 1, 1, 1, 1, 0], [1, 1, 1, 1, 1, 1]])

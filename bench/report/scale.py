@@ -1,0 +1,229 @@
+"""The scale page, ``scale.md`` and ``scale.png``: the AR-PaDIR BLEU gap against model size (issue 52).
+
+Written for a run whose rows carry a ``size`` (a suite with several model presets: ``[model] preset = [...]``).
+Per test set, size and NAR system: the size's AR greedy BLEU, the system's BLEU, the **gap** (the system's BLEU
+minus AR greedy's of the same size, on the same sentences) with sacrebleu's paired bootstrap over sentences
+(``bench.report.grid.bleu_difference``: the run's resamples and seed), and its paired speedups (the median over
+sentences of AR ms / NAR ms, with the order-statistics 95% CI, ``bench.measure.stats.paired_speedup``) against
+AR greedy and against the fastest AR system of that size (the AR-side row of lowest p50, CTranslate2 included).
+A size's parameter count is its AR greedy model's (``model_params``).
+
+``scale.png``: the gap against the parameter count (log x), one line per NAR system, its CI as bars, a panel
+per test set. A trend (the least-squares slope of the gap per 4x parameters, with its standard error) is given
+only for a system with three or more sizes, and the page says how many points it rests on: with three, one
+degree of freedom is left.
+
+Built from ``rows.jsonl`` and ``samples.jsonl`` only (``grid._Run`` reads the per-sentence statistics).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from bench.report.grid import Effect, _Run
+from bench.report.names import display_names
+from bench.rows import Row
+from narbench_core.markdown import table
+
+SCALE_PAGE, SCALE_PLOT = "scale.md", "scale.png"
+TREND_POINTS = 3          # sizes a system needs before a trend is fitted (a line through two points tells nothing)
+
+
+@dataclass(frozen=True)
+class Point:
+    """One NAR system at one size on one test set, against that size's AR systems."""
+
+    test_set: str
+    size: str
+    params: int | None         # the size's AR greedy model's parameters
+    variant: str               # the system id without its size: one line across sizes
+    name: str                  # its display name without the size
+    ar_bleu: float
+    bleu: float
+    gap: Effect                # BLEU minus AR greedy's, paired bootstrap
+    speedup: tuple[float, tuple[float, float] | None]          # vs AR greedy: median [CI]
+    fastest: str               # the size's fastest AR system (display name)
+    speedup_fastest: tuple[float, tuple[float, float] | None]  # vs it
+
+
+@dataclass(frozen=True)
+class Trend:
+    variant: str
+    test_set: str
+    slope: float               # gap change per 4x parameters, BLEU
+    stderr: float | None       # its standard error (None with no degree of freedom left)
+    points: int
+
+
+def points(rows: Sequence[Row], samples: Sequence[dict], n_resamples: int, seed: int) -> list[Point]:
+    """Every sized NAR row against its size's AR greedy (its ``baseline_system``) and fastest AR, where both were
+    timed and scored on the same sentences."""
+    from bench.measure.stats import paired_speedup
+
+    scored = [r for r in rows if r.get("size") is not None and r.bleu is not None and r.latency_p50_ms is not None]
+    run = _Run([], samples, n_resamples, seed)                # its per-sentence statistics and paired tests
+    by_key = {r.key: r for r in scored}
+    shown = display_names(scored)
+    out = []
+    for r in scored:
+        if r.paradigm == "ar":                         # the baseline side: every other row is compared with it
+            continue
+        base = by_key.get((r.baseline_system, r.test_set))
+        ar_side = [a for a in scored if a.size == r.size and a.test_set == r.test_set and a.paradigm == "ar"]
+        if base is None or not ar_side or not run.paired(r, base):
+            continue
+        fastest = min(ar_side, key=lambda a: (a.latency_p50_ms, a.system))
+        gap = run.bleu([(_Pair(r, base), 1.0)])
+
+        def speedup(against: Row) -> tuple[float, tuple[float, float] | None]:
+            s = paired_speedup([x["latency_ms"] for x in run.samples[against.key]],
+                               [x["latency_ms"] for x in run.samples[r.key]])
+            return s.median, s.ci
+
+        out.append(Point(r.test_set, r.size, base.model_params, r.system.removesuffix(f"-{r.size}"),
+                         _without_size(shown[r.system], r.size), base.bleu, r.bleu, gap, speedup(base),
+                         _without_size(shown[fastest.system], r.size),
+                         speedup(fastest) if run.paired(r, fastest) else (math.nan, None)))
+    return out
+
+
+@dataclass(frozen=True)
+class _Pair:
+    """What ``_Run.bleu`` reads of a comparison: the value row and the reference row."""
+
+    value: Row
+    reference: Row
+
+
+def _without_size(name: str, size: str) -> str:
+    return name.replace(f", {size}", "")
+
+
+def trends(found: Sequence[Point]) -> list[Trend]:
+    """Per NAR system and test set with ``TREND_POINTS`` or more sizes of known parameters: the gap's least-squares
+    slope against log4(parameters), with its standard error."""
+    out = []
+    for (variant, ts) in dict.fromkeys((p.variant, p.test_set) for p in found):
+        pts = [p for p in found if p.variant == variant and p.test_set == ts and p.params]
+        if len(pts) < TREND_POINTS:
+            continue
+        x = np.log(np.array([p.params for p in pts], dtype=np.float64)) / math.log(4.0)
+        y = np.array([p.gap.value for p in pts], dtype=np.float64)
+        slope, intercept = np.polyfit(x, y, 1)
+        residual = y - (slope * x + intercept)
+        dof = len(pts) - 2
+        spread = float(np.sum((x - x.mean()) ** 2))
+        stderr = math.sqrt(float(np.sum(residual ** 2)) / dof / spread) if dof > 0 and spread > 0 else None
+        out.append(Trend(variant, ts, float(slope), stderr, len(pts)))
+    return out
+
+
+def _ci(effect_ci: tuple[float, float] | None, digits: int = 2) -> str:
+    return "" if effect_ci is None else f" [{effect_ci[0]:.{digits}f}, {effect_ci[1]:.{digits}f}]"
+
+
+def _params(n: int | None) -> str:
+    return "–" if not n else f"{n / 1e6:.1f}M"
+
+
+COLUMNS = ("size", "params", "AR greedy BLEU", "system", "BLEU", "gap [95% CI]", "speedup vs AR greedy [95% CI]",
+           "fastest AR", "speedup vs it [95% CI]")
+
+
+def _cells(p: Point) -> list[str]:
+    return [p.size, _params(p.params), f"{p.ar_bleu:.2f}", p.name, f"{p.bleu:.2f}",
+            f"{p.gap.value:+.2f}{_ci(p.gap.ci)}", f"{p.speedup[0]:.2f}{_ci(p.speedup[1])}", p.fastest,
+            "–" if math.isnan(p.speedup_fastest[0]) else f"{p.speedup_fastest[0]:.2f}{_ci(p.speedup_fastest[1])}"]
+
+
+def render_scale_page(found: Sequence[Point], info: dict, n_resamples: int, seed: int, rows: Sequence[Row] = (),
+                      gap: Sequence[dict] = ()) -> str:
+    """``scale.md``'s text: per test set, a table of every NAR system at every size, then the trends and, where
+    the run has ``gap`` records (``bench.gap``), where the gap goes at each size."""
+    sizes = list(dict.fromkeys(p.size for p in sorted(found, key=lambda p: (p.params or 0))))
+    lines = [f"# Scale: the AR-NAR gap against model size ({info.get('suite', '')}, run {info.get('run_id', '')})",
+             "", f"Sizes: {', '.join(sizes)}. **Gap**: a NAR system's BLEU minus the AR greedy BLEU of the same size on "
+             f"the same sentences, with the 95% interval of sacrebleu's paired bootstrap over sentences ({n_resamples} "
+             f"resamples, seed {seed}); negative: the NAR system is behind. **Speedups**: the median over sentences of "
+             "the AR system's ms / the NAR system's ms, with its order-statistics 95% CI, against AR greedy and "
+             "against the size's fastest AR system (lowest p50 of the AR side, CTranslate2 included). **Params**: the "
+             "size's AR greedy model's.", ""]
+    for ts in dict.fromkeys(p.test_set for p in found):
+        here = sorted((p for p in found if p.test_set == ts), key=lambda p: (p.variant, p.params or 0))
+        lines.extend([f"## {ts}", "", *table(list(COLUMNS), (_cells(p) for p in here), "llrlrrrlr"), ""])
+    fitted = trends(found)
+    lines.extend(["## Trend", ""])
+    if fitted:
+        names = {p.variant: p.name for p in found}
+        lines.extend(["The gap's least-squares slope against log4(parameters): BLEU per 4x parameters (positive: the "
+                      "gap closes as the model grows), ± its standard error, and the points it rests on.", "",
+                      *table(["test set", "system", "gap change per 4x params", "points"],
+                             ([t.test_set, names[t.variant],
+                               f"{t.slope:+.2f}" + ("" if t.stderr is None else f" ± {t.stderr:.2f}"), t.points]
+                              for t in fitted), "ll"), ""])
+    else:
+        lines.extend([f"No trend is fitted: no system has {TREND_POINTS} sizes or more with a known parameter count.",
+                      ""])
+    lines.extend([f"![{SCALE_PLOT}]({SCALE_PLOT})", "",
+                  "The gap against the parameters (log scale), one line per NAR system, its 95% interval as bars.", ""])
+    if gap:
+        from bench.gap import GAP_PAGE, gap_table
+
+        lines.extend(["## Where the gap goes, by size", "",
+                      f"From `narbench gap` ([{GAP_PAGE}]({GAP_PAGE}) says what each column means): BLEU each change "
+                      "adds to the system as run, and the training-set BLEU of its model and of AR greedy.", ""])
+        for ts in dict.fromkeys(r["test_set"] for r in gap if r["test_set"] != "train"):
+            body = gap_table(rows, gap, ts)
+            if body:
+                lines.extend([f"### {ts}", "", *body, ""])
+    return "\n".join(lines)
+
+
+def plot_scale(found: Sequence[Point], path: Path) -> None:
+    """One panel per test set: the gap against the parameters (log x), one line per NAR system, CIs as bars."""
+    import matplotlib.pyplot as plt
+
+    from bench.report.plots import _axes_grid
+
+    sets = list(dict.fromkeys(p.test_set for p in found))
+    fig, axs = _axes_grid(len(sets), plt, width=6.0, height=4.4)
+    cmap = plt.get_cmap("tab10")
+    for ax, ts in zip(axs, sets):
+        here = [p for p in found if p.test_set == ts and p.params]
+        for i, variant in enumerate(dict.fromkeys(p.variant for p in here)):
+            pts = sorted((p for p in here if p.variant == variant), key=lambda p: p.params)
+            xs, ys = [p.params for p in pts], [p.gap.value for p in pts]
+            lo = [p.gap.value - p.gap.ci[0] if p.gap.ci else 0.0 for p in pts]
+            hi = [p.gap.ci[1] - p.gap.value if p.gap.ci else 0.0 for p in pts]
+            ax.errorbar(xs, ys, yerr=[lo, hi], marker="o", ms=4, capsize=3, lw=1.2, color=cmap(i % 10),
+                        label=pts[0].name)
+        ax.axhline(0.0, color="#888", lw=0.8, ls="--")
+        ax.set_xscale("log")
+        ax.set_xlabel("parameters (AR greedy model, log scale)")
+        ax.set_ylabel("BLEU gap vs AR greedy of the same size")
+        ax.set_title(ts, fontsize=9)
+        ax.grid(alpha=0.3, which="both")
+        ax.legend(fontsize=7, loc="best")
+    fig.suptitle("The AR-NAR gap against model size")
+    fig.tight_layout(rect=(0, 0, 1, 1 - 0.4 / fig.get_figheight()))
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def write_scale(run_dir: Path, rows: Sequence[Row], samples: Sequence[dict], info: dict, n_resamples: int,
+                seed: int) -> list[Path]:
+    """``scale.md`` and ``scale.png`` in the run folder when its rows have NAR systems at two sizes or more."""
+    from bench.gap import GAP_FILE
+    from narbench_core.io import read_jsonl, write_text
+
+    found = points(rows, samples, n_resamples, seed)
+    if len({p.size for p in found}) < 2:
+        return []
+    gap = read_jsonl(run_dir / GAP_FILE) if (run_dir / GAP_FILE).is_file() else []
+    write_text(run_dir / SCALE_PAGE, render_scale_page(found, info, n_resamples, seed, rows, gap))
+    plot_scale(found, run_dir / SCALE_PLOT)
+    return [run_dir / SCALE_PAGE, run_dir / SCALE_PLOT]
