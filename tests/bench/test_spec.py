@@ -267,7 +267,7 @@ def test_a_size_axis_reads_and_one_preset_keeps_its_spec(tmp_path):
     again = parse_spec(tomllib.loads(sized.to_toml()), "round-trip")
     assert again.replace(source=sized.source) == sized
     scale = load_spec("scale")
-    assert scale.model.presets == ("mini", "small", "medium") and scale.section("ort") is None
+    assert scale.model.presets == ("tiny", "mini", "small") and scale.section("ort") is None
 
 
 @pytest.mark.parametrize("name", ["..", ".", ".hidden", "a/b", "../up", ""])
