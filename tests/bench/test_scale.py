@@ -73,7 +73,8 @@ def test_a_size_axis_trains_every_model_at_each_size_and_pairs_each_size_with_it
     for p in found:
         ar = by[f"ar-greedy-{p.size}"] if p.test_set == "fake_task:test" else None
         if ar is not None:
-            assert p.ar_bleu == ar.bleu and p.gap.value == pytest.approx(p.bleu - ar.bleu, abs=1e-6)
+            # the gap is the paired bootstrap's statistic over float32 per-sentence counts (grid.bleu_difference)
+            assert p.ar_bleu == ar.bleu and p.gap.value == pytest.approx(p.bleu - ar.bleu, abs=1e-3)
         assert ", tiny" not in p.name and ", mini" not in p.name
     grid = (run.path / "grid.md").read_text()
     assert "tiny" in grid and "mini" in grid                       # each cell names its size
