@@ -66,17 +66,17 @@ def chosen(rows: Sequence[Row], systems: Sequence[str] = ()) -> list[Row]:
     it with those changed (``Family.diagnosed``: JAX PaDIR)."""
     from bench import families
 
-    padir = [r for r in rows if r.bleu is not None and families.get(r.family).diagnosed(r) is not None]
+    diagnosable = [r for r in rows if r.bleu is not None and families.get(r.family).diagnosed(r) is not None]
     if systems:
         from narbench_core.errors import UserError
 
-        known = {r.system for r in padir}
+        known = {r.system for r in diagnosable}
         unknown = [s for s in systems if s not in known]
         if unknown:
             raise UserError(f"{unknown[0]!r} is not a scored PaDIR system of this run; choose from "
                             f"{', '.join(sorted(known)[:12])}")
-        return [r for r in padir if r.system in set(systems)]
-    return [r for r in padir if r.iterations == 4 and r.hypotheses == 1]
+        return [r for r in diagnosable if r.system in set(systems)]
+    return [r for r in diagnosable if r.iterations == 4 and r.hypotheses == 1]
 
 
 # A decoder as the diagnostic needs it: (row, variant, sources, oracle lengths or None) -> hypotheses
@@ -101,10 +101,10 @@ def diagnose(rows: Sequence[Row], picked: Sequence[Row], decode: Decode, splits:
             continue
         sources, streams = splits[split]
         for v in variants(row.iterations, row.hypotheses):
-            if (system, split, v.name) in done:
-                continue
-            progress(f"gap: {system} {v.name}")
+            if not v.train and (system, split, v.name) in done:
+                continue                                # (the fit: per model below, AR greedy's too)
             if not v.train:
+                progress(f"gap: {system} {v.name}")
                 first = next(iter(streams.values()))[0]                     # the task's own references
                 hyps = decode(row, v, sources, lengths(row, first) if v.oracle else None)
                 for test_set, refs in streams.items():
@@ -113,9 +113,10 @@ def diagnose(rows: Sequence[Row], picked: Sequence[Row], decode: Decode, splits:
             for model in (row, by_key.get((row.baseline_system, row.test_set))):
                 if model is None or model.system in fitted:
                     continue
+                progress(f"gap: {model.system} {v.name}")
                 fitted.add(model.system)
                 train_sources, targets = fit(model)
-                hyps = decode(model, Variant(FIT, train=True), train_sources, None)
+                hyps = decode(model, v, train_sources, None)
                 on_record(_record(model, v, split, "train", bleu(model, hyps, [targets]), len(hyps)))
 
 

@@ -177,9 +177,10 @@ def preview(spec: SuiteSpec, locator: Locator, measured: est.Measured) -> Previe
         if locator.not_ready(cell.task) is not None:
             return None
         try:
-            return int(locator.configs(spec, cell)[0].vocab_size)
-        except (UserError, AttributeError, TypeError, KeyError):      # fakes' configs are dicts
+            model_config = locator.configs(spec, cell)[0]
+        except UserError:
             return None
+        return getattr(model_config, "vocab_size", None)              # fakes' configs are dicts: none
 
     def distillation(cell: TrainCell, teacher_dir: Path | None) -> tuple[DistillPreview, str | None]:
         key = (cell.teacher, cell.task, cell.seed)

@@ -24,7 +24,7 @@ from typing import Sequence
 
 import numpy as np
 
-from bench.report.grid import Effect, _Run
+from bench.report.grid import Cell, Effect, _Run
 from bench.report.names import display_names
 from bench.rows import Row
 from narbench_core.markdown import table
@@ -77,7 +77,7 @@ def points(rows: Sequence[Row], samples: Sequence[dict], n_resamples: int, seed:
         if base is None or not ar_side or not run.paired(r, base):
             continue
         fastest = min(ar_side, key=lambda a: (a.latency_p50_ms, a.system))
-        gap = run.bleu([(_Pair(r, base), 1.0)])
+        gap = run.bleu([(Cell(r, base, ""), 1.0)])
 
         def speedup(against: Row) -> tuple[float, tuple[float, float] | None]:
             s = paired_speedup([x["latency_ms"] for x in run.samples[against.key]],
@@ -89,14 +89,6 @@ def points(rows: Sequence[Row], samples: Sequence[dict], n_resamples: int, seed:
                          _without_size(shown[fastest.system], r.size),
                          speedup(fastest) if run.paired(r, fastest) else (math.nan, None)))
     return out
-
-
-@dataclass(frozen=True)
-class _Pair:
-    """What ``_Run.bleu`` reads of a comparison: the value row and the reference row."""
-
-    value: Row
-    reference: Row
 
 
 def _without_size(name: str, size: str) -> str:

@@ -41,6 +41,7 @@ queue), so a slow test tells the engine's time from the driver's.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Sequence
@@ -167,9 +168,8 @@ def serve_system(serve: Callable[[list[int]], list[str]], n: int, baseline: Base
     curve: list[tuple[float, Result]] = []
     for load in serving.loads:
         qps = load * offline_qps
-        queries = min(serving.min_queries, max(early_stop_queries(serving.percentile), int(qps * MAX_TEST_S)))
         curve.append((qps, test(f"server-load{load:g}", Settings(
-            "Server", min_queries=queries, target_qps=qps, bound_ms=BIG_BOUND_MS,
+            "Server", min_queries=curve_queries(serving, qps), target_qps=qps, bound_ms=BIG_BOUND_MS,
             percentile=serving.percentile, **batch, **common), "curve")))
     rates = [r.qps for r in singles if r.qps]
     single_qps = float(np.median(rates)) if rates else 1000.0 / baseline.p50_ms
@@ -212,9 +212,13 @@ def early_stop_queries(percentile: float) -> int:
     """The fewest queries with none over the latency bound that LoadGen's early stopping accepts at
     ``percentile``: the n at which percentile ** n <= 1 - its confidence (459 at p99). In the fifth committed
     serving run a curve test of 306 queries, all far under its bound, was INVALID for early stopping alone."""
-    import math
-
     return math.ceil(math.log(1.0 - EARLY_STOP_CONFIDENCE) / math.log(percentile))
+
+
+def curve_queries(serving: ServingSpec, qps: float) -> int:
+    """Queries of a curve test at ``qps``: ``min_queries`` or ``MAX_TEST_S`` of them at that rate, whichever is
+    fewer, but never fewer than early stopping needs (``early_stop_queries``)."""
+    return min(serving.min_queries, max(early_stop_queries(serving.percentile), int(qps * MAX_TEST_S)))
 
 
 def step_down(bound_ms: float, p99_ms: float | None) -> float:
@@ -340,8 +344,7 @@ def estimate_seconds(serving: ServingSpec, latency_ms: float, compile_s: float =
     if "Server" in serving.scenarios:
         for load in serving.loads:
             rate = load * offline
-            queries = min(serving.min_queries, max(early_stop_queries(serving.percentile), rate * MAX_TEST_S))
-            seconds += max(d, queries / rate)
+            seconds += max(d, curve_queries(serving, rate) / rate)
         for bound in serving.bounds_ms:
             if bound < 2 * latency_ms:                               # likely unreachable: no search runs
                 continue

@@ -76,6 +76,9 @@ def test_every_variant_of_each_chosen_system_once_per_split_and_the_fits():
     assert by[("padir-s4", "train", FIT)] == 40.0 and by[("ar-greedy", "train", FIT)] == 55.0
     again, more = run(done=keys(records))                                        # resumed: nothing left to do
     assert again.decoded == [] and more == []
+    cut = [r for r in records if not (r["system"] == "ar-greedy" and r["variant"] == FIT)]
+    resumed, rest = run(done=keys(cut))                  # killed between the two fits: only AR greedy's is left
+    assert resumed.fitted == ["ar-greedy"] and [(r["system"], r["variant"]) for r in rest] == [("ar-greedy", FIT)]
 
 
 def test_the_table_shows_the_gap_and_what_each_change_adds():
