@@ -25,16 +25,22 @@ def subdir(name: str) -> Path:
 
 
 def enable_compilation_cache() -> Path:
-    """Turn on JAX's persistent compilation cache under the data root; returns its folder.
+    """Turn on JAX's persistent compilation cache; returns its folder: ``$NARBENCH_JAX_CACHE`` when that names a
+    folder, else ``jax_cache`` under the data root. ``NARBENCH_JAX_CACHE=0`` opts out: every process compiles afresh.
 
-    A second run of the same command then loads compiled executables instead of compiling.
-    ``NARBENCH_JAX_CACHE=0`` opts out: every process compiles afresh.
+    A second run of the same command then loads compiled executables instead of compiling. JAX's cache keys
+    include the folder's path (jaxlib 0.10.2 hashes compile options that name it), so the path is made canonical
+    (symbolic links resolved): a data root reached through a link, or several data roots given one folder by
+    ``NARBENCH_JAX_CACHE``, load what another compiled.
     """
     import jax
 
-    path = subdir("jax_cache")
-    if os.environ.get("NARBENCH_JAX_CACHE", "1") == "0":
-        return path
+    setting = os.environ.get("NARBENCH_JAX_CACHE", "1")
+    if setting == "0":
+        return subdir("jax_cache")
+    path = subdir("jax_cache") if setting == "1" else Path(setting).expanduser()
+    path.mkdir(parents=True, exist_ok=True)
+    path = path.resolve()
     jax.config.update("jax_compilation_cache_dir", str(path))
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)   # every compile, however quick

@@ -13,6 +13,10 @@ from pathlib import Path
 _TEST_DATA = os.environ.get("NARBENCH_TEST_DATA", "/tmp/narbench-test-data")
 _WORKER = os.environ.get("PYTEST_XDIST_WORKER")             # gw0, gw1: set by pytest-xdist in its workers
 os.environ["NARBENCH_DATA"] = os.path.join(_TEST_DATA, _WORKER) if _WORKER else _TEST_DATA
+# Compiled programs are no data: both workers, and every process a test starts (CLI runs on data roots of their own,
+# timing workers, Ray workers), share one compilation cache, so a program compiled once is loaded everywhere after.
+if os.environ.get("NARBENCH_JAX_CACHE", "1") != "0":
+    os.environ["NARBENCH_JAX_CACHE"] = os.path.join(_TEST_DATA, "jax_cache")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")     # the Ray executor's tests report nothing to Ray
 

@@ -112,3 +112,31 @@ def test_models_and_suites_share_only_the_core_and_never_import_bench():
     assert "theory" not in models and "theory" not in suites
     assert "models" not in suites, "suites/ describes data and grids and trains nothing"
     assert (models - {"models"}) & (suites - {"suites"}) == {"narbench_core"}
+
+
+_COMPILE = ("import jax, jax.numpy as jnp; from narbench_core.paths import enable_compilation_cache; "
+            "print(enable_compilation_cache()); jax.jit(lambda x: x * 2 + 1)(jnp.ones(3)).block_until_ready()")
+
+
+def _compile_in(env: dict) -> Path:
+    """Compile one small program in a fresh process with ``env``; the cache folder it used."""
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith(("NARBENCH_", "JAX_"))}, **env}
+    out = subprocess.run([sys.executable, "-c", _COMPILE], env=env, capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return Path(out.stdout.strip().splitlines()[-1])
+
+
+def test_the_compilation_cache_is_shared_through_links_and_by_narbench_jax_cache(tmp_path):
+    """JAX's cache keys include the cache folder's path (jaxlib 0.10.2): a data root reached through a link, and
+    data roots given one folder by NARBENCH_JAX_CACHE, load what the first process compiled (no new entries)."""
+    first = _compile_in({"NARBENCH_DATA": str(tmp_path / "a")})
+    assert first == (tmp_path / "a" / "jax_cache").resolve()
+    entries = sorted(p.name for p in first.iterdir())
+    assert entries
+    (tmp_path / "link").symlink_to(tmp_path / "a")
+    assert _compile_in({"NARBENCH_DATA": str(tmp_path / "link")}) == first
+    assert _compile_in({"NARBENCH_DATA": str(tmp_path / "b"), "NARBENCH_JAX_CACHE": str(first)}) == first
+    assert sorted(p.name for p in first.iterdir()) == entries          # both were cache hits
+    assert not (tmp_path / "b" / "jax_cache").exists() or not any((tmp_path / "b" / "jax_cache").iterdir())
+    off = _compile_in({"NARBENCH_DATA": str(tmp_path / "c"), "NARBENCH_JAX_CACHE": "0"})
+    assert not any(off.iterdir())                                      # 0: no cache at all

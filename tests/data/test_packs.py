@@ -146,9 +146,6 @@ def test_a_suite_trains_distils_and_times_from_a_pack_without_tensorflow(pack, t
         (blocked / name / "__init__.py").write_text(f"raise ImportError('{name} is blocked in this test')\n")
     root = tmp_path / "root"                        # a data root that holds nothing of the task: all from the pack
     root.mkdir()
-    jax_cache = Path(os.environ["NARBENCH_DATA"]) / "jax_cache"
-    if jax_cache.is_dir():
-        (root / "jax_cache").symlink_to(jax_cache)   # compiled programs are no data: share the session's
     spec = tmp_path / "packed.toml"
     budget = ("steps = 4\nbatch_tokens = 512\nlearning_rate = 3e-3\nwarmup_steps = 1\nmax_length = 32\nbuckets = [32]\n"
               "eval_every = 2\ndev_sentences = 8\n")     # two curve points of 8 sentences (by default: 4 of 200)
