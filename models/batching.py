@@ -247,9 +247,9 @@ def load_task_tokens(task: str, split: str = "train", progress: bool = False) ->
 
 def _seqio_tokens(task: str, split: str) -> tuple[list, list]:
     """A seqio task split's token ids (its preprocessors: tokenize, append EOS)."""
-    import seqio
+    from suites import tasks
 
-    ds = seqio.get_mixture_or_task(task).get_dataset(
+    ds = tasks.seqio_task(task).get_dataset(
         sequence_length=None, split=split, shuffle=False, num_epochs=1, use_cached=False)
     inputs, targets = [], []
     for ex in ds.as_numpy_iterator():

@@ -17,8 +17,9 @@ from suites.taskinfo import SPLITS
 
 
 def write_pack(task: str, out: str | Path, note: Callable[[str], None] = lambda line: None) -> Path:
-    """Write the pack of ``task`` (a seqio task: this imports TensorFlow) to ``out``, whole or not at all."""
-    from suites import tasks                       # seqio: TensorFlow
+    """Write the pack of ``task`` (a built-in or suite task; WMT's own splits import TensorFlow) to ``out``, whole
+    or not at all."""
+    from suites import tasks
 
     info = tasks.task_info(task)
     if tasks.source_task(task) != task:

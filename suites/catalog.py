@@ -1,8 +1,9 @@
-"""Where a task's data comes from: a pack given for it (``suites.packs``: plain files, no TensorFlow), else the
-seqio registry (``suites.tasks``, which imports seqio and TensorFlow on first use).
+"""Where a task's data comes from: a pack given for it (``suites.packs``: plain files), else the built-in and suite
+tasks (``suites.tasks``: text, vocabularies and sizes without seqio; seqio and TensorFlow only for WMT's own splits,
+which stream from TFDS).
 
 Training, distillation, learning curves, timing and scoring ask this module for a task's languages, text,
-vocabulary and distilled variant, so a process whose tasks all come from packs never imports TensorFlow. Packs are
+vocabulary and distilled variant, so a process whose tasks all come from packs needs neither the corpora nor TFDS. Packs are
 given by ``NARBENCH_PACKS`` (pack folders separated by ``os.pathsep``; ``narbench --pack DIR <command>`` sets it),
 so Ray workers and timing workers, which inherit the environment, read the same packs.
 """
@@ -74,7 +75,7 @@ def _pack_vocabulary(pack, root: str):
     return SentencePieceText(pack.install(Path(root)))
 
 
-def _seqio():
+def _tasks():
     from suites import tasks
 
     return tasks
@@ -85,7 +86,7 @@ def task_info(name: str) -> TaskInfo:
     """Languages, family, split sizes and vocabulary of a task (never downloads or trains)."""
     pack = _pack_of(name)
     if pack is None:
-        return _seqio().task_info(name)
+        return _tasks().task_info(name)
     from narbench_core.paths import data_root
 
     _check_known(name, pack)
@@ -101,7 +102,7 @@ def load_text(name: str, split: str) -> tuple[list[str], list[list[str]]]:
     """``(sources, references)`` of one split (``suites.tasks.load_text``)."""
     pack = _pack_of(name)
     if pack is None:
-        return _seqio().load_text(name, split)
+        return _tasks().load_text(name, split)
     _check_known(name, pack)
     if split not in SPLITS:
         raise UserError(f"unknown split {split!r} for {name}; choose from {', '.join(SPLITS)}")
@@ -122,7 +123,7 @@ def valid_targets(name: str, split: str) -> list[list[str]] | None:
     """Every correct output of each source of a split, for tasks that know them all; else None."""
     pack = _pack_of(name)
     if pack is None:
-        return _seqio().valid_targets(name, split)
+        return _tasks().valid_targets(name, split)
     if not pack.manifest["valid_targets"]:
         return None
     _, refs = load_text(pack.task, split)
@@ -132,12 +133,12 @@ def valid_targets(name: str, split: str) -> list[list[str]] | None:
 def tokens_follow_text(name: str, split: str) -> bool:
     """Whether a split's token ids are its ``load_text`` pairs encoded by the task's SentencePiece model (with
     EOS): a pack's always; a seqio task's where its dataset is that text (``suites.tasks.tokens_follow_text``)."""
-    return packed(name) or _seqio().tokens_follow_text(name, split)
+    return packed(name) or _tasks().tokens_follow_text(name, split)
 
 
 def get_vocabulary(name: str):
     """The task's SentencePiece vocabulary."""
-    return task_info(name).vocabulary if packed(name) else _seqio().get_vocabulary(name)
+    return task_info(name).vocabulary if packed(name) else _tasks().get_vocabulary(name)
 
 
 def is_known(name: str) -> bool:
@@ -145,7 +146,7 @@ def is_known(name: str) -> bool:
     pack = _pack_of(name)
     if pack is not None:
         return name == pack.task or name in _DISTILLED
-    return name in _seqio().known_tasks()
+    return name in _tasks().known_tasks()
 
 
 def register_distilled_task(base_task: str, train_tsv: Path) -> str:
@@ -153,7 +154,7 @@ def register_distilled_task(base_task: str, train_tsv: Path) -> str:
     written by the distillation), its other splits and vocabulary as ``base_task``."""
     pack = packs().get(base_task)
     if pack is None:
-        return _seqio().register_distilled_task(base_task, train_tsv)
+        return _tasks().register_distilled_task(base_task, train_tsv)
     train_tsv = Path(train_tsv)
     if not train_tsv.is_file():
         raise UserError(f"distilled training file {train_tsv} not found; run the distillation first")

@@ -1,4 +1,4 @@
-"""seqio Tasks for every corpus; importing this module registers them all (cheaply).
+"""Every corpus as a task (cheaply, without seqio), and as a seqio Task on demand (``register_with_seqio``).
 
 Names: ``bible_{de,ro,zh}_en``, ``bible_en_{de,ro,zh}``, ``wmt14_de_en``, ``wmt14_en_de``,
 ``wmt16_ro_en``, ``wmt16_en_ro``, ``wmt17_zh_en``, ``wmt17_en_zh``, ``synthetic_d0/d50/d100``; plus
@@ -8,6 +8,9 @@ EOS appended) plus ``inputs_pretokenized``/``targets_pretokenized``; metrics BLE
 
 Registration downloads nothing and trains nothing: data sources read their corpus on first use
 (``bible.prepare`` runs then) and each vocabulary is trained when first needed (``LazyVocabulary``).
+Importing seqio loads TensorFlow (~5-10 s a process), which only WMT's own splits need (their text streams from
+TFDS through seqio); so the tasks live here as specs, their text, vocabularies and sizes are read without seqio,
+and ``register_with_seqio()`` adds them (and every task registered after) to seqio's registry when asked.
 """
 from __future__ import annotations
 
@@ -16,8 +19,6 @@ import functools
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
-
-import seqio
 
 from narbench_core import langs
 from narbench_core.errors import UserError
@@ -60,6 +61,8 @@ class _Spec:
 
 _SPECS: dict[str, _Spec] = {}
 _VOCABS: dict[str, vocab.LazyVocabulary] = {}
+_IN_SEQIO: dict[str, _Spec] = {}     # the specs seqio's registry holds, once register_with_seqio was called
+_SEQIO_ON: list[bool] = []           # [True] once register_with_seqio was called in this process
 
 
 # ------------------------------------------------------------------------------------ vocabularies
@@ -198,7 +201,7 @@ def _cacheable(name: str, split: str) -> bool:
     return spec.family != "wmt"
 
 
-def get_vocabulary(name: str) -> seqio.SentencePieceVocabulary:
+def get_vocabulary(name: str) -> vocab.LazyVocabulary:
     """The task's joint SentencePiece vocabulary (trained on first use)."""
     return _vocabulary(_spec(name))
 
@@ -219,16 +222,16 @@ def _metric_fns(target_lang: str) -> list[Callable]:
 
 
 # ------------------------------------------------------------------------------------ sources
-class _LazySource(seqio.FunctionDataSource):
-    """A FunctionDataSource whose split sizes are looked up when asked (None if unknown)."""
+def _lazy_source(dataset_fn, sizes: Callable[[], dict | None]):
+    """A seqio FunctionDataSource whose split sizes are looked up when asked (None if unknown)."""
+    import seqio
 
-    def __init__(self, dataset_fn, sizes: Callable[[], dict | None]):
-        super().__init__(dataset_fn=dataset_fn, splits=SPLITS)
-        self._sizes = sizes
+    class LazySource(seqio.FunctionDataSource):
+        def num_input_examples(self, split: str) -> int | None:
+            found = sizes()
+            return None if found is None else found.get(split)
 
-    def num_input_examples(self, split: str) -> int | None:
-        sizes = self._sizes()
-        return None if sizes is None else sizes.get(split)
+    return LazySource(dataset_fn=dataset_fn, splits=SPLITS)
 
 
 def split_sizes(name: str) -> dict[str, int | None]:
@@ -280,18 +283,43 @@ def tokens_follow_text(name: str, split: str) -> bool:
 
 
 def _register(spec: _Spec) -> None:
+    _SPECS[spec.name] = spec
+    if _SEQIO_ON:
+        _register_in_seqio(spec)
+
+
+def _register_in_seqio(spec: _Spec) -> None:
+    import seqio
+
     if spec.name in seqio.TaskRegistry.names():
         seqio.TaskRegistry.remove(spec.name)
-    _SPECS[spec.name] = spec
-    voc = _vocabulary(spec)
+    voc = _vocabulary(spec).seqio_vocabulary()
     seqio.TaskRegistry.add(
         spec.name,
-        source=_LazySource(_dataset_fn(spec.name), lambda: split_sizes(spec.name)),
+        source=_lazy_source(_dataset_fn(spec.name), lambda: split_sizes(spec.name)),
         output_features={"inputs": seqio.Feature(voc, add_eos=True),
                          "targets": seqio.Feature(voc, add_eos=True)},
         preprocessors=[seqio.preprocessors.tokenize, seqio.preprocessors.append_eos],
         metric_fns=_metric_fns(spec.target_lang),
     )
+    _IN_SEQIO[spec.name] = spec
+
+
+def register_with_seqio() -> None:
+    """Add every task to seqio's registry, and each task registered later as it comes (imports seqio)."""
+    _SEQIO_ON[:] = [True]
+    for spec in list(_SPECS.values()):
+        if _IN_SEQIO.get(spec.name) is not spec:
+            _register_in_seqio(spec)
+
+
+def seqio_task(name: str):
+    """The seqio Task of a registered task (imports seqio)."""
+    import seqio
+
+    _spec(name)                                     # an unknown name: the one-line error
+    register_with_seqio()
+    return seqio.get_mixture_or_task(name)
 
 
 def _spec(name: str) -> _Spec:
@@ -326,8 +354,7 @@ def register_distilled_task(base_task: str, train_tsv: Path) -> str:
 
 
 def register_file_task(task: files.FileTask) -> str:
-    """Register a suite's own task (``[[tasks]]`` with ``files``) as a seqio Task like the built-in
-    ones; registering it again with other files or settings replaces it."""
+    """Register a suite's own task (``[[tasks]]`` with ``files``) like the built-in ones; registering it again with other files or settings replaces it."""
     known = _SPECS.get(task.name)
     if known is not None and known.files is None:
         raise UserError(f"task name {task.name!r} is built in; give your data another name")

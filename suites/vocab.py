@@ -18,8 +18,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
-import seqio
-
 from narbench_core.digest import file_digest, json_digest
 from narbench_core import paths
 from narbench_core.errors import UserError
@@ -151,8 +149,10 @@ def _train(name: str, path: Path, files: Sequence[Path], settings: VocabSettings
     return path
 
 
-def load_vocabulary(model_file: str | Path) -> seqio.SentencePieceVocabulary:
-    """A seqio vocabulary for a trained model (checks the narbench id layout)."""
+def load_vocabulary(model_file: str | Path):
+    """A seqio vocabulary for a trained model (checks the narbench id layout). Imports seqio (TensorFlow)."""
+    import seqio
+
     vocab = seqio.SentencePieceVocabulary(str(model_file))
     sp = vocab.tokenizer
     assert (sp.pad_id(), sp.eos_id(), sp.unk_id(), sp.bos_id()) == (PAD_ID, EOS_ID, UNK_ID, -1)
@@ -160,11 +160,13 @@ def load_vocabulary(model_file: str | Path) -> seqio.SentencePieceVocabulary:
     return vocab
 
 
-class LazyVocabulary(seqio.SentencePieceVocabulary):
-    """A ``seqio.SentencePieceVocabulary`` whose model is trained on first use.
+class LazyVocabulary:
+    """A SentencePiece vocabulary whose model is trained on first use, without seqio.
 
-    ``build()`` returns the model path; it runs once, when a property or encode/decode first needs
-    the model, so registering tasks stays cheap.
+    ``build()`` returns the model path; it runs once, when a property or encode/decode first needs the model, so
+    registering tasks stays cheap. Encoding and decoding are ``suites.sentencepiece_text.SentencePieceText``'s
+    (seqio's contract, without importing seqio and TensorFlow: ~5-10 s a process); ``seqio_vocabulary()`` gives
+    the seqio vocabulary a seqio Task's features need, trained by the same ``build``.
     """
 
     def __init__(self, build: Callable[[], Path], key: str,
@@ -172,27 +174,33 @@ class LazyVocabulary(seqio.SentencePieceVocabulary):
         self._build = build
         self._peek = peek              # the model path if already trained (no training), else None
         self._key = key                # identifies the vocabulary before it is built
+        self._path = ""                # the model file, once built
         self._root: str | None = None  # the data root the model file was resolved under
+        self._text = None              # SentencePieceText of the model file
+        self._seqio = None             # seqio's vocabulary of this one (seqio_vocabulary)
         self._built_lock = threading.Lock()
-        super().__init__(sentencepiece_model_file="")
 
     def model_path(self) -> str:
         from narbench_core.paths import data_root
+        from suites.sentencepiece_text import SentencePieceText
 
         with self._built_lock:
             # Built once per data root; again if the file went (the data root moved, or was cleaned meanwhile)
             # or the root changed (``NARBENCH_DATA`` set anew): the old root's path would leak into records.
             root = str(data_root(create=False))        # read at every encode/decode: no mkdir
-            if (not self._sentencepiece_model_file or not os.path.isfile(self._sentencepiece_model_file)
-                    or self._root != root):
+            if not self._path or not os.path.isfile(self._path) or self._root != root:
                 path = str(self._build())
-                load_vocabulary(path)  # checks the id layout
-                self._sentencepiece_model_file, self._root = path, root
-        return self._sentencepiece_model_file
+                self._text = SentencePieceText(path)    # checks the id layout
+                self._path, self._root = path, root
+        return self._path
+
+    def load_model(self) -> None:
+        """Train the model if it is not yet (seqio's name for it)."""
+        self.model_path()
 
     def is_built(self) -> bool:
         """Whether the model exists (in this process or in the cache); never trains."""
-        if self._sentencepiece_model_file:
+        if self._path:
             return True
         try:
             found = self._peek() if self._peek else None
@@ -200,32 +208,102 @@ class LazyVocabulary(seqio.SentencePieceVocabulary):
             return False
         return bool(found and Path(found).exists())
 
+    def _loaded(self):
+        self.model_path()
+        return self._text
+
     @property
     def sentencepiece_model_file(self) -> str:
         return self.model_path()
 
-    def _model_context(self):
-        self.model_path()
-        return super()._model_context()
+    @property
+    def tokenizer(self):
+        """The SentencePiece processor."""
+        return self._loaded().tokenizer
+
+    @property
+    def vocab_size(self) -> int:
+        return self._loaded().vocab_size
+
+    eos_id, unk_id, pad_id = EOS_ID, UNK_ID, PAD_ID
+
+    def encode(self, text: str) -> list[int]:
+        """Ids of ``text`` without EOS."""
+        return self._loaded().encode(text)
+
+    def decode(self, ids) -> str:
+        """Text of ``ids`` up to the first EOS (ids past the vocabulary read as unk)."""
+        return self._loaded().decode(ids)
+
+    def seqio_vocabulary(self):
+        """This vocabulary as a ``seqio.SentencePieceVocabulary`` (for a seqio Task's features): its model is this
+        one's, trained on first use. Imports seqio."""
+        if self._seqio is None:
+            self._seqio = _seqio_lazy_class()(self)
+        return self._seqio
 
     def __getstate__(self):
-        state = super().__getstate__()
-        state.pop("_built_lock", None)
+        state = dict(self.__dict__)
+        for name in ("_built_lock", "_text", "_seqio"):
+            state.pop(name, None)
         return state
 
     def __setstate__(self, state):
-        super().__setstate__(state)
-        self._built_lock = threading.Lock()
+        self.__dict__.update(state, _built_lock=threading.Lock(), _text=None, _seqio=None)
+        if self._path:
+            from suites.sentencepiece_text import SentencePieceText
+
+            self._text = SentencePieceText(self._path) if os.path.isfile(self._path) else None
+            if self._text is None:
+                self._path = ""
 
     def __eq__(self, other):
         if isinstance(other, LazyVocabulary):
             return self._key == other._key
-        return isinstance(other, seqio.SentencePieceVocabulary) and (
-            other.sentencepiece_model_file == self.sentencepiece_model_file)
+        return NotImplemented
 
     def __hash__(self):
         return hash(self._key)
 
     def __str__(self) -> str:
-        built = self._sentencepiece_model_file or "not built yet"
-        return f"LazyVocabulary({self._key}: {built})"
+        return f"LazyVocabulary({self._key}: {self._path or 'not built yet'})"
+
+
+_SEQIO_LAZY = None
+
+
+def _seqio_lazy_class():
+    """The seqio vocabulary class backed by a ``LazyVocabulary`` (made on first use: it imports seqio)."""
+    global _SEQIO_LAZY
+    if _SEQIO_LAZY is None:
+        import seqio
+
+        class SeqioLazyVocabulary(seqio.SentencePieceVocabulary):
+            """seqio's SentencePiece vocabulary of a ``LazyVocabulary``'s model, trained when first needed."""
+
+            def __init__(self, lazy: LazyVocabulary):
+                self.lazy = lazy
+                super().__init__(sentencepiece_model_file="")
+
+            @property
+            def sentencepiece_model_file(self) -> str:
+                return self.lazy.model_path()
+
+            def _model_context(self):
+                path = self.lazy.model_path()
+                if self._sentencepiece_model_file != path:          # a new data root: seqio's cache is stale
+                    self._sentencepiece_model_file = path
+                    self._model = None
+                return super()._model_context()
+
+            def __eq__(self, other):
+                if isinstance(other, SeqioLazyVocabulary):
+                    return self.lazy == other.lazy
+                return isinstance(other, seqio.SentencePieceVocabulary) and (
+                    other.sentencepiece_model_file == self.sentencepiece_model_file)
+
+            def __hash__(self):
+                return hash(self.lazy)
+
+        _SEQIO_LAZY = SeqioLazyVocabulary
+    return _SEQIO_LAZY

@@ -1,4 +1,5 @@
-"""seqio tasks: registration is cheap, datasets are tokenized with EOS, text/metrics/distillation."""
+"""Tasks: registration is cheap and needs no seqio; as seqio Tasks, datasets are tokenized with EOS;
+text/metrics/distillation."""
 from __future__ import annotations
 
 import json
@@ -12,6 +13,8 @@ import seqio
 
 from narbench_core.errors import UserError
 from suites import tasks
+
+tasks.register_with_seqio()          # this module reads the tasks through seqio too
 
 NAMES = ["bible_de_en", "bible_en_de", "bible_ro_en", "bible_en_ro", "bible_zh_en", "bible_en_zh",
          "wmt14_de_en", "wmt14_en_de", "wmt16_ro_en", "wmt16_en_ro", "wmt17_zh_en", "wmt17_en_zh",
@@ -32,6 +35,7 @@ def test_registration_downloads_and_trains_nothing(tmp_path):
     """A fresh process on an empty data root: import, task_info and get Task objects only."""
     code = ("import json, seqio, suites.tasks as t\n"
             "infos = [t.task_info(n) for n in t.known_tasks()]\n"
+            "t.register_with_seqio()\n"
             "[seqio.get_mixture_or_task(n).output_features for n in t.known_tasks()]\n"
             "print(json.dumps({i.name: i.splits['test'] for i in infos}))\n")
     env = dict(os.environ, NARBENCH_DATA=str(tmp_path / "root"), TFDS_DATA_DIR=str(tmp_path / "tfds"))
@@ -105,7 +109,9 @@ def test_task_info():
     info = tasks.task_info("synthetic_d0")
     assert (info.family, info.source_lang, info.target_lang) == ("synthetic", "src", "tgt")
     assert info.splits == {"train": 50_000, "dev": 500, "test": 500}
-    assert isinstance(info.vocabulary, seqio.SentencePieceVocabulary)
+    as_seqio = seqio.get_mixture_or_task("synthetic_d0").output_features["targets"].vocabulary
+    assert isinstance(as_seqio, seqio.SentencePieceVocabulary) and as_seqio is info.vocabulary.seqio_vocabulary()
+    assert as_seqio.sentencepiece_model_file == info.vocabulary.sentencepiece_model_file
     assert info.vocab_path.exists() and info.vocabulary.vocab_size <= 256
     assert tasks.get_vocabulary("synthetic_d100") is info.vocabulary     # one vocabulary per language
 
@@ -148,6 +154,7 @@ def forget_distilled():
     for name in [n for n in tasks.known_tasks() if n.endswith("_distilled")]:
         seqio.TaskRegistry.remove(name)
         tasks._SPECS.pop(name)
+        tasks._IN_SEQIO.pop(name, None)
 
 
 def test_distilled_task(tmp_path, forget_distilled):
@@ -170,3 +177,21 @@ def test_distilled_task(tmp_path, forget_distilled):
     tasks.register_distilled_task("synthetic_d0", bad)
     with pytest.raises(UserError, match="bad.tsv:1"):
         tasks.load_text("synthetic_d0_distilled", "train")
+
+
+def test_tasks_text_and_vocabularies_need_no_seqio(tmp_path):
+    """A fresh process reads a task's sizes and text and encodes with its vocabulary without importing seqio or
+    TensorFlow (~5-10 s a process: every training, Ray job and CLI command paid it); seqio comes when asked."""
+    code = ("import sys\n"
+            "from suites import catalog, tasks\n"
+            "info = catalog.task_info('synthetic_d0')\n"
+            "sources, refs = catalog.load_text('synthetic_d0', 'test')\n"
+            "voc = catalog.get_vocabulary('synthetic_d0')\n"
+            "assert voc.decode(voc.encode(sources[0]) + [1]) == sources[0]\n"
+            "before = sorted({'seqio', 'tensorflow'} & set(sys.modules))\n"
+            "tasks.seqio_task('synthetic_d0')\n"
+            "print(before, sorted({'seqio', 'tensorflow'} & set(sys.modules)))\n")
+    env = dict(os.environ, NARBENCH_DATA=str(tmp_path / "root"))
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "[] ['seqio', 'tensorflow']"

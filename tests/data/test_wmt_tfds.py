@@ -9,6 +9,8 @@ import seqio
 from narbench_core.errors import UserError
 from suites import tasks, wmt
 
+tasks.register_with_seqio()          # WMT's own splits stream from TFDS through seqio
+
 
 def _build_tiny_wmt14(data_dir):
     import tensorflow_datasets as tfds
