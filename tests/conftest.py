@@ -9,10 +9,11 @@ import sys
 from pathlib import Path
 
 # Tests never touch the user's data root (NARBENCH_DATA): theirs is NARBENCH_TEST_DATA, or a folder in /tmp.
-# Each pytest-xdist worker has a folder of its own there, so two processes never write one cache.
+# Each pytest-xdist worker has a folder of its own there ("main" without workers), so two processes never write one
+# data cache, and the compilation cache beside them is never inside a data root a test moves.
 _TEST_DATA = os.environ.get("NARBENCH_TEST_DATA", "/tmp/narbench-test-data")
 _WORKER = os.environ.get("PYTEST_XDIST_WORKER")             # gw0, gw1: set by pytest-xdist in its workers
-os.environ["NARBENCH_DATA"] = os.path.join(_TEST_DATA, _WORKER) if _WORKER else _TEST_DATA
+os.environ["NARBENCH_DATA"] = os.path.join(_TEST_DATA, _WORKER or "main")   # "main": one process (-n 0)
 # Compiled programs are no data: both workers, and every process a test starts (CLI runs on data roots of their own,
 # timing workers, Ray workers), share one compilation cache, so a program compiled once is loaded everywhere after.
 if os.environ.get("NARBENCH_JAX_CACHE", "1") != "0":
