@@ -3,9 +3,9 @@ tasks (``suites.tasks``: text, vocabularies and sizes without seqio; seqio and T
 which stream from TFDS).
 
 Training, distillation, learning curves, timing and scoring ask this module for a task's languages, text,
-vocabulary and distilled variant, so a process whose tasks all come from packs needs neither the corpora nor TFDS. Packs are
-given by ``NARBENCH_PACKS`` (pack folders separated by ``os.pathsep``; ``narbench --pack DIR <command>`` sets it),
-so Ray workers and timing workers, which inherit the environment, read the same packs.
+vocabulary and distilled variant, so a process whose tasks all come from packs needs neither the corpora nor TFDS.
+Packs are given by ``NARBENCH_PACKS`` (pack folders separated by ``os.pathsep``; ``narbench --pack DIR <command>``
+sets it), so Ray workers and timing workers, which inherit the environment, read the same packs.
 """
 from __future__ import annotations
 

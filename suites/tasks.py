@@ -62,7 +62,7 @@ class _Spec:
 _SPECS: dict[str, _Spec] = {}
 _VOCABS: dict[str, vocab.LazyVocabulary] = {}
 _IN_SEQIO: dict[str, _Spec] = {}     # the specs seqio's registry holds, once register_with_seqio was called
-_SEQIO_ON: list[bool] = []           # [True] once register_with_seqio was called in this process
+_SEQIO_ON = False                    # register_with_seqio was called in this process
 
 
 # ------------------------------------------------------------------------------------ vocabularies
@@ -307,7 +307,8 @@ def _register_in_seqio(spec: _Spec) -> None:
 
 def register_with_seqio() -> None:
     """Add every task to seqio's registry, and each task registered later as it comes (imports seqio)."""
-    _SEQIO_ON[:] = [True]
+    global _SEQIO_ON
+    _SEQIO_ON = True
     for spec in list(_SPECS.values()):
         if _IN_SEQIO.get(spec.name) is not spec:
             _register_in_seqio(spec)
@@ -354,7 +355,8 @@ def register_distilled_task(base_task: str, train_tsv: Path) -> str:
 
 
 def register_file_task(task: files.FileTask) -> str:
-    """Register a suite's own task (``[[tasks]]`` with ``files``) like the built-in ones; registering it again with other files or settings replaces it."""
+    """Register a suite's own task (``[[tasks]]`` with ``files``) like the built-in ones; registering it again
+    with other files or settings replaces it."""
     known = _SPECS.get(task.name)
     if known is not None and known.files is None:
         raise UserError(f"task name {task.name!r} is built in; give your data another name")

@@ -189,9 +189,9 @@ class LazyVocabulary:
             # or the root changed (``NARBENCH_DATA`` set anew): the old root's path would leak into records.
             root = str(data_root(create=False))        # read at every encode/decode: no mkdir
             if not self._path or not os.path.isfile(self._path) or self._root != root:
-                path = str(self._build())
-                self._text = SentencePieceText(path)    # checks the id layout
-                self._path, self._root = path, root
+                self._path, self._root, self._text = str(self._build()), root, None
+            if self._text is None:                      # built, or unpickled (the processor is not pickled)
+                self._text = SentencePieceText(self._path)    # checks the id layout
         return self._path
 
     def load_model(self) -> None:
@@ -250,12 +250,6 @@ class LazyVocabulary:
 
     def __setstate__(self, state):
         self.__dict__.update(state, _built_lock=threading.Lock(), _text=None, _seqio=None)
-        if self._path:
-            from suites.sentencepiece_text import SentencePieceText
-
-            self._text = SentencePieceText(self._path) if os.path.isfile(self._path) else None
-            if self._text is None:
-                self._path = ""
 
     def __eq__(self, other):
         if isinstance(other, LazyVocabulary):
