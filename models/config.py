@@ -10,8 +10,6 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-import jax.numpy as jnp
-
 from narbench_core.errors import UserError
 
 KINDS = ("ar", "padir")
@@ -86,6 +84,8 @@ class ModelConfig:
 
     @property
     def jnp_dtype(self):
+        import jax.numpy as jnp      # here: reading a config (narbench plan, the CLI) needs no JAX
+
         return jnp.dtype(self.dtype)
 
     def to_dict(self) -> dict[str, Any]:

@@ -46,7 +46,12 @@ def _builder(pair: str, data_dir_: str | None):
 
 
 def is_available(pair: str, data_dir_: str | None = None) -> bool:
-    """Whether the TFDS data for ``pair`` is built (nothing is downloaded)."""
+    """Whether the TFDS data for ``pair`` is built (nothing is downloaded). Where no version of it is built at all
+    (no ``<data dir>/<name>/<version>/dataset_info.json``), says so without importing TensorFlow, which takes
+    seconds (``narbench tasks`` asks this of every WMT pair)."""
+    if pair in DATASETS and "://" not in (root := data_dir(data_dir_)):
+        if not any((Path(root) / DATASETS[pair]).glob("*/dataset_info.json")):
+            return False
     import tensorflow as tf
 
     builder = _builder(pair, data_dir_)

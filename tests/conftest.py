@@ -29,7 +29,8 @@ import pytest  # noqa: E402
 # `pytest_xdist_auto_num_workers` below), each pinned to a core of its own: most of a test's time is JAX
 # compiling on one core, so two workers fill a 2-core machine, and pinned, their thread pools do not slow
 # each other. A worker runs whole groups: a module (its module fixtures are made once), or the modules of
-# one of GROUPS, which share a costly session fixture (SHARED_FIXTURES). The longest group starts first.
+# one of GROUPS, which share a costly session fixture (SHARED_FIXTURES), or one test of a SPREAD module. The longest
+# group starts first, then the EARLY modules.
 GROUPS = {
     "smoke": ("tests/bench/test_smoke_e2e.py", "tests/bench/test_ray_executor.py"),
     "bible": ("tests/data/test_bible_corpus.py", "tests/data/test_cli_data.py", "tests/data/test_seqio_tasks.py",
@@ -37,6 +38,13 @@ GROUPS = {
 }
 SHARED_FIXTURES = {"smoke_run": "smoke", "bible_prepared": "bible", "bible_de_vocab": "bible"}
 FIRST_GROUP = "smoke"
+# Modules whose tests share no module fixture and take minutes together: each test is a unit of its own, which
+# either worker may take.
+SPREAD = ("tests/models/test_train.py",)
+# Units handed out right after the smoke group, the longest first: one that starts last finishes alone (2026-12-03:
+# test_train, handed out at 794 s, ran 222 s on one worker while the other had been idle since 907 s).
+EARLY = ("tests/models/test_train.py", "tests/models/test_padir_recipe.py", "tests/models/test_ort.py",
+         "tests/data/test_packs.py", "tests/bench/test_serving.py")
 WORKERS = 2
 _GROUP_OF = {module: group for group, modules in GROUPS.items() for module in modules}
 
@@ -46,9 +54,17 @@ if _WORKER and hasattr(os, "sched_setaffinity"):
 
 
 def group_of(nodeid: str) -> str:
-    """The group a test runs in: its module's, unless GROUPS puts the module in a named one."""
+    """The group a test runs in: its module's, unless GROUPS puts the module in a named one (SPREAD: its own)."""
     module = nodeid.split("::")[0]
-    return _GROUP_OF.get(module, module)
+    return nodeid if module in SPREAD else _GROUP_OF.get(module, module)
+
+
+def _dispatch_rank(nodeid: str) -> int:
+    """Where a test's unit is handed out: the smoke group first, then EARLY in its order, then the rest."""
+    module = nodeid.split("::")[0]
+    if _GROUP_OF.get(module) == FIRST_GROUP:
+        return 0
+    return 1 + EARLY.index(module) if module in EARLY else 1 + len(EARLY)
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -80,7 +96,7 @@ def pytest_collection_modifyitems(config, items):
             if name in item.fixturenames and _GROUP_OF.get(module) != group:
                 raise pytest.UsageError(f"{module} uses the fixture {name}: add it to GROUPS[{group!r}] in "
                                         f"tests/conftest.py, so that one worker makes {name} once")
-    items.sort(key=lambda item: group_of(item.nodeid) != FIRST_GROUP)          # stable: the rest keep their order
+    items.sort(key=lambda item: _dispatch_rank(item.nodeid))                  # stable: the rest keep their order
 
 
 # -- compile time -----------------------------------------------------------------------------------------

@@ -11,20 +11,31 @@ model that predicts it from XLA costs and rates measured on the same machine.
 
 The names callers use are re-exported here.
 """
-from bench.latency_map.cells import (COST_METHOD, SOURCE, CellTiming, DecoderFactory, PartCosts,
-                                     SyntheticVocabulary, cell_rows, cost_columns, gemm_dims, part_costs,
-                                     projected_ms, random_weight_decoders, recost, time_cell)
-from bench.latency_map.model import FEATURES, WORK, CostModel, apply_model, features, prediction_score, work_ms
-from bench.latency_map.report import COLUMNS, plot_crossover, render
-from bench.latency_map.run import ensure_rates, load_rates, run_map, write_outputs
-from bench.latency_map.spec import (AR_NAME, MODEL, PLOT, PROJECTED, RATES, ROWS, SUITE, TABLE, Cell, MapSpec,
-                                    MapSystem)
+import importlib
 
-__all__ = [
-    "AR_NAME", "MODEL", "PLOT", "PROJECTED", "RATES", "ROWS", "SUITE", "TABLE", "Cell", "MapSpec", "MapSystem",
-    "COST_METHOD", "SOURCE", "CellTiming", "DecoderFactory", "PartCosts", "SyntheticVocabulary", "cell_rows",
-    "cost_columns", "gemm_dims", "part_costs", "projected_ms", "random_weight_decoders", "recost", "time_cell",
-    "FEATURES", "WORK", "CostModel", "apply_model", "features", "prediction_score", "work_ms",
-    "ensure_rates", "load_rates", "run_map", "write_outputs",
-    "COLUMNS", "plot_crossover", "render",
-]
+# Where each re-exported name lives. They load on first use (PEP 562), so that importing the package (the CLI's
+# parser reads MapSpec's defaults at every start) costs no SciPy or JAX.
+_HOMES = {
+    "cells": ("COST_METHOD", "SOURCE", "CellTiming", "DecoderFactory", "PartCosts", "SyntheticVocabulary", "cell_rows",
+              "cost_columns", "gemm_dims", "part_costs", "projected_ms", "random_weight_decoders", "recost",
+              "time_cell"),
+    "model": ("FEATURES", "WORK", "CostModel", "apply_model", "features", "prediction_score", "work_ms"),
+    "report": ("COLUMNS", "plot_crossover", "render"),
+    "run": ("ensure_rates", "load_rates", "run_map", "write_outputs"),
+    "spec": ("AR_NAME", "MODEL", "PLOT", "PROJECTED", "RATES", "ROWS", "SUITE", "TABLE", "Cell", "MapSpec",
+             "MapSystem"),
+}
+_HOME_OF = {name: module for module, names in _HOMES.items() for name in names}
+__all__ = [name for names in _HOMES.values() for name in names]
+
+
+def __getattr__(name: str):
+    if name not in _HOME_OF:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{_HOME_OF[name]}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

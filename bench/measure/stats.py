@@ -22,7 +22,6 @@ from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
-from scipy.stats import binom
 
 DEFAULT_CONFIDENCE = 0.95
 LOADGEN_CONFIDENCE = 0.99  # MLPerf LoadGen's early-stopping confidence level
@@ -47,11 +46,19 @@ def _as_sample(values: Sequence[float] | np.ndarray) -> np.ndarray:
     return x
 
 
+def _binom_cdf(k, n: int, q: float):
+    """The binomial CDF, SciPy's; imported here, not with the module (every narbench process imports this one,
+    few compute a CI, and SciPy's statistics take a second to import)."""
+    from scipy.stats import binom
+
+    return binom.cdf(k, n, q)
+
+
 def order_statistic_ranks(n: int, q: float, confidence: float = DEFAULT_CONFIDENCE) -> tuple[int, int] | None:
     """1-based ranks ``(l, u)`` of the order-statistics CI for the q-quantile, or None if n is too small."""
     alpha = 1.0 - confidence
     ks = np.arange(0, n + 1)
-    cdf = binom.cdf(ks, n, q)  # cdf[k] = P(K <= k), K = #samples below the true quantile
+    cdf = _binom_cdf(ks, n, q)  # cdf[k] = P(K <= k), K = #samples below the true quantile
     # l: largest rank >= 1 with P(K <= l-1) <= alpha/2.
     lower_ok = np.nonzero(cdf[:n] <= alpha / 2)[0]  # candidates for l-1 in 0..n-1
     # u: smallest rank <= n with P(K <= u-1) >= 1 - alpha/2.
@@ -64,7 +71,7 @@ def order_statistic_ranks(n: int, q: float, confidence: float = DEFAULT_CONFIDEN
 def coverage(n: int, q: float, ranks: tuple[int, int]) -> float:
     """Exact coverage probability of ``[x_(l), x_(u)]`` for the q-quantile (continuous distributions)."""
     low, high = ranks
-    return float(binom.cdf(high - 1, n, q) - binom.cdf(low - 1, n, q))
+    return float(_binom_cdf(high - 1, n, q) - _binom_cdf(low - 1, n, q))
 
 
 def quantile_ci(values: Sequence[float] | np.ndarray, q: float, confidence: float = DEFAULT_CONFIDENCE,

@@ -55,6 +55,10 @@ test = ["test"]
 [model]
 preset = "tiny"
 
+[model.overrides]            # one layer a side, as the smoke suite: compiled sooner
+num_encoder_layers = 1
+num_decoder_layers = 1
+
 [train.ar]
 steps = 6
 batch_tokens = 256

@@ -119,6 +119,10 @@ test = ["test"]
 [model]
 preset = "tiny"
 
+[model.overrides]            # one layer a side, as the smoke suite: the same code paths, compiled sooner
+num_encoder_layers = 1
+num_decoder_layers = 1
+
 {budgets}
 [ar]
 decoders = ["greedy"]

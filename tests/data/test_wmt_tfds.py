@@ -72,3 +72,20 @@ def test_missing_pair_is_a_one_line_error(tiny_tfds):
         list(wmt.iter_pairs("zh", "test"))
     message = str(excinfo.value)
     assert "\n" not in message and "wmt17_translate/zh-en" in message and str(tiny_tfds) in message
+
+
+def test_a_pair_with_no_version_built_is_missing_without_importing_tensorflow(tmp_path):
+    """``narbench tasks`` asks of every WMT pair whether it is built: where no version of it is, the answer
+    costs no TensorFlow import (seconds); where another version is built, TFDS itself decides."""
+    import subprocess
+    import sys
+
+    old = tmp_path / "tfds" / "wmt14_translate" / "de-en" / "0.0.1"       # a version TFDS's builder is not at
+    old.mkdir(parents=True)
+    (old / "dataset_info.json").write_text("{}")
+    probe = ("import sys; from suites import wmt; print(wmt.is_available(sys.argv[1], sys.argv[2]), "
+             "'tensorflow' in sys.modules)")
+    ask = lambda pair: subprocess.run([sys.executable, "-c", probe, pair, str(tmp_path / "tfds")], check=True,
+                                      capture_output=True, text=True).stdout.split()
+    assert ask("ro") == ["False", "False"]
+    assert ask("de") == ["False", "True"]

@@ -18,12 +18,14 @@ from models.train import TrainConfig, checkpoint_dir_for, train
 
 TASK = "synthetic_d0"
 
+ONE_LAYER = dict(num_encoder_layers=1, num_decoder_layers=1)     # tiny has two a side: the same paths, compiled sooner
+
 
 @pytest.fixture(scope="module")
 def teacher(tmp_path_factory):
     from suites.tasks import get_vocabulary
 
-    config = preset("tiny", kind="ar", vocab_size=get_vocabulary(TASK).vocab_size)
+    config = preset("tiny", kind="ar", vocab_size=get_vocabulary(TASK).vocab_size, **ONE_LAYER)
     cfg = TrainConfig(steps=3, batch_tokens=1024, warmup_steps=1, checkpoint_every=3)
     shutil.rmtree(checkpoint_dir_for(TASK, config, cfg), ignore_errors=True)   # hermetic re-runs
     out = train(TASK, config, cfg, progress=False)
@@ -215,7 +217,7 @@ def test_distill_samples_records_caches_resumes_and_registers(teacher, monkeypat
     monkeypatch.undo()
 
     # PaDIR trains on the distilled task through the same pipeline.
-    config = preset("tiny", kind="padir", vocab_size=tasks.get_vocabulary(TASK).vocab_size)
+    config = preset("tiny", kind="padir", vocab_size=tasks.get_vocabulary(TASK).vocab_size, **ONE_LAYER)
     cfg = TrainConfig(steps=2, batch_tokens=512, warmup_steps=1)
     shutil.rmtree(checkpoint_dir_for(done.task, config, cfg), ignore_errors=True)
     out = train(done.task, config, cfg, progress=False)

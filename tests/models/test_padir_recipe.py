@@ -15,6 +15,7 @@ from models.train import TrainConfig, checkpoint_dir_for, loss_fn, seeded_params
 from narbench_core.tokens import EOS_ID, FIRST_REGULAR_ID, MASK_ID, PAD_ID, UNK_ID
 
 V = 16
+ONE_LAYER = dict(num_encoder_layers=1, num_decoder_layers=1)   # tiny has two a side; one compiles sooner
 
 
 def test_unhashed_at_default_fields_keep_old_identities_until_set():
@@ -59,7 +60,8 @@ def test_refinement_never_emits_special_tokens_and_fixes_eos():
 
 
 def test_length_query_reads_the_source():
-    cfg = preset("tiny", kind="padir", vocab_size=V, dropout_rate=0.0, length_token=True, max_target_length=16)
+    cfg = preset("tiny", kind="padir", vocab_size=V, dropout_rate=0.0, length_token=True, max_target_length=16,
+                 **ONE_LAYER)
     params = t5.init_params(cfg, jax.random.key(0))
     assert params["length_query"].shape == (cfg.d_model,)
     model = t5.make_model(cfg)
@@ -86,7 +88,7 @@ def test_offset_predictor_follows_the_source_length():
     """With offsets, a predictor that only learned its bias (all offsets but +1 at -inf) predicts
     source length + 1 for any source; absolute classes would predict one length for all."""
     cfg = preset("tiny", kind="padir", vocab_size=V, dropout_rate=0.0, length_token=True, length_offset=True,
-                 max_target_length=16)
+                 max_target_length=16, **ONE_LAYER)
     params = t5.init_params(cfg, jax.random.key(0))
     assert params["length_predictor"]["kernel"].shape == (cfg.d_model, 2 * 16 + 1)
     bias = np.full(2 * 16 + 1, -1e4, np.float32)
@@ -127,7 +129,7 @@ def test_warm_started_training_records_its_source(tmp_path):
     rng = np.random.default_rng(0)
     seqs = [list(rng.integers(FIRST_REGULAR_ID, V, size=int(rng.integers(3, 9)))) + [EOS_ID] for _ in range(64)]
     data = TokenPairs.from_lists(seqs, seqs)
-    ar_cfg = preset("tiny", vocab_size=V, dropout_rate=0.0)
+    ar_cfg = preset("tiny", vocab_size=V, dropout_rate=0.0, **ONE_LAYER)
     cfg = TrainConfig(steps=2, batch_tokens=256, max_length=16, buckets=(16,), warmup_steps=1, checkpoint_every=2)
     ar_dir = train("toy", ar_cfg, cfg, tmp_path / "ar", progress=False, data=data)
     padir_cfg = ar_cfg.replace(kind="padir", fixed_eos=True, length_token=True)
@@ -170,7 +172,7 @@ def test_glancing_reveals_a_share_of_the_errors_annealed_over_training():
 
 def test_glancing_loss_depends_on_the_step_and_stays_finite():
     cfg = preset("tiny", kind="padir", vocab_size=V, dropout_rate=0.0, fixed_eos=True, length_token=True,
-                 max_target_length=16)
+                 max_target_length=16, **ONE_LAYER)
     params = t5.init_params(cfg, jax.random.key(0))
     tc = TrainConfig(steps=10, glancing=True, stage_remask=True)
     assert TrainConfig(glancing=True).to_dict()["glancing"] is True and "glancing" not in TrainConfig().to_dict()
@@ -191,7 +193,7 @@ def test_glancing_ratios_are_training_fields_and_glancing_silences_the_unmasking
     with pytest.raises(Exception, match="glance_start"):
         TrainConfig(glance_start=1.5)
     cfg = preset("tiny", kind="padir", vocab_size=V, dropout_rate=0.0, fixed_eos=True, length_token=True,
-                 max_target_length=16)
+                 max_target_length=16, **ONE_LAYER)
     params = t5.init_params(cfg, jax.random.key(0))
     batch = {"inputs": jnp.asarray([[5, 6, 7, 8, EOS_ID, 0]] * 4, jnp.int32),
              "targets": jnp.asarray([[9, 10, 11, 12, 13, 14, EOS_ID, 0]] * 4, jnp.int32)}

@@ -48,6 +48,9 @@ def tiny(kind: str, **changes):
     return preset("tiny", kind=kind, vocab_size=VOCAB, dropout_rate=0.0, **changes)
 
 
+ONE_LAYER = dict(num_encoder_layers=1, num_decoder_layers=1)   # where nothing has to be learnt: compiled sooner
+
+
 def exact_match(ckpt_dir, mode: str) -> float:
     """Share of 64 unseen toy sources decoded exactly (AR: uncached greedy; PaDIR: refine:4)."""
     config, params, _ = checkpoint.load(ckpt_dir)
@@ -106,7 +109,7 @@ class _Interrupt(Exception):
 @pytest.mark.parametrize("kind", ["ar", "padir"])
 def test_resume_equals_uninterrupted_run(tmp_path, kind):
     data = TokenPairs.from_lists(*toy_pairs(300, "copy", seed=1))
-    config = preset("tiny", kind=kind, vocab_size=VOCAB)          # dropout on: keys must line up too
+    config = preset("tiny", kind=kind, vocab_size=VOCAB, **ONE_LAYER)   # dropout on: keys must line up too
     cfg = toy_config(12, checkpoint_every=4, learning_rate=1e-2, warmup_steps=3)
     whole = train("toy", config, cfg, tmp_path / "whole", progress=False, data=data)
 
@@ -136,7 +139,7 @@ def test_divergence_stops_and_keeps_last_good_checkpoint(tmp_path):
     cfg = toy_config(30, checkpoint_every=1, learning_rate=1e30, warmup_steps=4)   # explodes in warm-up
     out = tmp_path / "nan"
     with pytest.raises(UserError, match=r"diverged at step (\d+)") as err:
-        train("toy", tiny("ar"), cfg, out, progress=False, data=data)
+        train("toy", tiny("ar", **ONE_LAYER), cfg, out, progress=False, data=data)
     failed = int(re.search(r"diverged at step (\d+)", str(err.value)).group(1))
     last = checkpoint.latest_step(out)
     assert last is not None and 1 <= last < failed
@@ -178,21 +181,21 @@ def test_damaged_checkpoint_is_retrained_or_refused(tmp_path, capsys):
     whose optimiser state is truncated, or a truncated narbench.json, the same."""
     data = TokenPairs.from_lists(*toy_pairs(100, "copy", seed=3))
     cfg = toy_config(2, warmup_steps=1, checkpoint_every=1)
-    out = tmp_path / "ar"
+    out, model = tmp_path / "ar", tiny("ar", **ONE_LAYER)
     never = lambda step, m: pytest.fail("a refused checkpoint trained")
-    train("toy", tiny("ar"), cfg, out, progress=False, data=data)
+    train("toy", model, cfg, out, progress=False, data=data)
     _truncate_largest(out / "state" / "2" / "params")
     before = sorted((p.relative_to(out), p.stat().st_size) for p in out.rglob("*"))
     with pytest.raises(UserError, match=rf"checkpoint {out} is damaged: the parameters of step 2 cannot be read .*"
                                         "delete it to retrain it .*--refuse-damaged") as err:
-        train("toy", tiny("ar"), cfg, out, progress=False, data=data, retrain_damaged=False, on_step=never)
+        train("toy", model, cfg, out, progress=False, data=data, retrain_damaged=False, on_step=never)
     assert len(str(err.value).splitlines()) == 1
     assert sorted((p.relative_to(out), p.stat().st_size) for p in out.rglob("*")) == before
     assert not (tmp_path / "ar.damaged").exists()
 
     capsys.readouterr()
     seen = []
-    train("toy", tiny("ar"), cfg, out, progress=False, data=data, on_step=lambda step, m: seen.append(step))
+    train("toy", model, cfg, out, progress=False, data=data, on_step=lambda step, m: seen.append(step))
     assert seen == [0, 1]                                                 # trained afresh
     assert f"checkpoint {out} is damaged (the parameters of step 2" in capsys.readouterr().err
     assert sorted(p.relative_to(tmp_path / "ar.damaged") for p in (tmp_path / "ar.damaged").rglob("*")) == \
@@ -204,15 +207,15 @@ def test_damaged_checkpoint_is_retrained_or_refused(tmp_path, capsys):
             raise _Interrupt
     shutil.rmtree(out)
     with pytest.raises(_Interrupt):
-        train("toy", tiny("ar"), cfg, out, progress=False, data=data, on_step=stop_after_first)
+        train("toy", model, cfg, out, progress=False, data=data, on_step=stop_after_first)
     assert checkpoint.latest_step(out) == 1 and not checkpoint.read_meta(out)["complete"]
     _truncate_largest(out / "state" / "1" / "opt_state")
     seen.clear()
-    train("toy", tiny("ar"), cfg, out, progress=False, data=data, on_step=lambda step, m: seen.append(step))
+    train("toy", model, cfg, out, progress=False, data=data, on_step=lambda step, m: seen.append(step))
     assert seen == [0, 1] and (tmp_path / "ar.damaged-2").is_dir()        # not resumed from step 1
 
     _truncate_largest(out / "narbench.json")
     seen.clear()
-    train("toy", tiny("ar"), cfg, out, progress=False, data=data, on_step=lambda step, m: seen.append(step))
+    train("toy", model, cfg, out, progress=False, data=data, on_step=lambda step, m: seen.append(step))
     assert seen == [0, 1] and (tmp_path / "ar.damaged-3").is_dir()
     assert "narbench.json is not valid JSON" in capsys.readouterr().err
