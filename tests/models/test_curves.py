@@ -15,6 +15,7 @@ from models.batching import BucketedBatches, TokenPairs
 from models.train import TrainConfig, flops_per_step, seconds_per_step, train
 from narbench_core.errors import UserError
 from narbench_core.tokens import EOS_ID
+from tiny_models import ONE_LAYER
 
 
 @pytest.fixture(scope="module")
@@ -27,11 +28,6 @@ def copy_data(tiny_vocab, toy_sentences) -> TokenPairs:
 def dev(tiny_vocab, toy_sentences) -> curves.DevSet:
     held = toy_sentences[-12:]
     return curves.DevSet(tuple(held), tuple(held), tiny_vocab)
-
-
-def one_layer(model_config):
-    """One layer a side (tiny has two): the same step and curve code, compiled sooner."""
-    return model_config.replace(num_encoder_layers=1, num_decoder_layers=1)
 
 
 def config(steps: int, **changes) -> TrainConfig:
@@ -51,8 +47,8 @@ def test_eval_every_is_not_part_of_the_checkpoint_identity():
 @pytest.mark.parametrize("kind", ["ar", "padir"])
 def test_train_flops_sum_the_compiled_step_per_batch_shape(tmp_path, copy_data, dev, kind, request, monkeypatch):
     cfg = config(6, eval_every=6)
-    model = {"ar": one_layer(request.getfixturevalue("ar_config")),
-             "padir": one_layer(request.getfixturevalue("padir_config"))}.get
+    model = {"ar": request.getfixturevalue("ar_config").replace(**ONE_LAYER),
+             "padir": request.getfixturevalue("padir_config").replace(**ONE_LAYER)}.get
     out = train("toy", model(kind), cfg, tmp_path / kind, progress=False, data=copy_data, dev=dev)
     meta = checkpoint.read_meta(out)
     per_shape = meta["step_flops"]                                  # "BxL" -> flops of one step
@@ -87,7 +83,7 @@ class _Interrupt(Exception):
 
 @pytest.mark.slow
 def test_curve_points_at_the_interval_survive_a_resume(tmp_path, copy_data, dev, ar_config):
-    model = {"ar": one_layer(ar_config)}.get
+    model = {"ar": ar_config.replace(**ONE_LAYER)}.get
     cfg = config(8, eval_every=2, checkpoint_every=4)
     whole = train("toy", model("ar"), cfg, tmp_path / "whole", progress=False, data=copy_data, dev=dev)
     points = curves.read_curve(whole)

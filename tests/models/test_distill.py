@@ -15,10 +15,9 @@ from narbench_core.errors import UserError
 from models import checkpoint, distill
 from models.config import preset
 from models.train import TrainConfig, checkpoint_dir_for, train
+from tiny_models import ONE_LAYER
 
 TASK = "synthetic_d0"
-
-ONE_LAYER = dict(num_encoder_layers=1, num_decoder_layers=1)     # tiny has two a side: the same paths, compiled sooner
 
 
 @pytest.fixture(scope="module")

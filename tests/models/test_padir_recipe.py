@@ -13,9 +13,9 @@ from models.batching import TokenPairs
 from models.config import ModelConfig, preset
 from models.train import TrainConfig, checkpoint_dir_for, loss_fn, seeded_params, train, warm_start_params
 from narbench_core.tokens import EOS_ID, FIRST_REGULAR_ID, MASK_ID, PAD_ID, UNK_ID
+from tiny_models import ONE_LAYER
 
 V = 16
-ONE_LAYER = dict(num_encoder_layers=1, num_decoder_layers=1)   # tiny has two a side; one compiles sooner
 
 
 def test_unhashed_at_default_fields_keep_old_identities_until_set():

@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -138,6 +139,7 @@ import numpy as np
 from models.config import preset
 from models.batching import TokenPairs
 from models.train import TrainConfig, train
+from tiny_models import ONE_LAYER
 
 KILL_AT = int(sys.argv[2]) if __name__ == "__main__" else None
 
@@ -150,9 +152,7 @@ def scorer(params, step):
 rng = np.random.default_rng(0)
 rows = [list(rng.integers(4, 60, size=int(rng.integers(3, 10)))) + [1] for _ in range(200)]
 data = TokenPairs.from_lists(rows, rows)
-# One layer a side (tiny has two): the scripted dev score decides; the model only has to train, compiled sooner.
-model = preset("tiny", kind="ar", vocab_size=64, dropout_rate=0.0, max_target_length=16, num_encoder_layers=1,
-               num_decoder_layers=1)
+model = preset("tiny", kind="ar", vocab_size=64, dropout_rate=0.0, max_target_length=16, **ONE_LAYER)
 config = TrainConfig(steps=40, batch_tokens=256, learning_rate=1e-2, min_learning_rate=1e-4, warmup_steps=4,
                      max_length=16, buckets=(16,), label_smoothing=0.0, until="plateau", schedule="wsd",
                      eval_every=2, patience=2, min_delta=0.5, decay_share=0.5, checkpoint_every=4)
@@ -195,8 +195,9 @@ def test_training_stops_at_the_predicted_step(uninterrupted):
 @pytest.mark.parametrize("kill_at", [10, 18])       # before the rule fires; in the decay phase
 def test_a_sigkill_mid_way_resumes_and_stops_at_the_same_step(tmp_path, uninterrupted, kill_at):
     out = tmp_path / "killed"
+    path = os.pathsep.join(filter(None, [str(Path(__file__).parent), os.environ.get("PYTHONPATH")]))  # tiny_models
     proc = subprocess.Popen([sys.executable, "-c", TRAINING, str(out), str(kill_at)], stdout=subprocess.PIPE,
-                            cwd=os.getcwd())
+                            cwd=os.getcwd(), env=dict(os.environ, PYTHONPATH=path))
     try:
         assert proc.stdout.readline().split() == [b"evaluating", str(kill_at).encode()]
     finally:

@@ -15,6 +15,7 @@ from models import checkpoint, decoding, refine, t5
 from models.batching import TokenPairs
 from models.config import preset
 from models.train import TrainConfig, train
+from tiny_models import ONE_LAYER
 
 VOCAB, MAX_LEN = 24, 12
 
@@ -46,9 +47,6 @@ def toy_config(steps: int, **changes) -> TrainConfig:
 
 def tiny(kind: str, **changes):
     return preset("tiny", kind=kind, vocab_size=VOCAB, dropout_rate=0.0, **changes)
-
-
-ONE_LAYER = dict(num_encoder_layers=1, num_decoder_layers=1)   # where nothing has to be learnt: compiled sooner
 
 
 def exact_match(ckpt_dir, mode: str) -> float:
