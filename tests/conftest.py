@@ -121,14 +121,10 @@ def _optimized_compiles(request):
     if request.node.get_closest_marker("optimized") is None:
         yield
         return
-    import jax
+    from xla_settings import optimizations
 
-    before = jax.config.read("jax_disable_most_optimizations")
-    jax.config.update("jax_disable_most_optimizations", False)
-    try:
+    with optimizations(True):
         yield
-    finally:
-        jax.config.update("jax_disable_most_optimizations", before)
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -9,6 +9,7 @@ so that jobs overlap and a node can be removed while one runs. The decoders, tex
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -118,12 +119,22 @@ def refuse_job(message: str) -> None:
     raise UserError(message)
 
 
+def seed_machine_peaks(root: Path) -> None:
+    """Made-up machine peaks in the data root ``root`` (``bench.costs.machine_peaks``' cache, under this machine's
+    key), so a run's timing job reads them instead of measuring the machine (seconds per fresh data root, in a Ray
+    worker on a busy core); no test here reads a peak."""
+    from bench.costs.machine import MachinePeaks, machine_key
+    from narbench_core.io import write_json
+
+    key = machine_key()
+    (root / "machine").mkdir(parents=True, exist_ok=True)
+    write_json(root / "machine" / "peaks.json", {key: dataclasses.asdict(MachinePeaks(key, 1e11, 1e10, "x", 8, 8))})
+
+
 def deps():
     """``grid_fakes.fake_deps`` with this module's trainer and distiller (which run in Ray workers) and text
     seeded by a stable hash (``grid_fakes``' ``hash()`` differs between processes): every driver process
     times the same sentences."""
-    import dataclasses
-
     from grid_fakes import fake_deps, fake_text
 
     def load_text(task: str, split: str):

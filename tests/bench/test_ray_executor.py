@@ -68,8 +68,9 @@ def cluster():
 
 @pytest.fixture
 def root(tmp_path, monkeypatch):
-    """A fresh data root, passed to the Ray workers by the executor (NARBENCH_DATA)."""
+    """A fresh data root, passed to the Ray workers by the executor (NARBENCH_DATA), with made-up machine peaks."""
     monkeypatch.setenv("NARBENCH_DATA", str(tmp_path / "data"))
+    ray_fakes.seed_machine_peaks(tmp_path / "data")
     return tmp_path / "data"
 
 
@@ -233,12 +234,14 @@ def test_a_killed_driver_resumes_without_retraining(cluster, tmp_path, monkeypat
     spec_path = tmp_path / "raygrid.toml"
     # Uninterrupted, in this process with the local executor, on its own data root.
     monkeypatch.setenv("NARBENCH_DATA", str(tmp_path / "data-whole"))
+    ray_fakes.seed_machine_peaks(tmp_path / "data-whole")
     whole = st.open_run(tmp_path / "whole", spec.name, spec.spec_hash(), spec.to_toml(), "narbench run")[0]
     Runner(spec, ray_fakes.deps(), whole, progress=False).run()
     whole.release()
     # Killed (SIGKILL) once the first training has ended, then started again.
     root = tmp_path / "data"
     monkeypatch.setenv("NARBENCH_DATA", str(root))
+    ray_fakes.seed_machine_peaks(root)
     monkeypatch.setenv(ray_fakes.SLEEP_ENV, "2")
     first = _driver(cluster, tmp_path / "results", spec_path)
     while not ((root / "fake-events").is_dir() and ray_fakes.events(root, "end")):

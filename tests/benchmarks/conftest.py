@@ -11,6 +11,9 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))  # for `import fakes`
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))  # for `import tiny_models`
+
+from tiny_models import ONE_LAYER  # noqa: E402
 
 _ROWS = pytest.StashKey[list]()
 
@@ -28,6 +31,13 @@ def bench_preset(request) -> str:
     ``UNTIMED_PRESET``: the test suite runs each benchmark once for its checks, and compiling `small` was most
     of their time (2026-11-29: 68 s of the suite's cold run)."""
     return "small" if request.config.getoption("benchmark_enable", False) else UNTIMED_PRESET
+
+
+@pytest.fixture(scope="session")
+def bench_overrides(request) -> dict:
+    """Model settings over ``bench_preset``'s: none when timed; untimed, one layer a side (``ONE_LAYER``: the same
+    code paths, compiled sooner)."""
+    return {} if request.config.getoption("benchmark_enable", False) else dict(ONE_LAYER)
 
 
 @pytest.fixture

@@ -32,7 +32,7 @@ prediction, the older definition) and ``ar_cached_over_padir_p50``. pytest-bench
 time the whole measured round (one ``measure`` call).
 ``NARBENCH_BENCH_ROUNDS=N`` times every sentence N times instead (quick runs while developing); untimed (the test
 suite's run, ``--benchmark-disable``) each decodes it ``UNTIMED_ROUNDS`` times, enough for its checks, with the
-``UNTIMED_PRESET`` model (conftest.py) in place of `small`.
+``UNTIMED_PRESET`` model with one layer a side (conftest.py) in place of `small`.
 """
 from __future__ import annotations
 
@@ -149,14 +149,14 @@ def vocab():
 
 
 @pytest.fixture(scope="module")
-def ar_model(bench_preset):
-    cfg = preset(bench_preset, kind="ar", vocab_size=VOCAB, dropout_rate=0.0)
+def ar_model(bench_preset, bench_overrides):
+    cfg = preset(bench_preset, kind="ar", vocab_size=VOCAB, dropout_rate=0.0, **bench_overrides)
     return cfg, t5.init_params(cfg, jax.random.key(0))
 
 
 @pytest.fixture(scope="module")
-def padir_model(bench_preset):
-    cfg = preset(bench_preset, kind="padir", vocab_size=VOCAB, dropout_rate=0.0)
+def padir_model(bench_preset, bench_overrides):
+    cfg = preset(bench_preset, kind="padir", vocab_size=VOCAB, dropout_rate=0.0, **bench_overrides)
     return cfg, t5.init_params(cfg, jax.random.key(1))
 
 

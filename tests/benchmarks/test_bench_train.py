@@ -5,7 +5,8 @@ Run: ``pytest tests/benchmarks/test_bench_train.py --benchmark-enable --benchmar
   MFU divides by the harness's own peak (``bench.costs.machine.machine_peaks``), the one the roofline uses;
 - one `small` train step (8k vocab, a 4096-padded-token batch of shape [128, 32], target lengths
   drawn so ~18% of it is padding, like bible de-en's buckets) for AR and PaDIR (2 stages); untimed (the test
-  suite's run) the batch has ``UNTIMED_ROWS`` rows and the model is ``UNTIMED_PRESET`` (conftest.py): the same checks.
+  suite's run) the batch has ``UNTIMED_ROWS`` rows and the model is ``UNTIMED_PRESET`` with one layer a side
+  (conftest.py): the same checks.
 ``extra_info`` holds target tokens/s and MFU = 6 x params x target tokens/s / peak. For PaDIR the
 6 x params rule ignores its second decoder pass, so its MFU is a lower bound of the real utilisation.
 """
@@ -58,9 +59,9 @@ UNTIMED_ROWS = 8     # rows of the batch when the benchmark runs untimed (the te
 
 
 @pytest.mark.parametrize("kind", ["ar", "padir"])
-def test_bench_train_step_small(benchmark, bench_preset, kind):
+def test_bench_train_step_small(benchmark, bench_preset, bench_overrides, kind):
     rows = ROWS if benchmark.enabled else UNTIMED_ROWS
-    config = preset(bench_preset, kind=kind, vocab_size=VOCAB)
+    config = preset(bench_preset, kind=kind, vocab_size=VOCAB, **bench_overrides)
     cfg = TrainConfig(steps=1000, batch_tokens=rows * LENGTH)
     mesh = sharding.make_mesh()
     step, tx = make_train_step(config, cfg)

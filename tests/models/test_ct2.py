@@ -7,6 +7,7 @@ import os
 import sys
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -20,14 +21,24 @@ from narbench_core.tokens import EOS_ID
 pytest.importorskip("ctranslate2", reason="the ct2 extra is part of the dev extras: pip install -e '.[dev]'")
 
 
-def teacher_forced_log_probs(config, params, source_ids, target_ids):
-    """narbench's AR model: log p(target token | prefix, source) for every target token (EOS included)."""
+def teacher_forced_log_probs(config, params, pairs: list[tuple[list[int], list[int]]]) -> list[np.ndarray]:
+    """narbench's AR model: log p(target token | prefix, source) for every target token (EOS included), of each
+    (source ids, target ids) pair; one jitted call on the pairs padded to one shape (padding is masked: a row's
+    real positions do not see it)."""
     model = t5.make_model(config)
-    src = np.asarray([source_ids], np.int32)
-    tgt = np.asarray([target_ids], np.int32)
-    logits = model.apply({"params": params}, src, t5.shift_right(tgt))
-    lp = jax.nn.log_softmax(logits.astype(np.float32), -1)[0]
-    return np.asarray(lp[np.arange(len(target_ids)), tgt[0]])
+    src = np.zeros((len(pairs), max(len(s) for s, _ in pairs)), np.int32)
+    tgt = np.zeros((len(pairs), max(len(t) for _, t in pairs)), np.int32)
+    for i, (s, t) in enumerate(pairs):
+        src[i, :len(s)], tgt[i, :len(t)] = s, t
+
+    @jax.jit
+    def log_probs(params, src, tgt):
+        logits = model.apply({"params": params}, src, t5.shift_right(tgt))
+        lp = jax.nn.log_softmax(logits.astype(jnp.float32), -1)                      # [b, L, V]
+        return jnp.take_along_axis(lp, tgt[..., None], axis=-1)[..., 0]             # [b, L]
+
+    out = np.asarray(log_probs(params, src, tgt))
+    return [out[i, :len(t)] for i, (_, t) in enumerate(pairs)]
 
 
 def test_export_matches_teacher_forced_log_probs(ar_config, ar_params, tiny_vocab, tmp_path, toy_sentences):
@@ -42,9 +53,10 @@ def test_export_matches_teacher_forced_log_probs(ar_config, ar_params, tiny_voca
     sources = ct2.source_pieces(tiny_vocab, [s for s, _ in pairs])
     targets = [sp.encode_as_pieces(t) for _, t in pairs]
     scored = translator.score_batch(sources, targets)                  # CTranslate2 appends </s>
-    for (src, tgt), result in zip(pairs, scored):
-        ours = teacher_forced_log_probs(ar_config, ar_params, sp.encode(src) + [EOS_ID], sp.encode(tgt) + [EOS_ID])
-        np.testing.assert_allclose(result.log_probs, ours, atol=1e-4)
+    ours = teacher_forced_log_probs(ar_config, ar_params, [(sp.encode(src) + [EOS_ID], sp.encode(tgt) + [EOS_ID])
+                                                           for src, tgt in pairs])
+    for result, mine in zip(scored, ours):
+        np.testing.assert_allclose(result.log_probs, mine, atol=1e-4)
 
 
 def test_count_truncated_counts_what_prepare_cuts_as_narbench_does(ar_config, ar_params, tiny_vocab, tmp_path):
