@@ -140,3 +140,23 @@ def test_the_compilation_cache_is_shared_through_links_and_by_narbench_jax_cache
     assert not (tmp_path / "b" / "jax_cache").exists() or not any((tmp_path / "b" / "jax_cache").iterdir())
     off = _compile_in({"NARBENCH_DATA": str(tmp_path / "c"), "NARBENCH_JAX_CACHE": "0"})
     assert not any(off.iterdir())                                      # 0: no cache at all
+
+
+_COMPILE_AFTER = ("import sys; from narbench_core.paths import enable_compilation_cache; "
+                  "print(enable_compilation_cache()); assert 'jax' not in sys.modules; import jax, jax.numpy as jnp; "
+                  "jax.jit(lambda x: x * 2 + 1)(jnp.ones(3)).block_until_ready()")
+
+
+def test_the_compilation_cache_is_turned_on_before_jax_is_imported_without_importing_it(tmp_path):
+    """A process that turns the cache on first (a Ray job) imports JAX only when it compiles; its compiles still go to
+    the cache. NARBENCH_JAX_CACHE=0 also drops a cache folder a parent process handed down."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("NARBENCH_", "JAX_"))}
+    run = lambda more: subprocess.run([sys.executable, "-c", _COMPILE_AFTER], env={**env, **more}, capture_output=True,
+                                      text=True, cwd=ROOT)
+    out = run({"NARBENCH_DATA": str(tmp_path / "a")})
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert any((tmp_path / "a" / "jax_cache").iterdir())
+    off = run({"NARBENCH_DATA": str(tmp_path / "b"), "NARBENCH_JAX_CACHE": "0",
+               "JAX_COMPILATION_CACHE_DIR": str(tmp_path / "inherited")})
+    assert off.returncode == 0, off.stderr[-2000:]
+    assert not (tmp_path / "inherited").exists() or not any((tmp_path / "inherited").iterdir())
