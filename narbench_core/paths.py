@@ -42,15 +42,12 @@ def enable_compilation_cache() -> Path:
     setting = os.environ.get("NARBENCH_JAX_CACHE", "1")
     if setting == "0":
         if jax is None:
-            os.environ.pop(_CACHE_DIR_ENV, None)      # not from a parent that turned it on either
+            os.environ.pop(JAX_CACHE_OPTIONS[0].upper(), None)      # not from a parent that turned it on either
         return subdir("jax_cache")
     path = subdir("jax_cache") if setting == "1" else Path(setting).expanduser()
     path.mkdir(parents=True, exist_ok=True)
     path = path.resolve()
-    settings = {_CACHE_DIR_ENV.lower(): str(path),
-                "jax_persistent_cache_min_entry_size_bytes": 0,
-                "jax_persistent_cache_min_compile_time_secs": 0.0}             # every compile, however quick
-    for name, value in settings.items():
+    for name, value in zip(JAX_CACHE_OPTIONS, (str(path), 0, 0.0)):          # every compile, however quick
         if jax is None:
             os.environ[name.upper()] = str(value)
         else:
@@ -58,7 +55,10 @@ def enable_compilation_cache() -> Path:
     return path
 
 
-_CACHE_DIR_ENV = "JAX_COMPILATION_CACHE_DIR"
+# The cache's JAX options (its folder first); JAX reads each at import from the environment variable of its name in
+# capitals, which is how a process not yet importing JAX, or a worker it starts, gets them.
+JAX_CACHE_OPTIONS = ("jax_compilation_cache_dir", "jax_persistent_cache_min_entry_size_bytes",
+                     "jax_persistent_cache_min_compile_time_secs")
 
 
 def portable(path: str | os.PathLike) -> str:

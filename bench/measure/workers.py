@@ -62,15 +62,14 @@ class WorkerSpec:
 
 def _jax_cache_env() -> dict[str, str]:
     """The driver's persistent compilation cache settings (``narbench_core.paths.enable_compilation_cache``)
-    as the environment variables JAX reads at import, so workers share the driver's cache."""
+    as the environment variables JAX reads at import, so workers share the driver's cache (a driver that has not
+    imported JAX has them in its environment already)."""
+    from narbench_core.paths import JAX_CACHE_OPTIONS
+
     jax = sys.modules.get("jax")
-    folder = jax.config.jax_compilation_cache_dir if jax is not None else None
-    if not folder:
+    if jax is None or not getattr(jax.config, JAX_CACHE_OPTIONS[0]):
         return {}
-    return {"JAX_COMPILATION_CACHE_DIR": str(folder),
-            "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": str(jax.config.jax_persistent_cache_min_entry_size_bytes),
-            "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS":
-                str(jax.config.jax_persistent_cache_min_compile_time_secs)}
+    return {name.upper(): str(getattr(jax.config, name)) for name in JAX_CACHE_OPTIONS}
 
 
 def _peak_rss_mb() -> float:

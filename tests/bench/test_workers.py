@@ -212,3 +212,14 @@ def test_a_worker_dying_mid_run_is_a_one_line_error_and_the_run_resumes(tmp_path
     assert len(solo) == 3 * len(rows)                     # the seeded sample: 3 sentences a system
     assert verify_run(run.path) == []
     assert set(run.env()["workers"]) == {r.system for r in rows}
+
+
+def test_workers_get_the_drivers_compilation_cache_as_the_variables_jax_reads():
+    """The test process turned JAX's persistent cache on (tests/conftest.py): a worker's environment names the same
+    folder and thresholds, by the names JAX reads at import."""
+    import jax
+
+    env = workers._jax_cache_env()
+    assert env == {"JAX_COMPILATION_CACHE_DIR": jax.config.jax_compilation_cache_dir,
+                   "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0",
+                   "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0.0"}
