@@ -5,6 +5,8 @@ Layout of one checkpoint folder::
     <dir>/narbench.json       task, model config, train config, vocab path, steps done, metrics,
                               "complete" (true only once training reached its last step)
     <dir>/state/<step>/       orbax items "params" and "opt_state" (the step is the folder name)
+    <dir>/kept/<step>/        a copy of a step that later saves do not delete: where the plateau rule
+                              fired (``models.train``), for a training continued past its plateau
 
 Atomicity: orbax writes each step into a temporary folder and renames it when finalised, so a step
 folder that a crash left half-written is never listed; ``narbench.json`` is replaced atomically
@@ -32,6 +34,7 @@ from narbench_core.io import digest_files, file_digests, write_json
 
 META_FILE = "narbench.json"
 STATE_DIR = "state"
+KEPT_DIR = "kept"          # steps kept past the two newest (keep_step)
 ITEM_NAMES = {"params": "parameters", "opt_state": "optimiser state"}    # a step's orbax items, as errors name them
 
 
@@ -93,13 +96,13 @@ def _reading(ckpt_dir: Path, what: str):
         raise DamagedCheckpoint(ckpt_dir, f"{what} cannot be read ({_reason(err)})") from err
 
 
-def _manager(ckpt_dir: Path, read_only: bool = False):
+def _manager(ckpt_dir: Path, read_only: bool = False, folder: str = STATE_DIR):
     import orbax.checkpoint as ocp
 
     # Readers open without `create` (orbax's own read_only mode only adds warnings here).
     options = ocp.CheckpointManagerOptions(
         max_to_keep=2, create=not read_only, enable_async_checkpointing=False)
-    return ocp.CheckpointManager(Path(ckpt_dir).absolute() / STATE_DIR, options=options,
+    return ocp.CheckpointManager(Path(ckpt_dir).absolute() / folder, options=options,
                                  item_names=("params", "opt_state"))
 
 
@@ -171,17 +174,38 @@ def restore(ckpt_dir: Path, params_like: Any, opt_state_like: Any,
     return out["params"], out["opt_state"], int(step)
 
 
-def restore_params(ckpt_dir: Path, step: int | None = None) -> tuple[Any, int]:
-    """Restore only the params (as saved: nested dicts of arrays) and their step."""
+def restore_params(ckpt_dir: Path, step: int | None = None, kept: bool = False) -> tuple[Any, int]:
+    """Restore only the params (as saved: nested dicts of arrays) and their step (``kept``: of a step
+    ``keep_step`` kept)."""
     import orbax.checkpoint as ocp
 
-    with _manager(ckpt_dir, read_only=True) as mngr:
+    with _manager(ckpt_dir, read_only=True, folder=KEPT_DIR if kept else STATE_DIR) as mngr:
         step = mngr.latest_step() if step is None else step
         if step is None:
             raise FileNotFoundError(f"no checkpoint step in {ckpt_dir}")
         with _reading(ckpt_dir, f"the {ITEM_NAMES['params']} of step {step}"):
             out = mngr.restore(step, args=ocp.args.Composite(params=ocp.args.StandardRestore()))
     return out["params"], int(step)
+
+
+def keep_step(ckpt_dir: Path, step: int) -> Path:
+    """Copy saved step ``step`` to ``<dir>/kept/<step>/``, where later saves never delete it (whole or not at
+    all: copied beside, then renamed); returns the copy. A step kept already is left as it is."""
+    import shutil
+
+    kept = Path(ckpt_dir) / KEPT_DIR / str(int(step))
+    if not kept.is_dir():
+        partial = kept.with_name(f"{kept.name}.partial")
+        shutil.rmtree(partial, ignore_errors=True)
+        shutil.copytree(Path(ckpt_dir) / STATE_DIR / str(int(step)), partial)
+        partial.rename(kept)
+    return kept
+
+
+def kept_steps(ckpt_dir: Path) -> list[int]:
+    """The steps ``keep_step`` kept in ``ckpt_dir``, in order."""
+    folder = Path(ckpt_dir) / KEPT_DIR
+    return sorted(int(p.name) for p in folder.iterdir() if p.name.isdigit()) if folder.is_dir() else []
 
 
 def verify(ckpt_dir: Path, opt_state: bool = False, step: int | None = None) -> int | None:

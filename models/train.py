@@ -386,8 +386,10 @@ def train(task: str, model_config: ModelConfig, train_config: TrainConfig, out_d
     warm-start from that checkpoint (``warm_start_params``). With ``eval_every``, every that many
     steps and at the last one, a learning-curve point goes to ``curve.jsonl`` (``models.curves``;
     ``dev``: a ``curves.DevSet``, default the task's dev sample; evaluation time is not training
-    time). ``narbench.json`` records ``train_flops``: per step, XLA's cost analysis of the compiled
-    step of that step's batch shape (``step_flops``), summed. One process at a time trains into a folder
+    time); the step where the plateau rule fires is saved and kept past later saves
+    (``checkpoint.keep_step``), for a training continued past its plateau. ``narbench.json`` records
+    ``train_flops``: per step, XLA's cost analysis of the compiled step of that step's batch shape
+    (``step_flops``), summed. One process at a time trains into a folder
     (``narbench_core.lock``: another gets a one-line refusal naming it, or with ``wait_for_lease`` waits
     until the folder is released or its lock stale, and returns without training if the folder was
     finished meanwhile) and it is registered as busy while it trains, so a run timing meanwhile on this
@@ -467,6 +469,8 @@ def _train_held(task: str, model_config: ModelConfig, cfg: TrainConfig, data: To
     evaluate, curve = _curve_setup(task, model_config, cfg, out_dir, start, dev, in_memory=identity["vocab_path"] is None)
     stop = schedules.stop_state(cfg, curve)                  # where the training ends, from the curve so far
     _record_stop(record, stop)
+    if stop.stopped_by == "plateau" and stop.decay_start == start:      # killed between saving and keeping it
+        checkpoint.keep_step(out_dir, start)
     steps = _CompiledSteps(lambda decay_start: make_train_step(model_config, cfg, model, decay_start)[0],
                            stop.decay_start, record)
     clock = _SessionClock(record["wall_seconds"])
@@ -483,15 +487,19 @@ def _train_held(task: str, model_config: ModelConfig, cfg: TrainConfig, data: To
             record["train_flops"] += flops
             if on_step is not None:
                 on_step(done - 1, metrics)
+            fired = False                      # the plateau rule fired at this step's evaluation
             if evaluate is not None and (done % cfg.eval_every == 0 or done == stop.stop):
                 _dev_point(evaluate, state, done, record, curve, out_dir)
                 stop = schedules.stop_state(cfg, curve)
+                fired = stop.stopped_by == "plateau" and stop.decay_start == done
                 steps.decay_from(stop.decay_start)
                 bar.total = stop.stop
                 dev_note = _dev_note(stop, curve)
                 _record_stop(record, stop)
-            if done % cfg.checkpoint_every == 0 or done == stop.stop:
+            if done % cfg.checkpoint_every == 0 or done == stop.stop or fired:
                 _save_checkpoint(out_dir, state, done, done == stop.stop, metrics, record, clock)
+            if fired:                          # the state before the decay, for a training continued past it
+                checkpoint.keep_step(out_dir, done)
             tps = record["target_tokens"] / max(record["train_seconds"], 1e-9)
             bar.set_postfix(loss=f"{metrics['loss']:.3f}", tok_s=f"{tps:,.0f}",
                             **({"dev": dev_note} if dev_note else {}))

@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import jax
+import numpy as np
 import pytest
 
 from models import checkpoint, curves
@@ -189,6 +191,22 @@ def test_training_stops_at_the_predicted_step(uninterrupted):
     # Fires at step 14 (two flat evaluations after the best, 30 BLEU at step 10), then decays for
     # 0.5 x 14 = 7 steps: stops at 21, evaluated there too.
     assert _outcome(uninterrupted) == (21, True, "plateau", 30.0, 14, [2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 21])
+    assert checkpoint.kept_steps(uninterrupted) == [14] and checkpoint.latest_step(uninterrupted) == 21
+
+
+@pytest.mark.slow
+def test_the_state_where_the_rule_fired_is_kept(tmp_path, uninterrupted):
+    """Saved at step 14 though checkpoints come every 4 steps, and kept past the later saves: the state of
+    a training at the peak rate to step 14 (no decay before it), for a training continued past its plateau."""
+    space: dict = {"__name__": "training"}
+    exec(TRAINING, space)
+    peak = space["config"].replace(until="steps", steps=14, decay_share=0.0)
+    out = space["train"]("toy", space["model"], peak, tmp_path / "peak", progress=False, data=space["data"],
+                         dev=space["scorer"])
+    kept, step = checkpoint.restore_params(uninterrupted, kept=True)
+    want, _ = checkpoint.restore_params(out)
+    assert step == 14 and not (uninterrupted / checkpoint.STATE_DIR / "14").exists()
+    jax.tree_util.tree_map(lambda u, v: np.testing.assert_allclose(u, v, rtol=1e-6, atol=1e-7), kept, want)
 
 
 @pytest.mark.slow
@@ -208,6 +226,7 @@ def test_a_sigkill_mid_way_resumes_and_stops_at_the_same_step(tmp_path, uninterr
     assert not meta["complete"] and meta["steps_done"] == kill_at - 2      # the last checkpoint (every 4 steps)
     _training()(out)
     assert _outcome(out) == _outcome(uninterrupted)
+    assert checkpoint.kept_steps(out) == [14]
     assert json.loads((out / "narbench.json").read_text())["final_loss"] == pytest.approx(
         checkpoint.read_meta(uninterrupted)["final_loss"], rel=1e-6)
 
