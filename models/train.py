@@ -415,6 +415,48 @@ def train(task: str, model_config: ModelConfig, train_config: TrainConfig, out_d
                            progress=progress, mesh=mesh, on_step=on_step, init_from=init_from, dev=dev)
 
 
+def continue_past_plateau(ckpt_dir: Path, out_dir: Path | None = None, factor: float = 2.0,
+                          progress: bool = True, **train_kwargs: Any) -> Path:
+    """The check that a plateau rule did not stop early (issue 52): ``ckpt_dir``'s training run on from the
+    state where its rule fired (step S, kept there by ``train``) at the peak rate until ``factor`` x S at
+    least (``min_steps``), then by the same rule and decay. Up to S it is the training with that
+    ``min_steps`` from scratch: same batches, same dropout keys. Into ``out_dir`` (default
+    ``<ckpt_dir>.past-plateau-<factor>x``), which resumes like any training; its ``narbench.json`` names
+    where it continued from (``continued_from``) and counts time and tokens from there only. ``train_kwargs``
+    go to ``train`` (``data`` and ``dev`` for a training on in-memory pairs)."""
+    from models import curves
+
+    ckpt_dir = Path(ckpt_dir)
+    meta = checkpoint.read_meta(ckpt_dir)
+    if not (meta and meta.get("complete")):
+        raise UserError(f"{ckpt_dir} holds no finished training to continue; train it first (`narbench train`)")
+    if meta.get("stopped_by") != "plateau":
+        raise UserError(f"{ckpt_dir} was not stopped by the plateau rule (stopped_by = {meta.get('stopped_by')}): "
+                        "there is no plateau to continue past; train with --until plateau")
+    if not factor > 1.0:
+        raise UserError(f"--factor must be over 1 (the continuation's steps per step before the plateau), not {factor}")
+    start = int(meta["decay_start"])
+    if start not in checkpoint.kept_steps(ckpt_dir):
+        raise UserError(f"{ckpt_dir} kept no state at its plateau (step {start}; trainings keep it since "
+                        "2026-12-03): train it again to continue it")
+    model_config = ModelConfig.from_dict(meta["model_config"])
+    cfg = TrainConfig.from_dict(meta["train_config"]).replace(min_steps=math.ceil(factor * start))
+    out = Path(out_dir) if out_dir is not None else ckpt_dir.with_name(f"{ckpt_dir.name}.past-plateau-{factor:g}x")
+    if not out.exists():                    # seeded whole or not at all: built beside, then renamed
+        partial = out.with_name(f"{out.name}.partial")
+        import shutil
+
+        shutil.rmtree(partial, ignore_errors=True)
+        shutil.copytree(ckpt_dir / checkpoint.KEPT_DIR / str(start), partial / checkpoint.STATE_DIR / str(start))
+        curves.write_curve(partial, [p for p in curves.read_curve(ckpt_dir) if p["step"] <= start])
+        checkpoint.write_meta(partial, {
+            "task": meta["task"], "kind": meta["kind"], "model_config": model_config.to_dict(),
+            "train_config": effective_config(model_config, cfg).to_dict(), "complete": False, "steps_done": start,
+            "continued_from": {"checkpoint": ckpt_dir.name, "step": start, "factor": factor}})
+        partial.rename(out)
+    return train(meta["task"], model_config, cfg, out, progress=progress, **train_kwargs)
+
+
 def _finished(out_dir: Path, model_config: ModelConfig, cfg: TrainConfig) -> bool:
     """Whether ``out_dir`` holds this training, finished and whole (its parameters read back; else
     ``checkpoint.DamagedCheckpoint``); a different training in it is a ``UserError``."""
@@ -565,7 +607,7 @@ def _new_record(task: str, model_config: ModelConfig, cfg: TrainConfig, identity
         "complete": False, "steps_done": start,
         **{k: prev.get(k, 0.0) for k in carried}, "target_tokens": prev.get("target_tokens", 0),
         "step_flops": dict(prev.get("step_flops", {})),
-        "init": warm,
+        "init": warm, **({"continued_from": prev["continued_from"]} if "continued_from" in prev else {}),
     }
 
 

@@ -1,5 +1,5 @@
-"""``narbench train``, ``narbench translate`` and ``narbench export ct2``: parse, call an importable
-function, print."""
+"""``narbench train``, ``narbench continue``, ``narbench translate`` and ``narbench export``: parse, call an
+importable function, print."""
 from __future__ import annotations
 
 import argparse
@@ -28,7 +28,7 @@ REFUSE_DAMAGED_HELP = ("stop with one line at a damaged cached checkpoint (trunc
 
 
 def register(sub) -> None:
-    """Add ``train`` and ``translate`` to ``sub`` (argparse subparsers)."""
+    """Add ``train``, ``continue``, ``translate`` and ``export`` to ``sub`` (argparse subparsers)."""
     p = sub.add_parser("train", help="train an AR or PaDIR model on a task", description=TRAIN_HELP)
     p.add_argument("--task", required=True, help="task name (see `narbench tasks`)")
     p.add_argument("--model", required=True, choices=[f.name for f in families.all_families() if f.trains],
@@ -91,6 +91,19 @@ def register(sub) -> None:
     p.add_argument("--refuse-damaged", action="store_true", help=REFUSE_DAMAGED_HELP)
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.set_defaults(func=_train_command)
+
+    c = sub.add_parser("continue", help="continue a training past its plateau: did the rule stop it early?",
+                       description="Train a checkpoint that the plateau rule stopped once more, from the state "
+                       "where the rule fired (step S, kept in <checkpoint>/kept/S/) at the peak learning rate until "
+                       "FACTOR x S at least, then by the same rule and decay: the same as that training from scratch "
+                       "with --min-steps FACTOR x S. Compare its final dev BLEU with the checkpoint's: a rise beyond "
+                       "the dev noise means the rule stopped early. Resumes when run again.")
+    c.add_argument("checkpoint", type=Path, help="checkpoint folder whose training the plateau rule stopped")
+    c.add_argument("--factor", type=float, default=2.0,
+                   help="train at the peak rate until FACTOR x the plateau's step at least (default 2: as long again)")
+    c.add_argument("--out", type=Path, help="folder to train into (default <checkpoint>.past-plateau-<FACTOR>x)")
+    c.add_argument("--quiet", action="store_true", help="no progress bars")
+    c.set_defaults(func=_continue_command)
 
     t = sub.add_parser("translate", help="translate sentences with a trained checkpoint",
                        description="Sources one per line (stdin by default); hypotheses one per line on "
@@ -241,6 +254,15 @@ def _train_command(args: argparse.Namespace) -> int:
                       schedule=args.schedule or ("wsd" if args.until == "plateau" else None),
                       decay_share=args.decay_share)
     print(out)
+    return 0
+
+
+def _continue_command(args: argparse.Namespace) -> int:
+    from models.train import continue_past_plateau
+    from narbench_core.paths import enable_compilation_cache
+
+    enable_compilation_cache()
+    print(continue_past_plateau(args.checkpoint, args.out, args.factor, progress=not args.quiet))
     return 0
 
 

@@ -210,6 +210,48 @@ def test_the_state_where_the_rule_fired_is_kept(tmp_path, uninterrupted):
 
 
 @pytest.mark.slow
+def test_a_training_continued_past_its_plateau_is_the_training_with_min_steps(tmp_path, uninterrupted):
+    """From the state kept at step 14, at the peak rate to 1.5 x 14 = 21 at least: the rule fires at the first
+    evaluation after (22), the decay runs 0.5 x 22 = 11 steps. The same as that training from scratch."""
+    from models.train import continue_past_plateau
+
+    space: dict = {"__name__": "training"}
+    exec(TRAINING, space)
+    toy = dict(data=space["data"], dev=space["scorer"])
+    out = continue_past_plateau(uninterrupted, factor=1.5, progress=False, **toy)
+    assert out == uninterrupted.with_name("whole.past-plateau-1.5x")
+    scratch = space["train"]("toy", space["model"], space["config"].replace(min_steps=21), tmp_path / "scratch",
+                             progress=False, data=space["data"], dev=space["scorer"])
+    assert _outcome(out) == _outcome(scratch) == (33, True, "plateau", 30.0, 22,
+                                                  [2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30, 32, 33])
+    jax.tree_util.tree_map(lambda u, v: np.testing.assert_allclose(u, v, rtol=1e-6, atol=1e-7),
+                           checkpoint.restore_params(out)[0], checkpoint.restore_params(scratch)[0])
+    meta = checkpoint.read_meta(out)
+    assert meta["continued_from"] == {"checkpoint": "whole", "step": 14, "factor": 1.5}
+    assert meta["train_config"]["min_steps"] == 21
+    assert continue_past_plateau(uninterrupted, factor=1.5, progress=False, **toy) == out    # finished: found
+
+
+def test_what_cannot_be_continued_past_a_plateau_is_one_line(tmp_path, capsys):
+    from bench.cli import main
+    from models.train import continue_past_plateau
+
+    with pytest.raises(UserError, match="holds no finished training to continue"):
+        continue_past_plateau(tmp_path)
+    assert main(["continue", str(tmp_path), "--quiet"]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"narbench: error: {tmp_path} holds no finished training to continue; train it first (`narbench train`)"]
+    base = {"complete": True, "stopped_by": "plateau", "decay_start": 14}
+    for record, message in (({**base, "stopped_by": "cap"}, "was not stopped by the plateau rule"),
+                            (base, r"kept no state at its plateau \(step 14")):
+        checkpoint.write_meta(tmp_path, record)
+        with pytest.raises(UserError, match=message):
+            continue_past_plateau(tmp_path)
+    with pytest.raises(UserError, match="--factor must be over 1"):
+        continue_past_plateau(tmp_path, factor=1.0)
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("kill_at", [10, 18])       # before the rule fires; in the decay phase
 def test_a_sigkill_mid_way_resumes_and_stops_at_the_same_step(tmp_path, uninterrupted, kill_at):
     out = tmp_path / "killed"
