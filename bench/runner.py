@@ -492,7 +492,7 @@ class Runner:
             with lock.busy(f"timing {spec.name}"), self._timed_systems(systems) as timed:
                 seen = lock.others()            # other narbench processes competing for the machine
                 pids = [os.getpid(), *(t.pid for t in timed if hasattr(t, "pid"))]
-                before = load.sample(pids, defaults.LOAD_SAMPLE_S)      # the machine, this run's processes idle
+                before = load.sample(pids, spec.timing.load_sample_s)   # the machine, this run's processes idle
                 bar.set_description(f"warm up {len(timed)} systems")
                 compile_s = timing.warm_up(timed, spec.batch_size, platform=self.platform)
                 bar.set_description(f"time {len(timed)} systems interleaved, {spec.timing.turn} batches a turn"

@@ -157,6 +157,7 @@ class TimingSpec:
     isolate: bool = True   # systems in worker processes (bench.measure.workers), a JAX family's sharing one
     solo_sentences: int = 200   # sentences (whole batches, a seeded sample) each system is timed on again alone
     turn: int = 10         # batches a system decodes back to back when its turn comes (bench.measure.timing, step 2)
+    load_sample_s: float = defaults.LOAD_SAMPLE_S   # the machine's load sampled this long before each measurement
 
 
 SCENARIOS = ("SingleStream", "Offline", "Server")   # MLPerf LoadGen's scenarios narbench serves (bench.serving)
@@ -265,7 +266,8 @@ class SuiteSpec:
             **{family: clean(dataclasses.asdict(section)) for family, section in self.systems},
             "distill": {k: v for k, v in clean(dataclasses.asdict(self.distill)).items()
                         if not (k == "engine" and v == defaults.DISTILL_ENGINE)},   # hashes of earlier specs
-            "timing": clean(dataclasses.asdict(self.timing)),
+            "timing": {k: v for k, v in clean(dataclasses.asdict(self.timing)).items()
+                       if not (k == "load_sample_s" and v == defaults.LOAD_SAMPLE_S)},   # hashes of earlier specs
             **({"serving": clean(dataclasses.asdict(self.serving))} if self.serving else {}),
         }
 
@@ -662,7 +664,8 @@ def parse_spec(data: dict[str, Any], source: str = "<spec>",
                         costs=t.get("costs", boolean, True),
                         isolate=t.get("isolate", boolean, True),
                         solo_sentences=t.get("solo_sentences", integer(0), TimingSpec.solo_sentences),
-                        turn=t.get("turn", integer(1), TimingSpec.turn))
+                        turn=t.get("turn", integer(1), TimingSpec.turn),
+                        load_sample_s=t.get("load_sample_s", number(0.05), TimingSpec.load_sample_s))
     t.done()
     serving = _serving(top.sub("serving")) if "serving" in data else None
 

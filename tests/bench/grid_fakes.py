@@ -30,15 +30,18 @@ def fake_text(n: int = 30, seed: int = 0) -> tuple[list[str], list[list[str]]]:
 
 
 def fake_spec(name: str, *, test: Sequence[str], ar_decoders: Sequence[str], padir_iterations: Sequence[int],
-              max_test_sentences: int, length_hyps: Sequence[int] | None = None) -> str:
+              max_test_sentences: int, length_hyps: Sequence[int] | None = None, timing: str = "") -> str:
     """A suite spec (TOML text) over ``fake_task``: tiny models, 5-step trainings, PaDIR with and
-    without distillation at ``padir_iterations``."""
+    without distillation at ``padir_iterations``; ``timing``: more of its ``[timing]`` table. The machine's
+    load is sampled for 0.1 s before each measurement (1 s by default: 2 s of every fake run with two
+    test sets was that wait)."""
     q = lambda items: "[" + ", ".join(f'"{x}"' for x in items) + "]"
     train = "\nsteps = 5\nbatch_tokens = 256\nlearning_rate = 1e-3\nwarmup_steps = 1\n"
     extra = f"length_hyps = {list(length_hyps)}\n" if length_hyps else ""
     return (f'name = "{name}"\nseeds = [0]\nmax_test_sentences = {max_test_sentences}\n'
             f"bootstrap_resamples = 50\n\n[[tasks]]\ntrain = \"fake_task\"\ntest = {q(test)}\n\n"
-            f'[model]\npreset = "tiny"\n\n[train.ar]{train}\n[train.padir]{train}\n'
+            f'[model]\npreset = "tiny"\n\n[timing]\nload_sample_s = 0.1\n{timing}\n'
+            f"[train.ar]{train}\n[train.padir]{train}\n"
             f"[ar]\ndecoders = {q(ar_decoders)}\n\n[padir]\niterations = {list(padir_iterations)}\n"
             f"distill = [false, true]\n{extra}")
 

@@ -431,6 +431,7 @@ def test_timing_says_which_other_narbench_processes_were_busy(tmp_path, spec, se
         keys = {"seconds", "busy", "narbench", "others", "steal", "load_avg_1m"}
         for m in machines.values():      # during: None when the kernel's tick did not advance (a very short timing)
             assert set(m["before"]) == keys and 0 <= m["before"]["others"] <= m["before"]["busy"] <= 1
+            assert m["before"]["seconds"] < 0.5                 # sampled for the spec's load_sample_s (0.1), not 1 s
             assert m["during"] is None or set(m["during"]) == keys
         assert {r.others_cpu_share for r in alone.rows()} <= {(m["during"] or {}).get("others")
                                                               for m in machines.values()}

@@ -437,7 +437,7 @@ class DyingFactory(FakeFactory):
 def _suite(tmp_path, extra=SERVING):
     path = tmp_path / "servetest.toml"
     path.write_text(fake_spec("servetest", test=["test", "test+refs"], ar_decoders=["greedy"], padir_iterations=[4],
-                              max_test_sentences=12) + "\n[timing]\nsolo_sentences = 0\ncosts = false\n" + extra)
+                              max_test_sentences=12, timing="solo_sentences = 0\ncosts = false\n") + extra)
     return load_suite(path)
 
 

@@ -170,6 +170,16 @@ def test_distill_decoder(tmp_path):
     assert load_spec("smoke").distill.decoder == "beam:2" and load_spec("default").distill.decoder == "greedy"
 
 
+def test_the_load_sample_window_is_a_timing_setting_and_its_default_keeps_old_hashes(tmp_path):
+    plain = load_spec(write(tmp_path, GOOD))
+    assert plain.timing.load_sample_s == 1.0 and "load_sample_s" not in plain.to_dict()["timing"]
+    same = load_spec(write(tmp_path, GOOD + "\n[timing]\nload_sample_s = 1.0\n"))
+    short = load_spec(write(tmp_path, GOOD + "\n[timing]\nload_sample_s = 0.1\n"))
+    assert same.spec_hash() == plain.spec_hash() != short.spec_hash() and short.timing.load_sample_s == 0.1
+    with pytest.raises(UserError, match=r"timing.load_sample_s: expected a number >= 0.05, got 0.01"):
+        load_spec(write(tmp_path, GOOD + "\n[timing]\nload_sample_s = 0.01\n"))
+
+
 def test_distill_all_examples_and_engine(tmp_path):
     spec = load_spec(write(tmp_path, GOOD + '\n[distill]\nmax_examples = "all"\nengine = "ct2"\n'))
     assert spec.distill.max_examples is None and spec.distill.engine == "ct2"

@@ -186,7 +186,7 @@ def fixed_peaks(monkeypatch):
 def test_a_worker_dying_mid_run_is_a_one_line_error_and_the_run_resumes(tmp_path, fixed_peaks):
     path = tmp_path / "workertest.toml"
     path.write_text(fake_spec("workertest", test=["test"], ar_decoders=["greedy"], padir_iterations=[4],
-                              max_test_sentences=6) + "\n[timing]\nsolo_sentences = 3\n")
+                              max_test_sentences=6, timing="solo_sentences = 3\n"))
     spec = load_suite(path)
     run, _ = open_run(tmp_path / "results", spec.name, spec.spec_hash(), spec.to_toml(), "test")
     deps = fake_deps(tmp_path / "ckpt")
