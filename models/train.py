@@ -424,6 +424,8 @@ def continue_past_plateau(ckpt_dir: Path, out_dir: Path | None = None, factor: f
     ``<ckpt_dir>.past-plateau-<factor>x``), which resumes like any training; its ``narbench.json`` names
     where it continued from (``continued_from``) and counts time and tokens from there only. ``train_kwargs``
     go to ``train`` (``data`` and ``dev`` for a training on in-memory pairs)."""
+    import shutil
+
     from models import curves
 
     ckpt_dir = Path(ckpt_dir)
@@ -444,8 +446,6 @@ def continue_past_plateau(ckpt_dir: Path, out_dir: Path | None = None, factor: f
     out = Path(out_dir) if out_dir is not None else ckpt_dir.with_name(f"{ckpt_dir.name}.past-plateau-{factor:g}x")
     if not out.exists():                    # seeded whole or not at all: built beside, then renamed
         partial = out.with_name(f"{out.name}.partial")
-        import shutil
-
         shutil.rmtree(partial, ignore_errors=True)
         shutil.copytree(ckpt_dir / checkpoint.KEPT_DIR / str(start), partial / checkpoint.STATE_DIR / str(start))
         curves.write_curve(partial, [p for p in curves.read_curve(ckpt_dir) if p["step"] <= start])
