@@ -30,7 +30,7 @@ import jax
 import numpy as np
 
 from narbench_core.errors import UserError
-from narbench_core.io import digest_files, file_digests, write_json
+from narbench_core.io import digest_files, file_digests, new_folder, write_json
 
 META_FILE = "narbench.json"
 STATE_DIR = "state"
@@ -190,15 +190,13 @@ def restore_params(ckpt_dir: Path, step: int | None = None, kept: bool = False) 
 
 def keep_step(ckpt_dir: Path, step: int) -> Path:
     """Copy saved step ``step`` to ``<dir>/kept/<step>/``, where later saves never delete it (whole or not at
-    all: copied beside, then renamed); returns the copy. A step kept already is left as it is."""
+    all, ``narbench_core.io.new_folder``); returns the copy. A step kept already is left as it is."""
     import shutil
 
     kept = Path(ckpt_dir) / KEPT_DIR / str(int(step))
     if not kept.is_dir():
-        partial = kept.with_name(f"{kept.name}.partial")
-        shutil.rmtree(partial, ignore_errors=True)
-        shutil.copytree(Path(ckpt_dir) / STATE_DIR / str(int(step)), partial)
-        partial.rename(kept)
+        saved = Path(ckpt_dir) / STATE_DIR / str(int(step))
+        new_folder(kept, lambda tmp: shutil.copytree(saved, tmp, dirs_exist_ok=True))
     return kept
 
 

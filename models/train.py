@@ -427,6 +427,7 @@ def continue_past_plateau(ckpt_dir: Path, out_dir: Path | None = None, factor: f
     import shutil
 
     from models import curves
+    from narbench_core.io import new_folder
 
     ckpt_dir = Path(ckpt_dir)
     meta = checkpoint.read_meta(ckpt_dir)
@@ -444,16 +445,16 @@ def continue_past_plateau(ckpt_dir: Path, out_dir: Path | None = None, factor: f
     model_config = ModelConfig.from_dict(meta["model_config"])
     cfg = TrainConfig.from_dict(meta["train_config"]).replace(min_steps=math.ceil(factor * start))
     out = Path(out_dir) if out_dir is not None else ckpt_dir.with_name(f"{ckpt_dir.name}.past-plateau-{factor:g}x")
-    if not out.exists():                    # seeded whole or not at all: built beside, then renamed
-        partial = out.with_name(f"{out.name}.partial")
-        shutil.rmtree(partial, ignore_errors=True)
-        shutil.copytree(ckpt_dir / checkpoint.KEPT_DIR / str(start), partial / checkpoint.STATE_DIR / str(start))
-        curves.write_curve(partial, [p for p in curves.read_curve(ckpt_dir) if p["step"] <= start])
-        checkpoint.write_meta(partial, {
+    def seed(folder: Path) -> None:         # the kept step, the curve up to it and a record of the continuation
+        shutil.copytree(ckpt_dir / checkpoint.KEPT_DIR / str(start), folder / checkpoint.STATE_DIR / str(start))
+        curves.write_curve(folder, [p for p in curves.read_curve(ckpt_dir) if p["step"] <= start])
+        checkpoint.write_meta(folder, {
             "task": meta["task"], "kind": meta["kind"], "model_config": model_config.to_dict(),
             "train_config": effective_config(model_config, cfg).to_dict(), "complete": False, "steps_done": start,
             "continued_from": {"checkpoint": ckpt_dir.name, "step": start, "factor": factor}})
-        partial.rename(out)
+
+    if not out.exists():
+        new_folder(out, seed)
     return train(meta["task"], model_config, cfg, out, progress=progress, **train_kwargs)
 
 

@@ -8,6 +8,7 @@ A failure removes the temp file and leaves the target untouched.
 - ``atomic_open(path, mode)``: a file object to stream into (``"w"`` text or ``"wb"`` bytes);
 - ``atomic_path(path)``: a temp path for a library that writes by file name (``np.savez``);
 - ``temp_dir(parent, prefix)``: a folder to fill and rename into place (umask permissions, unlike ``mkdtemp``);
+- ``new_folder(path, fill)``: a new folder whole or not at all, filled in such a temp folder;
 - ``write_text``, ``write_lines``, ``write_bytes``, ``write_json``, ``write_jsonl``: whole files in one call;
 - ``read_jsonl``: the records of a JSON-lines file, a corrupt line named in a ``UserError``.
 
@@ -64,6 +65,21 @@ def temp_dir(parent: str | os.PathLike, prefix: str) -> Path:
     plain ``mkdir`` gives (``0o777`` less the umask; ``mkdtemp`` alone gives ``0o700``)."""
     path = Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
     os.chmod(path, 0o777 & ~_umask())
+    return path
+
+
+def new_folder(path: str | os.PathLike, fill: Callable[[Path], None]) -> Path:
+    """Make the folder ``path`` (not there yet) whole or not at all: ``fill(tmp)`` writes into a hidden temporary
+    sibling (``temp_dir``), which is then renamed to ``path``; a failure leaves nothing behind."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = temp_dir(path.parent, prefix=f".{path.name}.")
+    try:
+        fill(tmp)
+        tmp.rename(path)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp)
     return path
 
 

@@ -423,15 +423,21 @@ def test_timing_says_which_other_narbench_processes_were_busy(tmp_path, spec, se
     from narbench_core import lock
     from narbench_core.paths import subdir
 
+    from bench.measure import load
+
+    windows = []                                            # the seconds each load sample was asked for
+    sample = load.sample
+    monkeypatch.setattr(load, "sample", lambda pids, seconds: windows.append(seconds) or sample(pids, seconds))
     alone = new_store(tmp_path / "alone", spec)
     Runner(spec, fake_deps(tmp_path / "ckpt"), alone, progress=False).run()
     assert alone.env()["concurrent_narbench"] == [] and "narbench process" not in capsys.readouterr().err
+    assert windows and set(windows) == {spec.timing.load_sample_s} == {0.1}     # the spec's window, not the default
+    monkeypatch.setattr(load, "sample", sample)
     if os.path.exists("/proc/stat"):        # the machine's load from any process, before and during (Linux)
         machines = {m["split"]: m for m in alone.env()["machine_load"]}
         keys = {"seconds", "busy", "narbench", "others", "steal", "load_avg_1m"}
         for m in machines.values():      # during: None when the kernel's tick did not advance (a very short timing)
             assert set(m["before"]) == keys and 0 <= m["before"]["others"] <= m["before"]["busy"] <= 1
-            assert m["before"]["seconds"] < 0.5                 # sampled for the spec's load_sample_s (0.1), not 1 s
             assert m["during"] is None or set(m["during"]) == keys
         assert {r.others_cpu_share for r in alone.rows()} <= {(m["during"] or {}).get("others")
                                                               for m in machines.values()}

@@ -51,6 +51,18 @@ def test_failing_stream_leaves_no_file(tmp_path):
     assert os.listdir(tmp_path) == []
 
 
+def test_a_new_folder_is_whole_or_absent(tmp_path):
+    def half(folder):
+        (folder / "a.txt").write_text("a")
+        raise RuntimeError("killed")
+
+    with pytest.raises(RuntimeError):
+        io.new_folder(tmp_path / "x", half)
+    assert os.listdir(tmp_path) == []
+    io.new_folder(tmp_path / "x", lambda folder: (folder / "a.txt").write_text("a"))
+    assert os.listdir(tmp_path) == ["x"] and (tmp_path / "x" / "a.txt").read_text() == "a"
+
+
 @pytest.mark.parametrize("mask, mode", [(0o022, 0o644), (0o002, 0o664), (0o077, 0o600)])
 def test_files_honour_the_umask(tmp_path, umask, mask, mode):
     umask(mask)
