@@ -37,11 +37,11 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterator, Protocol, Sequence
 
-import jax
 import numpy as np
 
 from bench.measure.decoder import Decoder
@@ -54,13 +54,26 @@ Clock = Callable[[], int]  # returns nanoseconds
 
 def default_platform() -> str:
     """JAX's default backend (``cpu``, ``gpu``, ``tpu``), recorded in every row."""
+    import jax
+
     return jax.default_backend()
+
+
+def block_until_ready(outputs):
+    """``jax.block_until_ready(outputs)`` where this process has loaded JAX. JAX is not imported here: a process
+    that never loaded it holds no JAX array to wait for, and a timing worker whose decoders are not JAX's
+    (CTranslate2, ONNX Runtime, the tests' fakes) starts without it (1.5-4 s of each worker's start on a 2-core
+    AMD EPYC VM, 2026-12-03)."""
+    jax = sys.modules.get("jax")
+    return outputs if jax is None else jax.block_until_ready(outputs)
 
 
 def resolve_platform(requested: str | None) -> str:
     """The platform to time on: ``requested`` (``--platform``) if this machine has it, else the default."""
     if not requested:
         return default_platform()
+    import jax
+
     try:
         jax.devices(requested)
     except RuntimeError:
@@ -70,7 +83,9 @@ def resolve_platform(requested: str | None) -> str:
 
 
 def _device_scope(platform: str | None):
-    if platform is None or platform == default_platform():
+    """Where this process's JAX decoders run; none to place where JAX is not loaded once they are built."""
+    jax = sys.modules.get("jax")
+    if platform is None or jax is None or platform == jax.default_backend():
         return contextlib.nullcontext()
     return jax.default_device(jax.devices(platform)[0])
 
@@ -166,7 +181,7 @@ def time_call(decoder: Decoder, sources: list[str], phase: str, clock: Clock = t
             prepared = decoder.prepare(sources)
             rec.mark(phases.TOKENIZE)
             outputs = decoder.run(prepared)
-            jax.block_until_ready(outputs)
+            block_until_ready(outputs)
             rec.mark(phases.PASSES)
             rec.sync()
             result = decoder.finish(outputs, prepared)
@@ -175,7 +190,7 @@ def time_call(decoder: Decoder, sources: list[str], phase: str, clock: Clock = t
         prepared = decoder.prepare(sources)
         with _gc_paused(), phases.recording(clock) as rec:
             outputs = decoder.run(prepared)
-            jax.block_until_ready(outputs)
+            block_until_ready(outputs)
             rec.mark(phases.PASSES)
             rec.sync()
         result = decoder.finish(outputs, prepared)
@@ -188,7 +203,7 @@ def warm_up_decoder(decoder: Decoder, batch_size: int, clock: Clock = time.perf_
     start = clock()
     for prepared in decoder.warmup_inputs(batch_size):
         outputs = decoder.run(prepared)
-        jax.block_until_ready(outputs)
+        block_until_ready(outputs)
         decoder.finish(outputs, prepared)
     return (clock() - start) / 1e9
 

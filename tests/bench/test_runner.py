@@ -9,7 +9,6 @@ import pytest
 from bench import store as st
 from narbench_core.errors import UserError
 from narbench_core.io import write_jsonl
-from bench.costs import MachinePeaks
 from bench.families import load_suite as load_spec
 from bench.plan import expand
 from bench.runner import Runner
@@ -23,6 +22,8 @@ SPEC = fake_spec("gridtest", test=["test", "test+refs", "dev"], ar_decoders=["gr
 
 @pytest.fixture(autouse=True)
 def fixed_peaks(monkeypatch):
+    from bench.costs import MachinePeaks          # here, not at the top: it loads JAX, which the workers need not
+
     peaks = MachinePeaks("test", 1e11, 1e10, "2024-01-01T00:00:00+00:00", 8, 8)
     monkeypatch.setattr("bench.costs.machine_peaks", lambda: peaks)
 

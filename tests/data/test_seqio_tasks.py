@@ -179,6 +179,24 @@ def test_distilled_task(tmp_path, forget_distilled):
         tasks.load_text("synthetic_d0_distilled", "train")
 
 
+def test_registering_a_distilled_task_forgets_its_own_texts_and_keeps_the_others(tmp_path, forget_distilled,
+                                                                                 monkeypatch):
+    """A distillation registered mid-run re-reads its own split, not every task's (a synthetic training split is
+    50,000 pairs drawn one by one)."""
+    monkeypatch.setattr(tasks, "_TEXTS", {})
+    read = []
+    raw = tasks._load_text_raw
+    monkeypatch.setattr(tasks, "_load_text_raw", lambda name, split: read.append((name, split)) or raw(name, split))
+    base = tasks.load_text("synthetic_d50", "dev")
+    tsv = tmp_path / "distilled.tsv"
+    for target in ("teacher one", "teacher two"):
+        tsv.write_text(f"vabe vazu\t{target}\n", encoding="utf-8")
+        name = tasks.register_distilled_task("synthetic_d50", tsv)
+        assert tasks.load_text(name, "train") == (["vabe vazu"], [[target]])     # the new file, not the cached one
+        assert tasks.load_text(name, "dev") == tasks.load_text("synthetic_d50", "dev") == base
+    assert read == [("synthetic_d50", "dev"), (name, "train"), (name, "dev"), (name, "train"), (name, "dev")]
+
+
 def test_tasks_text_and_vocabularies_need_no_seqio(tmp_path):
     """A fresh process reads a task's sizes and text and encodes with its vocabulary without importing seqio or
     TensorFlow (~5-10 s a process: every training, Ray job and CLI command paid it); seqio comes when asked."""
