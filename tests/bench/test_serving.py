@@ -413,7 +413,7 @@ def test_the_singlestream_check_is_against_solo_plus_the_drivers_round_trip():
 # ----------------------------------------------------------------------------- a suite's [serving] step
 
 SERVING = ('\n[serving]\nsystems = ["ar-greedy", "padir-s4-u0.15-distill"]\nbounds_ms = [60]\nmin_duration_s = 0.3\n'
-           "min_queries = 500\nsearch_queries = 10\nloads = [0.5]\nmax_batch = 4\nstart_qps = 50\n")
+           "min_queries = 200\nsearch_queries = 10\nloads = [0.5]\nmax_batch = 4\nstart_qps = 50\n")
 
 
 class DyingFactory(FakeFactory):
@@ -501,7 +501,8 @@ def plan_reads_back_how_long_each_system_took_to_serve(spec, run, tmp_path):
     assert _serving(spec, systems, costs, 12, measured)[1] == pytest.approx(sum(took.values()))
     other = _suite(tmp_path, SERVING.replace("min_duration_s = 0.3", "min_duration_s = 0.2"))
     names, seconds = _serving(other, systems, costs, 12, measured)
-    expected = max(0.2, 500 * 1e-4) + sum(estimate_seconds(other.serving, 5.0, 0.0, 12) for _ in names)
+    driver = max(0.2, other.serving.min_queries * 1e-4)
+    expected = driver + sum(estimate_seconds(other.serving, 5.0, 0.0, 12) for _ in names)
     assert seconds == pytest.approx(expected)
 
 

@@ -96,13 +96,15 @@ def test_ar_learns_reversal(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.optimized
-@pytest.mark.parametrize("recipe", ["plain", "reference"])
-def test_padir_learns_copy(tmp_path, recipe):
-    """Both the plain recipe and the reference one (fixed EOS, [LENGTH] query, stage-2 remasking)."""
+@pytest.mark.parametrize("recipe, steps", [("plain", 400), ("reference", 250)])
+def test_padir_learns_copy(tmp_path, recipe, steps):
+    """Both the plain recipe and the reference one (fixed EOS, [LENGTH] query, stage-2 remasking), each in a number
+    of steps it needs (2-core AMD EPYC VM, 2026-12-03, exact match: plain 0.14 / 0.55 / 0.80 at 200 / 250 / 300
+    steps; reference 0.98 at 200, 1.0 at 250 to 400)."""
     data = TokenPairs.from_lists(*toy_pairs(4000, "copy", seed=0))
     ref = recipe == "reference"
     config = tiny("padir", fixed_eos=ref, length_token=ref)
-    out = train("toy_copy", config, toy_config(400, stage_remask=ref), tmp_path / "padir", progress=False, data=data)
+    out = train("toy_copy", config, toy_config(steps, stage_remask=ref), tmp_path / "padir", progress=False, data=data)
     assert exact_match(out, "copy") >= 0.95
     meta = checkpoint.read_meta(out)
     assert meta["last_metrics"]["length_accuracy"] > 0.9
