@@ -160,6 +160,11 @@ class TimingSpec:
     load_sample_s: float = defaults.LOAD_SAMPLE_S   # the machine's load sampled this long before each measurement
 
 
+# Settings added after specs were hashed, left out of the resolved spec at their default so that every earlier
+# spec keeps its hash: section -> {key: default}.
+UNHASHED_DEFAULTS = {"distill": {"engine": defaults.DISTILL_ENGINE},
+                     "timing": {"load_sample_s": defaults.LOAD_SAMPLE_S}}
+
 SCENARIOS = ("SingleStream", "Offline", "Server")   # MLPerf LoadGen's scenarios narbench serves (bench.serving)
 
 
@@ -249,8 +254,10 @@ class SuiteSpec:
 
     def to_dict(self) -> dict[str, Any]:
         """The resolved spec in the TOML layout (``parse_spec(to_dict())`` round-trips)."""
-        def clean(d: dict) -> dict:
-            return {k: (list(v) if isinstance(v, tuple) else v) for k, v in d.items() if v is not None}
+        def clean(d: dict, section: str = "") -> dict:
+            unhashed = UNHASHED_DEFAULTS.get(section, {})
+            return {k: (list(v) if isinstance(v, tuple) else v) for k, v in d.items()
+                    if v is not None and not (k in unhashed and v == unhashed[k])}
 
         return {
             "schema_version": SCHEMA_VERSION,
@@ -264,10 +271,8 @@ class SuiteSpec:
             "model": self.model.to_dict(),
             "train": {family: clean(dataclasses.asdict(b)) for family, b in self.budgets},
             **{family: clean(dataclasses.asdict(section)) for family, section in self.systems},
-            "distill": {k: v for k, v in clean(dataclasses.asdict(self.distill)).items()
-                        if not (k == "engine" and v == defaults.DISTILL_ENGINE)},   # hashes of earlier specs
-            "timing": {k: v for k, v in clean(dataclasses.asdict(self.timing)).items()
-                       if not (k == "load_sample_s" and v == defaults.LOAD_SAMPLE_S)},   # hashes of earlier specs
+            "distill": clean(dataclasses.asdict(self.distill), "distill"),
+            "timing": clean(dataclasses.asdict(self.timing), "timing"),
             **({"serving": clean(dataclasses.asdict(self.serving))} if self.serving else {}),
         }
 

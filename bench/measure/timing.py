@@ -84,9 +84,10 @@ def resolve_platform(requested: str | None) -> str:
 
 def _device_scope(platform: str | None):
     """Where this process's JAX decoders run; none to place where JAX is not loaded once they are built."""
-    jax = sys.modules.get("jax")
-    if platform is None or jax is None or platform == jax.default_backend():
+    if platform is None or "jax" not in sys.modules or platform == default_platform():
         return contextlib.nullcontext()
+    import jax
+
     return jax.default_device(jax.devices(platform)[0])
 
 

@@ -21,6 +21,19 @@ def _few_ar_trials():
 
 
 @pytest.fixture
+def fixed_peaks(monkeypatch):
+    """Made-up machine peaks (``bench.costs.machine_peaks``) instead of measuring this machine's; a module that times
+    fake suites uses it for every test (``pytestmark = pytest.mark.usefixtures("fixed_peaks")``). ``bench.costs`` is
+    imported here, not at a module's top: it loads JAX, which a timing worker that unpickles a test module's
+    decoder does not need."""
+    from bench.costs import MachinePeaks
+
+    peaks = MachinePeaks("test", 1e11, 1e10, "2024-01-01T00:00:00+00:00", 8, 8)
+    monkeypatch.setattr("bench.costs.machine_peaks", lambda: peaks)
+    return peaks
+
+
+@pytest.fixture
 def fake_clock() -> FakeClock:
     return FakeClock()
 

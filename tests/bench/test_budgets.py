@@ -9,7 +9,6 @@ import pytest
 from bench import report, store as st
 from bench.measure import learning
 from bench.report import plots
-from bench.costs import MachinePeaks
 from bench.families import load_suite
 from bench.plan import expand
 from bench.runner import Runner
@@ -18,12 +17,9 @@ from fakes import saved_figures
 from grid_fakes import STEP_COST, TOKENS_PER_STEP, FakeStepCost, fake_deps, fake_row, fake_spec, fake_train_record
 from narbench_core.errors import UserError
 
+pytestmark = pytest.mark.usefixtures("fixed_peaks")     # tests/bench/conftest.py
+
 SPEC = fake_spec("budgets", test=["test"], ar_decoders=["greedy"], padir_iterations=[2], max_test_sentences=10)
-
-
-@pytest.fixture(autouse=True)
-def fixed_peaks(monkeypatch):
-    monkeypatch.setattr("bench.costs.machine_peaks", lambda: MachinePeaks("t", 1e11, 1e10, "x", 8, 8))
 
 
 def load(tmp_path, text: str, name: str = "budgets.toml"):

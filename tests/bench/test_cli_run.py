@@ -10,7 +10,6 @@ import pytest
 
 from bench import store as st
 from bench.cli import main
-from bench.costs import MachinePeaks
 from bench.rows import CORE
 from bench.verify import verify_run
 from grid_fakes import FakeFactory, fake_deps, fake_spec
@@ -20,11 +19,10 @@ SPEC = fake_spec("clitest", test=["test"], ar_decoders=["greedy", "beam:2"], pad
 
 
 @pytest.fixture
-def env(tmp_path, monkeypatch):
+def env(tmp_path, monkeypatch, fixed_peaks):
     """Fake models behind the CLI; returns (spec path, results root, holder of the current factory)."""
     holder = {"factory": FakeFactory()}
     monkeypatch.setattr("bench.runner.real_deps", lambda **_: fake_deps(tmp_path / "ckpt", holder["factory"]))
-    monkeypatch.setattr("bench.costs.machine_peaks", lambda: MachinePeaks("t", 1e11, 1e10, "x", 8, 8))
     spec = tmp_path / "clitest.toml"
     spec.write_text(SPEC)
     return spec, tmp_path / "results", holder

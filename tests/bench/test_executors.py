@@ -8,7 +8,6 @@ import pytest
 
 from bench import executors, store as st
 from bench.cli import main
-from bench.costs import MachinePeaks
 from bench.families import load_suite
 from bench.plan import expand
 from bench.runner import Runner
@@ -87,9 +86,8 @@ def test_a_failing_job_is_marked_failed_and_raises(spec, tmp_path):
 
 
 @pytest.fixture
-def cli(tmp_path, monkeypatch):
+def cli(tmp_path, monkeypatch, fixed_peaks):
     monkeypatch.setattr("bench.runner.real_deps", lambda **_: fake_deps(tmp_path / "ckpt", FakeFactory()))
-    monkeypatch.setattr("bench.costs.machine_peaks", lambda: MachinePeaks("t", 1e11, 1e10, "x", 8, 8))
     path = tmp_path / "exectest.toml"
     path.write_text(SPEC)
     return path, tmp_path / "results"

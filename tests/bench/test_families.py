@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 
 from bench import families, report, store as st
-from bench.costs import MachinePeaks
 from bench.families import Context, Family, System, TrainCell
 from bench.plan import expand
 from bench.runner import Runner
@@ -70,9 +69,8 @@ SPEC = fake_spec("famtest", test=["test"], ar_decoders=["greedy"], padir_iterati
 
 
 @pytest.fixture
-def toy(monkeypatch):
+def toy(fixed_peaks):
     family = families.register(ToyFamily())
-    monkeypatch.setattr("bench.costs.machine_peaks", lambda: MachinePeaks("t", 1e11, 1e10, "x", 8, 8))
     yield family
     families.unregister("toy")
 

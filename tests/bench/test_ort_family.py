@@ -15,7 +15,8 @@ from bench.runner import Runner
 from bench.verify import verify_run
 from grid_fakes import fake_deps, fake_spec
 from narbench_core.errors import UserError
-from test_runner import fixed_peaks  # noqa: F401  (autouse: fixed machine peaks)
+
+pytestmark = pytest.mark.usefixtures("fixed_peaks")     # tests/bench/conftest.py
 
 SPEC = fake_spec("orttest", test=["test"], ar_decoders=["greedy"], padir_iterations=[1, 4], max_test_sentences=12,
                  length_hyps=[1, 3]) + ('\n[ort]\niterations = [4]\ndistill = [true]\nquantization = ["float32", "int8"]\n'

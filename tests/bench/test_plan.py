@@ -13,7 +13,8 @@ from bench.cli import main
 from bench.families import load_suite as load_spec
 from bench.runner import Runner
 from grid_fakes import STEP_COST, fake_deps, fake_locator, fake_spec
-from test_runner import fixed_peaks  # noqa: F401  (autouse: fixed machine peaks)
+
+pytestmark = pytest.mark.usefixtures("fixed_peaks")     # tests/bench/conftest.py
 
 SPEC = fake_spec("plantest", test=["test", "test+refs"], ar_decoders=["greedy"], padir_iterations=[1, 4],
                  max_test_sentences=20, length_hyps=[3])

@@ -16,16 +16,10 @@ from bench.rows import CORE, SCHEMA_VERSION
 from bench.verify import verify_run
 from grid_fakes import STEP_COST, FakeFactory, fake_deps, fake_spec
 
+pytestmark = pytest.mark.usefixtures("fixed_peaks")     # tests/bench/conftest.py
+
 SPEC = fake_spec("gridtest", test=["test", "test+refs", "dev"], ar_decoders=["greedy", "beam:3"],
                  padir_iterations=[1, 4], max_test_sentences=20, length_hyps=[3])
-
-
-@pytest.fixture(autouse=True)
-def fixed_peaks(monkeypatch):
-    from bench.costs import MachinePeaks          # here, not at the top: it loads JAX, which the workers need not
-
-    peaks = MachinePeaks("test", 1e11, 1e10, "2024-01-01T00:00:00+00:00", 8, 8)
-    monkeypatch.setattr("bench.costs.machine_peaks", lambda: peaks)
 
 
 @pytest.fixture

@@ -7,7 +7,6 @@ import json
 import pytest
 
 from bench import store as st
-from bench.costs import MachinePeaks
 from bench.families import load_suite as load_spec
 from bench.plan import expand
 from bench.report import write_report
@@ -17,14 +16,10 @@ from bench.report.grid import Effect
 from bench.runner import Runner
 from grid_fakes import FAKE_PARAMS, fake_deps, fake_spec
 
+pytestmark = pytest.mark.usefixtures("fixed_peaks")     # tests/bench/conftest.py
+
 SPEC = fake_spec("sizetest", test=["test", "test+refs"], ar_decoders=["greedy", "beam:3"], padir_iterations=[1, 4],
                  max_test_sentences=20, length_hyps=[3])
-
-
-@pytest.fixture(autouse=True)
-def fixed_peaks(monkeypatch):
-    peaks = MachinePeaks("test", 1e11, 1e10, "2024-01-01T00:00:00+00:00", 8, 8)
-    monkeypatch.setattr("bench.costs.machine_peaks", lambda: peaks)
 
 
 def new_store(tmp_path, spec):

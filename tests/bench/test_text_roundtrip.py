@@ -52,13 +52,11 @@ def test_eval_inputs_read_line_for_line(tmp_path_factory, lines, ending):
 
 # -- narbench eval ------------------------------------------------------------------------------------
 @pytest.fixture
-def finished_run(tmp_path, monkeypatch):
+def finished_run(tmp_path, monkeypatch, fixed_peaks):
     """A finished run of fake systems (bench.runner.real_deps patched); returns its suite folder."""
-    from bench.costs import MachinePeaks
     from grid_fakes import FakeFactory, fake_deps, fake_spec
 
     monkeypatch.setattr("bench.runner.real_deps", lambda **_: fake_deps(tmp_path / "ckpt", FakeFactory()))
-    monkeypatch.setattr("bench.costs.machine_peaks", lambda: MachinePeaks("t", 1e11, 1e10, "x", 8, 8))
     spec = tmp_path / "lines.toml"
     spec.write_text(fake_spec("lines", test=["test"], ar_decoders=["greedy"], padir_iterations=[2],
                               max_test_sentences=6))

@@ -194,14 +194,6 @@ class DyingFactory(FakeFactory):
         return super().__call__(family, checkpoint_dir, spec, **options)
 
 
-@pytest.fixture
-def fixed_peaks(monkeypatch):
-    from bench.costs import MachinePeaks          # here, not at the top: it loads JAX, which the workers need not
-
-    peaks = MachinePeaks("test", 1e11, 1e10, "2024-01-01T00:00:00+00:00", 8, 8)
-    monkeypatch.setattr("bench.costs.machine_peaks", lambda: peaks)
-
-
 def test_a_worker_dying_mid_run_is_a_one_line_error_and_the_run_resumes(tmp_path, fixed_peaks):
     path = tmp_path / "workertest.toml"
     path.write_text(fake_spec("workertest", test=["test"], ar_decoders=["greedy"], padir_iterations=[4],
