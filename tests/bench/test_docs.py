@@ -280,6 +280,31 @@ def test_the_documentation_gives_the_presets_their_true_sizes():
     assert not wrong, f"`small` has d_ff {PRESETS['small']['d_ff']}, not 1024: {wrong}"
 
 
+def _tracked(under: str = "") -> list[str] | None:
+    """The files git tracks (paths relative to the repository), or None outside a git checkout."""
+    import subprocess
+
+    listed = subprocess.run(["git", "ls-files", "-z", "--", under or "."], cwd=REPO, capture_output=True)
+    return [name.decode() for name in listed.stdout.split(b"\0") if name] if listed.returncode == 0 else None
+
+
+def test_every_committed_leaderboard_run_tracks_its_samples():
+    """A committed run's figures are recomputed from its samples, so git holds them: the quick run's lost theirs
+    when samples were compressed (dceb477: the plain file went, the .gz sat under .gitignore's results/quick/)."""
+    import pytest
+
+    from bench.store import PLAIN_SAMPLES, ROWS, SAMPLES
+
+    tracked = _tracked("results")
+    if tracked is None:
+        pytest.skip("not a git checkout")
+    runs = {Path(name).parent for name in tracked if name.endswith("/leaderboard.md")}
+    assert runs, "no committed leaderboard runs found"
+    missing = sorted(str(run) for run in runs if str(run / ROWS) in tracked
+                     and not {str(run / SAMPLES), str(run / PLAIN_SAMPLES)} & set(tracked))
+    assert not missing, f"committed runs without their samples in git (git add -f them): {missing}"
+
+
 TREE_BUDGET_MB = 60       # tracked files (49.2 MB late on 2026-11-29: under the 64 MiB a device call takes); samples are gzip
 
 
@@ -287,13 +312,11 @@ def test_the_tracked_tree_stays_under_its_budget():
     """A clone stays light: the tracked files add up to less than ``TREE_BUDGET_MB`` (254 MB before 2026-11-29, when
     six superseded default runs moved to git history and four runs' samples were compressed). Lower it as the other
     committed runs' plain samples are compressed; a GPU machine takes a tree of 64 MiB."""
-    import subprocess
-
     import pytest
 
-    listed = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, capture_output=True)
-    if listed.returncode != 0:
+    tracked = _tracked()
+    if tracked is None:
         pytest.skip("not a git checkout")
-    files = [REPO / name.decode() for name in listed.stdout.split(b"\0") if name]
+    files = [REPO / name for name in tracked]
     total = sum(f.stat().st_size for f in files if f.is_file())
     assert total < TREE_BUDGET_MB * 1e6, f"the tracked files take {total / 1e6:.1f} MB, over {TREE_BUDGET_MB} MB"
