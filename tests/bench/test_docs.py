@@ -295,13 +295,14 @@ def test_every_committed_leaderboard_run_tracks_its_samples():
 
     from bench.store import PLAIN_SAMPLES, ROWS, SAMPLES
 
-    tracked = _tracked("results")
-    if tracked is None:
+    listed = _tracked("results")
+    if listed is None:
         pytest.skip("not a git checkout")
+    tracked = set(listed)
     runs = {Path(name).parent for name in tracked if name.endswith("/leaderboard.md")}
     assert runs, "no committed leaderboard runs found"
     missing = sorted(str(run) for run in runs if str(run / ROWS) in tracked
-                     and not {str(run / SAMPLES), str(run / PLAIN_SAMPLES)} & set(tracked))
+                     and not {str(run / SAMPLES), str(run / PLAIN_SAMPLES)} & tracked)
     assert not missing, f"committed runs without their samples in git (git add -f them): {missing}"
 
 
