@@ -271,13 +271,18 @@ def test_the_smoke_suite_through_ray_matches_the_local_executor(cluster, smoke_r
     import shutil
 
     from bench.cli import main
+    from models.distill import RECORD_NAME
     from narbench_core.paths import data_root, resolve
 
     code, err, local_out = smoke_run
     assert code == 0, err
     local = st.RunStore(st.resolve_run_dir(local_out / "smoke"))
     trained = sorted({resolve(r.checkpoint) for r in local.rows() if r.distill})
-    distilled = sorted((data_root() / "distill").glob("synthetic_d0-*"))
+    # The run's own distillation: the folder whose record the run copied (the worker's data root may hold other
+    # tests' distillations of the same task, made before this one or after).
+    record = json.loads((local.path / st.DISTILL).read_text())
+    distilled = [path for path in sorted((data_root() / "distill").glob("synthetic_d0-*"))
+                 if (path / RECORD_NAME).is_file() and json.loads((path / RECORD_NAME).read_text()) == record]
     assert len(trained) == 1 and len(distilled) == 1
     aside = {path: tmp_path / "aside" / path.parent.name / path.name for path in [*trained, *distilled]}
     for path, to in aside.items():
