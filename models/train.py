@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import optax
 
 from narbench_core.digest import json_digest
-from narbench_core import defaults, lock, probe
+from narbench_core import defaults, hugepages, lock, probe
 from narbench_core.defaults import TRAIN_BUCKETS
 from narbench_core.errors import UserError
 from models import checkpoint, losses, refine, sharding
@@ -605,6 +605,7 @@ def _new_record(task: str, model_config: ModelConfig, cfg: TrainConfig, identity
         "train_config": cfg.to_dict(), **identity,
         "num_params": int(sum(x.size for x in jax.tree_util.tree_leaves(state.params))),
         "devices": [str(d) for d in mesh.devices.flat], "batching": batches.stats(),
+        "glibc_tunables": hugepages.started_with(),            # this session's; huge pages: narbench_core.hugepages
         "complete": False, "steps_done": start,
         **{k: prev.get(k, 0.0) for k in carried}, "target_tokens": prev.get("target_tokens", 0),
         "step_flops": dict(prev.get("step_flops", {})),

@@ -80,11 +80,16 @@ def os_error_line(err: OSError) -> str | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run one command. Without ``argv`` this is the ``narbench`` program: its process is made quiet
-    (``narbench_core.quiet``) unless ``-v``, before any command imports TensorFlow or JAX. With
-    ``argv`` (a caller's own process, e.g. tests) the process is left as it is."""
+    """Run one command. Without ``argv`` this is the ``narbench`` program: a command that trains starts
+    itself again with glibc's huge-page tunable (``narbench_core.hugepages``), and the process is made quiet
+    (``narbench_core.quiet``) unless ``-v``, before any command imports TensorFlow or JAX. With ``argv`` (a
+    caller's own process, e.g. tests) the process is left as it is."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    if argv is None and getattr(args, "trains", False):      # huge pages for the train step's buffers (may exec)
+        from narbench_core.hugepages import restart
+
+        restart()
     if argv is None and not args.verbose:
         from narbench_core.quiet import quiet_process
 

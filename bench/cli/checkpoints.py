@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Callable, Iterable, Optional, TextIO
 
 from bench import families
+from models.config import PRESETS
 from narbench_core import defaults
 from narbench_core.errors import UserError
 from narbench_core.io import split_lines
@@ -33,7 +34,8 @@ def register(sub) -> None:
     p.add_argument("--task", required=True, help="task name (see `narbench tasks`)")
     p.add_argument("--model", required=True, choices=[f.name for f in families.all_families() if f.trains],
                    help="system family whose model to train")
-    p.add_argument("--preset", default="small", help="model size: tiny | small | paper (default small)")
+    p.add_argument("--preset", default="small", choices=sorted(PRESETS, key=lambda name: PRESETS[name]["d_model"]),
+                   help="model size (models/config.py's PRESETS; default small)")
     p.add_argument("--steps", type=int, help="optimizer steps (with --until plateau: the cap; default: TrainConfig's)")
     p.add_argument("--batch-tokens", type=int, help="padded target tokens per batch")
     p.add_argument("--learning-rate", type=float, help="peak learning rate")
@@ -90,7 +92,7 @@ def register(sub) -> None:
     p.add_argument("--out", type=Path, help="checkpoint folder (default: hash-keyed under the data root)")
     p.add_argument("--refuse-damaged", action="store_true", help=REFUSE_DAMAGED_HELP)
     p.add_argument("--quiet", action="store_true", help="no progress bars")
-    p.set_defaults(func=_train_command)
+    p.set_defaults(func=_train_command, trains=True)
 
     c = sub.add_parser("continue", help="continue a training past its plateau: did the rule stop it early?",
                        description="Train a checkpoint that the plateau rule stopped once more, from the state "
@@ -103,7 +105,7 @@ def register(sub) -> None:
                    help="train at the peak rate until FACTOR x the plateau's step at least (default 2: as long again)")
     c.add_argument("--out", type=Path, help="folder to train into (default <checkpoint>.past-plateau-<FACTOR>x)")
     c.add_argument("--quiet", action="store_true", help="no progress bars")
-    c.set_defaults(func=_continue_command)
+    c.set_defaults(func=_continue_command, trains=True)
 
     t = sub.add_parser("translate", help="translate sentences with a trained checkpoint",
                        description="Sources one per line (stdin by default); hypotheses one per line on "

@@ -40,7 +40,7 @@ def register(sub) -> None:
                    f"here (default: {defaults.EXECUTOR})")
     p.add_argument("--address", help="with --executor ray: the Ray cluster to join (HOST:PORT of `ray start --head`; "
                    "default: start Ray on this machine)")
-    p.set_defaults(func=cmd_run)
+    p.set_defaults(func=cmd_run, trains=True)
 
     p = sub.add_parser("status", help="print the jobs of a run and their state (trained, running where, failed)",
                        description="Read a run folder's cells.json, written by the `narbench run` that drives it: "
