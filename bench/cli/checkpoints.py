@@ -34,7 +34,7 @@ def register(sub) -> None:
     p.add_argument("--task", required=True, help="task name (see `narbench tasks`)")
     p.add_argument("--model", required=True, choices=[f.name for f in families.all_families() if f.trains],
                    help="system family whose model to train")
-    p.add_argument("--preset", default="small", choices=sorted(PRESETS, key=lambda name: PRESETS[name]["d_model"]),
+    p.add_argument("--preset", default="small", choices=list(PRESETS),
                    help="model size (models/config.py's PRESETS; default small)")
     p.add_argument("--steps", type=int, help="optimizer steps (with --until plateau: the cap; default: TrainConfig's)")
     p.add_argument("--batch-tokens", type=int, help="padded target tokens per batch")
