@@ -289,9 +289,12 @@ class Measured:
         from suites.catalog import source_task
 
         kinds = {f.model_kind: f for f in families.all_families() if f.trains and f.model_kind}
-        for meta_file in sorted((root / "checkpoints").glob("*/narbench.json")):
-            meta = _json(meta_file) or {}
+        metas = {f: _json(f) or {} for f in sorted((root / "checkpoints").glob("*/narbench.json"))}
+        seeded = {(m.get("seeded_from") or {}).get("checkpoint") for m in metas.values()}   # counted in their copy
+        for meta_file, meta in metas.items():
             fam = kinds.get(meta.get("kind"))
+            if meta_file.parent.name in seeded:
+                continue
             steps, seconds = meta.get("steps_done"), meta.get("train_seconds")
             if fam is None or not steps or not seconds:
                 continue
@@ -342,6 +345,8 @@ def train_estimate(measured: Measured, family: str, task: str, shape: tuple, lab
     ``vocab_size`` counts the output layer)."""
     fam = families.get(family)
     resumed = None if resumed_at is None else progress(fam.train_config(budget.train_kwargs(), axes), *resumed_at)
+    if resumed is not None and resumed.exact and resumed.stop <= resumed.steps_done:
+        return Estimate(0.0, f"nothing to train: it stopped at step {resumed.stop:,}")
     work = fam.train_work(axes)
     pool = [m for m in measured.trained if m.family == family and m.shape == shape]
     ratio = 1.0                                       # this size's work per token over the measured size's

@@ -2,7 +2,8 @@
 
 ``preview(spec, locator, measured)`` walks the plan (``bench.plan.expand``) the way the runner would
 train it, but only looks: each training cell is *cached* (its checkpoint folder holds a finished
-``narbench.json``), *partial* (an unfinished one: the run resumes it), *to train* (its task's data or
+``narbench.json``), *partial* (an unfinished one: the run resumes it; or none, but the same training under
+another step cap beside it, which it starts from: ``models.train.other_cap_source``), *to train* (its task's data or
 vocabulary not prepared yet: nothing can have trained on it), or *unknown* (its budget is matched to
 the baseline's at run time, so its folder is not known before). A cell whose
 teacher or warm-start source is not cached trains after it: its folder name depends on that source's
@@ -43,6 +44,8 @@ class Locator:
     split_size: Callable[[str, str], int | None]          # (task, split) -> sentences, None if unknown
     data_root: Path | None = None                         # where checkpoint and distillation records live
     curve: Callable[[Path], list[dict]] = lambda folder: _read_curve(folder)   # checkpoint folder -> dev curve
+    other_cap: Callable[..., Any] = lambda *args: None    # (task, model_config, train_config, init_from) ->
+    #                                                       models.train.CapSource to start from, or None
 
 
 def _read_curve(folder: Path) -> list[dict]:
@@ -72,6 +75,13 @@ def real_locator() -> Locator:
 
         return checkpoint_dir_for(task, model_config, train_config, init_from)
 
+    def other_cap(task, model_config, train_config, init_from=None):
+        from models.batching import task_identity
+        from models.train import other_cap_source
+
+        folder = checkpoint_dir(task, model_config, train_config, init_from)
+        return other_cap_source(folder, task, model_config, train_config, task_identity(task), init_from)
+
     def record(folder):
         from models.checkpoint import read_meta
 
@@ -91,7 +101,8 @@ def real_locator() -> Locator:
 
         return task_info(task).splits.get(split)
 
-    return Locator(real_configs, not_ready, checkpoint_dir, record, distillation, split_size, data_root())
+    return Locator(real_configs, not_ready, checkpoint_dir, record, distillation, split_size, data_root(),
+                   other_cap=other_cap)
 
 
 # ----------------------------------------------------------------------------------------- the preview
@@ -163,13 +174,13 @@ def preview(spec: SuiteSpec, locator: Locator, measured: est.Measured) -> Previe
     distills: dict[tuple, DistillPreview] = {}
 
     def train(cell: TrainCell, note: str, state: str = TO_TRAIN, folder: str | None = None,
-              resumed_at: tuple[int, list[dict]] | None = None) -> CellPreview:
+              resumed_at: tuple[int, list[dict]] | None = None, rate_from: str | None = None) -> CellPreview:
         budget = spec.budget(cell.family)
         axes = dict(cell.axes)
         model_extra, _ = families.get(cell.family).axes_configs(dict(axes))
         cell_shape = est.model_shape(spec.model.preset_of(cell), {**spec.model.override_dict(), **model_extra})
         estimate = est.train_estimate(measured, cell.family, cell.task, cell_shape, cell.label, budget, axes,
-                                      resumed_at, folder, _vocab_size(cell))
+                                      resumed_at, rate_from or folder, _vocab_size(cell))
         return CellPreview(cell, state, folder, note, estimate)
 
     def _vocab_size(cell: TrainCell) -> int | None:
@@ -235,6 +246,12 @@ def preview(spec: SuiteSpec, locator: Locator, measured: est.Measured) -> Previe
                 done = int(record.get("steps_done") or 0)
                 states[cell] = train(cell, f"resumes at step {done:,}", PARTIAL, _portable(folder),
                                      (done, locator.curve(folder)))
+            elif (source := locator.other_cap(task, model_config, train_config, init_from)) is not None:
+                curve = [p for p in locator.curve(source.folder) if p["step"] <= source.step]
+                start = "all of" if source.whole else f"step {source.step:,} of"
+                states[cell] = train(cell, f"starts from {start} {_portable(source.folder)}, the same training "
+                                     f"under a cap of {source.cap:,} steps", PARTIAL, _portable(folder),
+                                     (source.step, curve), _portable(source.folder))
             else:
                 states[cell] = train(cell, "", TO_TRAIN, _portable(folder))
         return states[cell]

@@ -395,7 +395,8 @@ def train(task: str, model_config: ModelConfig, train_config: TrainConfig, out_d
     finished meanwhile) and it is registered as busy while it trains, so a run timing meanwhile on this
     machine says so. A folder whose files cannot be read whole (``checkpoint.DamagedCheckpoint``) has its
     contents moved aside and is trained afresh, or with ``retrain_damaged=False`` is refused
-    (``_whole_record``).
+    (``_whole_record``). An empty folder starts from the same training under another step cap in a sibling
+    folder where there is one (``other_cap_source``).
     """
     cfg = effective_config(model_config, train_config)
     data, identity = _training_data(task, data, out_dir)
@@ -409,6 +410,8 @@ def train(task: str, model_config: ModelConfig, train_config: TrainConfig, out_d
     what = f"training {out_dir.name}"
     with lock.hold(out_dir, what, wait=wait_for_lease), lock.busy(what):
         meta = _whole_record(out_dir, model_config, cfg, retrain_damaged)
+        if meta is None:                               # nothing here yet: the same training under another cap?
+            meta = _seed_from_other_cap(out_dir, task, model_config, cfg, identity, init_from)
         if meta and meta.get("complete"):             # by the process that held the folder a moment ago
             return out_dir
         return _train_held(task, model_config, cfg, data, identity, out_dir, meta,
@@ -456,6 +459,101 @@ def continue_past_plateau(ckpt_dir: Path, out_dir: Path | None = None, factor: f
     if not out.exists():
         new_folder(out, seed)
     return train(meta["task"], model_config, cfg, out, progress=progress, **train_kwargs)
+
+
+# -- the same training under another step cap ------------------------------------------------------
+@dataclass(frozen=True)
+class CapSource:
+    """A folder beside a training's own holding the same training under another step cap (``steps``), whose
+    saved state at ``step`` is this training's own state there: nothing it ran up to ``step`` read the cap."""
+
+    folder: Path
+    step: int
+    cap: int           # its ``steps``
+    whole: bool        # finished by its plateau rule before either cap mattered: all of it is this training
+
+
+def reads_cap(cfg: TrainConfig) -> bool:
+    """Whether a training's steps depend on ``steps`` before its decay: PaDIR's glancing ratio anneals over it."""
+    return cfg.glancing and cfg.glance_start != cfg.glance_end
+
+
+def other_cap_source(out_dir: Path, task: str, model_config: ModelConfig, cfg: TrainConfig, identity: dict,
+                     init_from: Path | None = None) -> CapSource | None:
+    """Among ``out_dir``'s sibling folders, the same training (task, data, vocabulary, model, warm start and every
+    training setting) under another cap, from which this one can start: one whose plateau rule fired before this
+    cap's latest decay start (``schedule.latest_decay_start``: the decay is then the same), or one interrupted before
+    its decay began and before that step; the one furthest on. A training by ``until = "plateau"`` only (``steps`` is then a cap, which the peak-rate steps never
+    read, ``reads_cap`` aside). Raising a suite's cap above a plateau it did not reach thus keeps the steps run."""
+    from models import curves
+
+    cfg = effective_config(model_config, cfg)
+    out_dir = Path(out_dir)
+    if cfg.until != "plateau" or reads_cap(cfg) or not out_dir.parent.is_dir():
+        return None
+    want = _same_training(task, model_config.to_dict(), cfg.to_dict(), identity,
+                          None if init_from is None else _source_identity(init_from))
+    best = None
+    for folder in sorted(out_dir.parent.iterdir()):
+        if folder == out_dir or folder.is_symlink() or not folder.is_dir():
+            continue
+        try:
+            meta = checkpoint.read_meta(folder)
+        except checkpoint.DamagedCheckpoint:
+            continue
+        cap = ((meta or {}).get("train_config") or {}).get("steps")
+        if not isinstance(cap, int) or cap == cfg.steps or _same_training(
+                meta.get("task"), meta.get("model_config"), meta.get("train_config"), meta,
+                (meta.get("init") or {}).get("from")) != want:
+            continue
+        done = int(meta.get("steps_done") or 0)
+        if not done or checkpoint.latest_step(folder) != done:
+            continue
+        theirs = schedules.stop_state(cfg.replace(steps=cap), [p for p in curves.read_curve(folder) if p["step"] <= done])
+        latest = schedules.latest_decay_start(cfg)
+        same_decay = theirs.stopped_by == "plateau" and theirs.decay_start < latest   # this one's rule fires there too
+        if (same_decay or done <= min(theirs.decay_start, latest)) and (best is None or done > best.step):
+            best = CapSource(folder, done, cap, same_decay and bool(meta.get("complete")))
+    return best
+
+
+def _same_training(task, model: dict | None, train: dict | None, identity: dict, init: dict | None) -> dict:
+    """What two trainings under different caps share (the vocabulary by its hash: older records hold its path)."""
+    return {"task": task, "model": model, "train": {k: v for k, v in (train or {}).items() if k != "steps"},
+            "vocab_hash": identity.get("vocab_hash"), "data": identity.get("data"), "init": init}
+
+
+def _seed_from_other_cap(out_dir: Path, task: str, model_config: ModelConfig, cfg: TrainConfig, identity: dict,
+                         init_from: Path | None) -> dict | None:
+    """Start the empty folder ``out_dir`` (held) from ``other_cap_source``: its state at that step, the steps kept
+    up to it, its dev curve up to it and its record (totals carried over, ``seeded_from`` naming it); said on
+    stderr. The record is written last: a kill before it leaves a folder that seeds again. Returns the record (None:
+    no such source)."""
+    import shutil
+    import sys
+
+    from models import curves
+    from narbench_core.io import new_folder
+
+    source = other_cap_source(out_dir, task, model_config, cfg, identity, init_from)
+    if source is None:
+        return None
+    with lock.hold(source.folder, f"seeding {out_dir.name}"):
+        meta = checkpoint.read_meta(source.folder)
+        steps = [(checkpoint.STATE_DIR, source.step)] + [
+            (checkpoint.KEPT_DIR, k) for k in checkpoint.kept_steps(source.folder) if k <= source.step]
+        for sub, step in steps:
+            if not (out_dir / sub / str(step)).is_dir():
+                new_folder(out_dir / sub / str(step), lambda tmp, sub=sub, step=step: shutil.copytree(
+                    source.folder / sub / str(step), tmp, dirs_exist_ok=True))
+        curves.write_curve(out_dir, [p for p in curves.read_curve(source.folder) if p["step"] <= source.step])
+    meta = {**meta, "train_config": cfg.to_dict(), "complete": source.whole and bool(meta.get("complete")),
+            "seeded_from": {"checkpoint": source.folder.name, "step": source.step, "steps": source.cap}}
+    checkpoint.write_meta(out_dir, meta)
+    how = "all of it" if source.whole else f"its step {source.step:,}"
+    print(f"narbench: {out_dir.name} starts from {source.folder.name}, {how}: the same training under a cap of "
+          f"{source.cap:,} steps (this one's: {cfg.steps:,})", file=sys.stderr)
+    return meta
 
 
 def _finished(out_dir: Path, model_config: ModelConfig, cfg: TrainConfig) -> bool:
@@ -609,7 +707,7 @@ def _new_record(task: str, model_config: ModelConfig, cfg: TrainConfig, identity
         "complete": False, "steps_done": start,
         **{k: prev.get(k, 0.0) for k in carried}, "target_tokens": prev.get("target_tokens", 0),
         "step_flops": dict(prev.get("step_flops", {})),
-        "init": warm, **({"continued_from": prev["continued_from"]} if "continued_from" in prev else {}),
+        "init": warm, **{k: prev[k] for k in ("continued_from", "seeded_from") if k in prev},
     }
 
 

@@ -206,3 +206,39 @@ def test_plan_command_prints_json_and_leaves_other_machines_out(measured, monkey
     monkeypatch.setattr(estimate, "this_machine", lambda: {"cpu_model": "Other CPU", "threads": 64})
     assert main(args) == 0
     assert "(1 runs from other machines left out)" in capsys.readouterr().out
+
+
+def test_a_cell_with_its_training_under_another_cap_beside_it_starts_from_there(measured):
+    """``models.train.other_cap_source`` names where the training starts: the plan counts only the rest."""
+    from models.train import CapSource
+
+    tmp_path, deps, _ = measured
+    path = tmp_path / "more.toml"
+    path.write_text(SPEC.replace('name = "plantest"', 'name = "more"') + "unmask_rate = [0.15, 0.5]\n")
+    spec = load_spec(path)
+    source = tmp_path / "ckpt" / "under-another-cap"
+    source.mkdir(parents=True)
+    (source / "curve.jsonl").write_text("".join(json.dumps({"step": s, "dev_bleu": 1.0}) + "\n" for s in range(1, 5)))
+
+    def other_cap(task, model_config, train_config, init_from=None):
+        return CapSource(source, 3, 4, False) if model_config.get("unmask_rate") == 0.5 and not init_from else None
+
+    locator = dataclasses.replace(fake_locator(deps), other_cap=other_cap)
+    shown = preview.preview(spec, locator, estimate.Measured.collect(tmp_path / "results", None, MACHINE))
+    [cell] = [c for c in shown.cells if c.cell.label == f"{PADIR} 0.5 seed 0"]
+    assert (cell.state, cell.note) == (
+        "partial", f"starts from step 3 of {preview._portable(source)}, the same training under a cap of 4 steps")
+    assert cell.estimate.how.startswith("2 more steps (stops at step 5) x 0.80 s")
+    assert cell.estimate.seconds == pytest.approx(2 * STEP_COST["padir"]["seconds"] + 2 * 0.1)
+
+
+def test_a_training_carried_on_under_another_cap_is_measured_once(tmp_path):
+    """Its copy holds its steps and seconds so far: the folder it started from is not counted beside it."""
+    for name, record in (("old-cap", {"steps_done": 100, "train_seconds": 50.0}),
+                         ("new-cap", {"steps_done": 300, "train_seconds": 180.0,
+                                      "seeded_from": {"checkpoint": "old-cap", "step": 100, "steps": 120}})):
+        (tmp_path / "checkpoints" / name).mkdir(parents=True)
+        (tmp_path / "checkpoints" / name / "narbench.json").write_text(json.dumps({
+            "kind": "ar", "task": "fake_task", "model_config": {"d_model": 8}, "train_config": {}, **record}))
+    [model] = estimate.Measured.collect(None, tmp_path, MACHINE).trained
+    assert model.source.endswith("new-cap") and model.seconds_per_step == pytest.approx(0.6)

@@ -285,3 +285,67 @@ def test_a_folder_holding_another_training_is_refused_in_one_line(tmp_path, unin
     with pytest.raises(UserError, match="holds a different unfinished training"):
         space["train"]("toy", space["model"], other, tmp_path, progress=False, data=space["data"],
                        dev=space["scorer"])
+
+
+# ------------------------------------------------------------- the same training under another step cap
+
+class _Cut(Exception):
+    """Stands for a training stopped part way (the session ended)."""
+
+
+def _cut_at(step: int):
+    def on_step(done: int, metrics: dict) -> None:
+        if done == step:
+            raise _Cut
+    return on_step
+
+
+def test_only_a_glancing_ratio_that_anneals_reads_the_cap_before_the_decay():
+    from models.train import reads_cap
+
+    assert not reads_cap(cfg()) and not reads_cap(cfg(glancing=True, glance_start=0.3, glance_end=0.3))
+    assert reads_cap(cfg(glancing=True, glance_start=0.5, glance_end=0.3))
+
+
+@pytest.mark.slow
+def test_a_raised_cap_starts_from_the_same_training_under_the_old_one(tmp_path, uninterrupted, capsys):
+    """Under a cap of 18 the decay starts at 12 at the latest, before the rule's step 14: that training, cut at step
+    8, goes on under a cap of 80 from its step 8 as the training under a cap of 40 ran (fires at 14, stops at 21);
+    a finished one whose rule fired is all of the same training under a higher cap; a decayed one is no start."""
+    from models.train import other_cap_source
+
+    space: dict = {"__name__": "training"}
+    exec(TRAINING, space)
+    toy = dict(progress=False, data=space["data"], dev=space["scorer"])
+    identity = {"vocab_hash": None, "data": space["data"].fingerprint()}
+    config, model = space["config"], space["model"]
+    with pytest.raises(_Cut):
+        space["train"]("toy", model, config.replace(steps=18), tmp_path / "cut", on_step=_cut_at(9), **toy)
+    assert checkpoint.read_meta(tmp_path / "cut")["steps_done"] == 8
+    source = other_cap_source(tmp_path / "raised", "toy", model, config.replace(steps=80), identity)
+    assert (source.folder.name, source.step, source.cap, source.whole) == ("cut", 8, 18, False)
+    for other in (config.replace(steps=80, seed=1), config.replace(steps=80, patience=3),
+                  config.replace(steps=80, until="steps", schedule="cosine")):
+        assert other_cap_source(tmp_path / "raised", "toy", model, other, identity) is None, other
+    assert other_cap_source(tmp_path / "raised", "other", model, config.replace(steps=80), identity) is None
+    capsys.readouterr()
+    out = space["train"]("toy", model, config.replace(steps=80), tmp_path / "raised", **toy)
+    assert capsys.readouterr().err.splitlines() == [
+        "narbench: raised starts from cut, its step 8: the same training under a cap of 18 steps (this one's: 80)"]
+    assert _outcome(out) == _outcome(uninterrupted) and checkpoint.kept_steps(out) == [14]
+    jax.tree_util.tree_map(lambda u, v: np.testing.assert_allclose(u, v, rtol=1e-6, atol=1e-7),
+                           checkpoint.restore_params(out)[0], checkpoint.restore_params(uninterrupted)[0])
+    meta = checkpoint.read_meta(out)
+    assert meta["seeded_from"] == {"checkpoint": "cut", "step": 8, "steps": 18} and meta["train_config"]["steps"] == 80
+    # Finished under 80 by its rule (at 14, under every cap whose latest decay start is past it): all of it.
+    whole = other_cap_source(tmp_path / "higher", "toy", model, config.replace(steps=120), identity)
+    assert (whole.folder.name, whole.step, whole.whole) == ("raised", 21, True)
+    higher = space["train"]("toy", model, config.replace(steps=120), tmp_path / "higher", on_step=_cut_at(0), **toy)
+    assert _outcome(higher) == _outcome(uninterrupted) and checkpoint.read_meta(higher)["seeded_from"]["step"] == 21
+    assert other_cap_source(tmp_path / "lower", "toy", model, config.replace(steps=20), identity).folder.name == "cut"
+    # The cut training run to its cap of 18 decayed from 12: nothing of it is a training under another cap.
+    space["train"]("toy", model, config.replace(steps=18), tmp_path / "cut", **toy)
+    assert checkpoint.read_meta(tmp_path / "cut")["stopped_by"] == "cap"
+    (tmp_path / "alone").mkdir()
+    (tmp_path / "cut").rename(tmp_path / "alone" / "cut")
+    assert other_cap_source(tmp_path / "alone" / "new", "toy", model, config.replace(steps=80), identity) is None
