@@ -483,8 +483,9 @@ def other_cap_source(out_dir: Path, task: str, model_config: ModelConfig, cfg: T
     """Among ``out_dir``'s sibling folders, the same training (task, data, vocabulary, model, warm start and every
     training setting) under another cap, from which this one can start: one whose plateau rule fired before this
     cap's latest decay start (``schedule.latest_decay_start``: the decay is then the same), or one interrupted before
-    its decay began and before that step; the one furthest on. A training by ``until = "plateau"`` only (``steps`` is then a cap, which the peak-rate steps never
-    read, ``reads_cap`` aside). Raising a suite's cap above a plateau it did not reach thus keeps the steps run."""
+    its decay began and before that step; the one furthest on. A training by ``until = "plateau"`` only (``steps``
+    is then a cap, which the peak-rate steps never read, ``reads_cap`` aside). Raising a suite's cap above a plateau
+    it did not reach thus keeps the steps run."""
     from models import curves
 
     cfg = effective_config(model_config, cfg)
@@ -509,7 +510,8 @@ def other_cap_source(out_dir: Path, task: str, model_config: ModelConfig, cfg: T
         done = int(meta.get("steps_done") or 0)
         if not done or checkpoint.latest_step(folder) != done:
             continue
-        theirs = schedules.stop_state(cfg.replace(steps=cap), [p for p in curves.read_curve(folder) if p["step"] <= done])
+        points = [p for p in curves.read_curve(folder) if p["step"] <= done]
+        theirs = schedules.stop_state(cfg.replace(steps=cap), points)
         latest = schedules.latest_decay_start(cfg)
         same_decay = theirs.stopped_by == "plateau" and theirs.decay_start < latest   # this one's rule fires there too
         if (same_decay or done <= min(theirs.decay_start, latest)) and (best is None or done > best.step):
@@ -527,8 +529,8 @@ def _seed_from_other_cap(out_dir: Path, task: str, model_config: ModelConfig, cf
                          init_from: Path | None) -> dict | None:
     """Start the empty folder ``out_dir`` (held) from ``other_cap_source``: its state at that step, the steps kept
     up to it, its dev curve up to it and its record (totals carried over, ``seeded_from`` naming it); said on
-    stderr. The record is written last: a kill before it leaves a folder that seeds again. Returns the record (None:
-    no such source)."""
+    stderr; its stopping decision is this cap's. The record is written last: a kill before it leaves a folder that
+    seeds again. Returns the record (None: no such source)."""
     import shutil
     import sys
 
@@ -546,9 +548,11 @@ def _seed_from_other_cap(out_dir: Path, task: str, model_config: ModelConfig, cf
             if not (out_dir / sub / str(step)).is_dir():
                 new_folder(out_dir / sub / str(step), lambda tmp, sub=sub, step=step: shutil.copytree(
                     source.folder / sub / str(step), tmp, dirs_exist_ok=True))
-        curves.write_curve(out_dir, [p for p in curves.read_curve(source.folder) if p["step"] <= source.step])
+        points = [p for p in curves.read_curve(source.folder) if p["step"] <= source.step]
+        curves.write_curve(out_dir, points)
     meta = {**meta, "train_config": cfg.to_dict(), "complete": source.whole and bool(meta.get("complete")),
             "seeded_from": {"checkpoint": source.folder.name, "step": source.step, "steps": source.cap}}
+    _record_stop(meta, schedules.stop_state(cfg, points))          # under this cap
     checkpoint.write_meta(out_dir, meta)
     how = "all of it" if source.whole else f"its step {source.step:,}"
     print(f"narbench: {out_dir.name} starts from {source.folder.name}, {how}: the same training under a cap of "
