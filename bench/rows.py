@@ -232,7 +232,7 @@ TRAINING = (                                         # the system's trained mode
       optional=True),
     C("train_steps", "train steps", count, doc="optimizer steps (a matched budget's resolved count)", optional=True),
     C("train_tokens", "train tokens", si, doc="target tokens trained on", optional=True),
-    C("train_seconds", "train s", fixed(0), doc="seconds in train steps (no compiling, checkpoints, curves)",
+    C("train_seconds", "train s", fixed(0), doc="seconds in train steps (no compiling, checkpoints, curves, nor time stopped by SIGSTOP)",
       optional=True),
     C("train_flops", "train FLOPs", si, doc="XLA cost analysis of each step's compiled train step, summed",
       optional=True),

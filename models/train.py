@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import optax
 
 from narbench_core.digest import json_digest
-from narbench_core import defaults, hugepages, lock, probe
+from narbench_core import defaults, hugepages, lock, probe, stopped
 from narbench_core.defaults import TRAIN_BUCKETS
 from narbench_core.errors import UserError
 from models import checkpoint, losses, refine, sharding
@@ -618,7 +618,7 @@ def _train_held(task: str, model_config: ModelConfig, cfg: TrainConfig, data: To
         checkpoint.keep_step(out_dir, start)
     steps = _CompiledSteps(lambda decay_start: make_train_step(model_config, cfg, model, decay_start)[0],
                            stop.decay_start, record)
-    clock = _SessionClock(record["wall_seconds"])
+    clock = _SessionClock(record["wall_seconds"], record["stopped_seconds"])
     bar = tqdm(total=stop.stop, initial=start, disable=not progress, unit="step",
                desc=f"train {task} {model_config.kind}", dynamic_ncols=True)
     dev_note = _dev_note(stop, curve)
@@ -701,7 +701,7 @@ def _new_record(task: str, model_config: ModelConfig, cfg: TrainConfig, identity
     """``narbench.json`` at the start of a session: what trains on what, and the totals carried over
     from an interrupted session."""
     carried = ("wall_seconds", "compile_seconds", "train_seconds", "checkpoint_seconds", "train_flops",
-               "eval_seconds")
+               "eval_seconds", "stopped_seconds")
     return {
         "task": task, "kind": model_config.kind, "model_config": model_config.to_dict(),
         "train_config": cfg.to_dict(), **identity,
@@ -735,15 +735,15 @@ class _CompiledSteps:
         record = self.record
         shape = batch["targets"].shape + batch["inputs"].shape
         if shape not in self.compiled:
-            t0 = time.perf_counter()
+            t0 = stopped.running()
             self.compiled[shape] = self.step_fn.lower(state, batch, rng).compile()
-            record["compile_seconds"] += time.perf_counter() - t0
+            record["compile_seconds"] += stopped.running() - t0
             self.flops[shape] = cost_flops(self.compiled[shape])
             record["step_flops"][f"{shape[0]}x{shape[1]}"] = self.flops[shape]
-        t0 = time.perf_counter()
+        t0 = stopped.running()
         state, metrics = self.compiled[shape](state, batch, rng)
         metrics = {k: float(v) for k, v in metrics.items()}          # syncs: the step is done
-        record["train_seconds"] += time.perf_counter() - t0
+        record["train_seconds"] += stopped.running() - t0
         return state, metrics, self.flops[shape]
 
 
@@ -751,9 +751,9 @@ def _dev_point(evaluate: Callable, state: TrainState, done: int, record: dict, c
                out_dir: Path) -> None:
     """One learning-curve point (dev BLEU and NLL at ``done`` steps), appended to ``curve.jsonl``;
     its time is evaluation time, not training time."""
-    t0 = time.perf_counter()
+    t0 = stopped.running()
     point = {"step": done, "seconds": record["train_seconds"], **evaluate(state.params, done)}
-    point["eval_seconds"] = time.perf_counter() - t0
+    point["eval_seconds"] = stopped.running() - t0
     record["eval_seconds"] += point["eval_seconds"]
     curve.append(point)
     _write_curve(out_dir, curve)
@@ -762,27 +762,33 @@ def _dev_point(evaluate: Callable, state: TrainState, done: int, record: dict, c
 def _save_checkpoint(out_dir: Path, state: TrainState, done: int, complete: bool, metrics: dict, record: dict,
                      clock: "_SessionClock") -> None:
     """Parameters and optimiser state at ``done`` steps (refused if any parameter is not finite), and the record."""
-    t0 = time.perf_counter()
+    t0 = stopped.running()
     if not bool(_all_finite(state.params)):
         raise _diverged(done, "non-finite parameters", out_dir)
     checkpoint.save(out_dir, done, state.params, state.opt_state)
-    record["checkpoint_seconds"] += time.perf_counter() - t0
+    record["checkpoint_seconds"] += stopped.running() - t0
     record.update(steps_done=done, complete=complete, final_loss=metrics["loss"], last_metrics=metrics)
     _write_record(out_dir, record, clock)
 
 
 class _SessionClock:
-    """Wall seconds over every session: the earlier sessions' total plus this one's so far."""
+    """Wall seconds over every session while the training ran (``narbench_core.stopped``: a SIGSTOP's pause is not
+    in them, nor in any of the record's seconds): the earlier sessions' total plus this one's so far; and the seconds
+    it was seen stopped, likewise."""
 
-    def __init__(self, before: float):
-        self.before, self.start = before, time.perf_counter()
+    def __init__(self, before: float, stopped_before: float):
+        self.before, self.start = before, stopped.running()
+        self.stopped_before, self.stopped_start = stopped_before, stopped.stopped_seconds()
 
     def total(self) -> float:
-        return self.before + time.perf_counter() - self.start
+        return self.before + stopped.running() - self.start
+
+    def stopped_total(self) -> float:
+        return self.stopped_before + stopped.stopped_seconds() - self.stopped_start
 
 
 def _write_record(out_dir: Path, record: dict, clock: _SessionClock) -> None:
-    record["wall_seconds"] = clock.total()
+    record["wall_seconds"], record["stopped_seconds"] = clock.total(), clock.stopped_total()
     record["target_tokens_per_second"] = record["target_tokens"] / max(record["train_seconds"], 1e-9)
     record["padding_share"] = record["batching"]["target_padding_share"]
     checkpoint.write_meta(out_dir, record)
