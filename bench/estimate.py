@@ -106,28 +106,30 @@ class Progress:
     steps_done: int
     stop: int                     # exact, or (``exact`` False) the earliest step the plateau rule can stop it at
     exact: bool                   # the plateau rule fired (or the training has no rule, or cannot fire before the cap)
-    threshold: float | None       # not exact: the dev BLEU a point must pass to put the plateau off
+    threshold: float | None       # not exact: the value of the rule's signal (dev BLEU, or dev NLL) a point must
+                                  # pass (rise over, or fall under) to put the plateau off
 
 
 def progress(cfg: Any, steps_done: int, points: Iterable[Mapping[str, Any]]) -> Progress:
     """The ``Progress`` of a training of ``cfg`` (a ``TrainConfig``) resumed at ``steps_done`` with dev
-    curve ``points``: where the rule stops it if it fired; otherwise the earliest it can, when dev BLEU
-    never again rises (each later point scores under every point so far: the rule is replayed on them,
-    smoothing and a growing patience included), then the wsd decay runs."""
-    from models.schedule import decay_steps, latest_decay_start, stop_state
+    curve ``points``: where the rule stops it if it fired; otherwise the earliest it can, when its signal
+    never again progresses (each later point scores worse than every point so far: the rule is replayed on
+    them, smoothing and a growing patience included), then the wsd decay runs."""
+    from models.schedule import decay_steps, latest_decay_start, progress_sign, stop_state
 
     points = list(points)
     state = stop_state(cfg, points)
     if cfg.until != "plateau" or state.stopped_by == "plateau":
         return Progress(steps_done, state.stop, True, None)
     cap = latest_decay_start(cfg) if cfg.schedule == "wsd" else cfg.steps
-    low = min((float(p["dev_bleu"]) for p in points), default=0.0) - 1.0
+    sign = progress_sign(cfg)
+    worst = sign * (min((sign * float(p[cfg.signal]) for p in points), default=0.0) - 1.0)
     step, future = max((int(p["step"]) for p in points), default=0), list(points)
     while True:
         step += cfg.eval_every
         if step >= cap:
             return Progress(steps_done, cfg.steps, True, None)                   # no plateau before the cap
-        future.append({"step": step, "dev_bleu": low})
+        future.append({"step": step, cfg.signal: worst})
         if stop_state(cfg, future).stopped_by == "plateau":
             break
     stop = step + decay_steps(cfg, step) if cfg.schedule == "wsd" else step
@@ -135,13 +137,16 @@ def progress(cfg: Any, steps_done: int, points: Iterable[Mapping[str, Any]]) -> 
 
 
 def _threshold(cfg: Any, points: list, state) -> float | None:
-    """The dev BLEU the next point must pass to put the plateau off: its signal (the mean of the last
-    ``smooth`` points, it included) must pass the best by ``min_delta``."""
-    if state.best_dev_bleu is None:
+    """The value of the rule's signal the next point must pass to put the plateau off: its signal (the mean of
+    the last ``smooth`` points, it included) must pass the best by ``min_delta`` (rise over it for dev BLEU,
+    fall under it for dev NLL)."""
+    from models.schedule import progress_sign
+
+    if state.best is None:
         return None
-    ordered = [float(p["dev_bleu"]) for p in sorted(points, key=lambda p: int(p["step"]))]
+    ordered = [float(p[cfg.signal]) for p in sorted(points, key=lambda p: int(p["step"]))]
     recent = ordered[max(0, len(ordered) - (cfg.smooth - 1)):] if cfg.smooth > 1 else []
-    return (len(recent) + 1) * (state.best_dev_bleu + cfg.min_delta) - sum(recent)
+    return (len(recent) + 1) * (state.best + progress_sign(cfg) * cfg.min_delta) - sum(recent)
 
 
 @dataclass(frozen=True)
@@ -368,8 +373,8 @@ def train_estimate(measured: Measured, family: str, task: str, shape: tuple, lab
     done = 0 if resumed is None else min(resumed.steps_done, budget.steps)
     if resumed is not None and (resumed.exact or median is None or resumed.stop > steps):
         steps, stop = resumed.stop, (f" (stops at step {resumed.stop:,})" if resumed.exact else
-                                     f" (plateau: step {resumed.stop:,} at the earliest, if dev BLEU stays under "
-                                     f"{resumed.threshold:.2f}; cap {budget.steps:,})")
+                                     f" (plateau: step {resumed.stop:,} at the earliest, if {_stays(budget, resumed)}"
+                                     f"; cap {budget.steps:,})")
     steps = max(steps, done)
     every = fam.eval_every(budget.train_kwargs())
     points = (steps // every - done // every + (1 if steps % every else 0)) if every else 0
@@ -402,6 +407,13 @@ def _nearest_shape(pool: list[TrainedModel], shape: tuple, vocab_size: int) -> t
     """The measured model shape of ``pool`` nearest ``shape`` in work per token (by ratio, either way)."""
     target = token_work(shape, vocab_size)
     return min({m.shape for m in pool}, key=lambda s: abs(math.log(token_work(s, vocab_size) / target)))
+
+
+def _stays(budget, resumed: Progress) -> str:
+    """What keeps a partial training's plateau at its earliest step: its signal not passing the threshold."""
+    if (budget.signal or "dev_bleu") == "dev_bleu":
+        return f"dev BLEU stays under {resumed.threshold:.2f}"
+    return f"dev NLL stays over {resumed.threshold:.3f}"
 
 
 def _measured_rate(pool: list[TrainedModel], checkpoint: str | None, label: str, task: str, batch_tokens: int,

@@ -4,10 +4,11 @@ Two stopping rules (``TrainConfig.until``), the same for every family:
 
 - ``"steps"``: train exactly ``steps`` steps.
 - ``"plateau"``: evaluate on dev every ``eval_every`` steps (``models.curves``, ``dev_sentences`` of the
-  dev split) and stop once the rule's signal has not risen by more than ``min_delta`` over its best for
-  ``patience`` evaluations in a row (at least ``patience_share`` of the evaluations so far, and not
-  before ``min_steps``); ``steps`` is a cap. The signal is dev BLEU, the mean of the last ``smooth``
-  points (1: each point as measured).
+  dev split) and stop once the rule's signal has not progressed by more than ``min_delta`` past its best
+  for ``patience`` evaluations in a row (at least ``patience_share`` of the evaluations so far, and not
+  before ``min_steps``); ``steps`` is a cap. The signal is the mean of the last ``smooth`` points (1: each
+  point as measured) of the curve value ``signal`` names: dev BLEU (progress is a rise), or dev NLL
+  (progress is a fall; ``min_delta`` then in nats per token).
 
 Two learning-rate schedules after the linear warm-up (``TrainConfig.schedule``):
 
@@ -30,6 +31,8 @@ from typing import Any, Iterable, Mapping
 import jax.numpy as jnp
 import optax
 
+from narbench_core.defaults import PLATEAU_SIGNALS
+
 
 @dataclass(frozen=True)
 class StopState:
@@ -38,7 +41,8 @@ class StopState:
     decay_start: int | None        # step the learning rate starts to decay (wsd; None: cosine)
     stop: int                      # the step the training ends at
     stopped_by: str                # "plateau" (the rule fired), "cap" (no plateau by ``steps``), "steps"
-    best_dev_bleu: float | None    # best of the rule's signal so far (dev BLEU, smoothed over ``smooth`` points)
+    best: float | None             # best of the rule's signal so far (its curve value, smoothed over ``smooth``
+                                   # points: dev BLEU or dev NLL, in the curve's own units)
     best_step: int | None          # ... and its step
     evals_since_best: int          # evaluations since the signal last rose by more than min_delta
 
@@ -54,15 +58,20 @@ def decay_steps(cfg: Any, decay_start: int) -> int:
 
 
 def signal(cfg: Any, points: Iterable[Mapping[str, Any]]) -> list[tuple[int, float]]:
-    """The rule's signal at each curve point, by step: dev BLEU averaged over the last ``cfg.smooth`` points
-    (fewer at the start)."""
-    pts = sorted((int(p["step"]), float(p["dev_bleu"])) for p in points)
+    """The rule's signal at each curve point, by step: the curve value ``cfg.signal`` names (dev BLEU or dev NLL)
+    averaged over the last ``cfg.smooth`` points (fewer at the start), in the curve's own units."""
+    pts = sorted((int(p["step"]), float(p[cfg.signal])) for p in points)
     window = cfg.smooth
     out = []
     for i, (step, _) in enumerate(pts):
-        recent = [bleu for _, bleu in pts[max(0, i + 1 - window):i + 1]]
+        recent = [value for _, value in pts[max(0, i + 1 - window):i + 1]]
         out.append((step, sum(recent) / len(recent)))
     return out
+
+
+def progress_sign(cfg: Any) -> int:
+    """+1 where a rise of the rule's signal is progress (dev BLEU), -1 where a fall is (dev NLL)."""
+    return PLATEAU_SIGNALS[cfg.signal]
 
 
 def patience_at(cfg: Any, evals: int) -> int:
@@ -73,13 +82,15 @@ def patience_at(cfg: Any, evals: int) -> int:
 
 def stop_state(cfg: Any, points: Iterable[Mapping[str, Any]]) -> StopState:
     """The stopping decision of ``cfg`` (a ``TrainConfig``) given its curve points so far
-    (``{"step", "dev_bleu"}``; points after the decay started do not move it)."""
+    (``{"step", "dev_bleu", "dev_nll"}``, the one ``cfg.signal`` names at least; points after the decay started
+    do not move it)."""
     best, best_step, since = None, None, 0
     fired = None
     latest = latest_decay_start(cfg) if cfg.schedule == "wsd" else cfg.steps
     pts = signal(cfg, points)
+    sign = progress_sign(cfg)
     for n, (step, value) in enumerate(pts, 1):
-        if best is None or value > best + cfg.min_delta:
+        if best is None or sign * (value - best) > cfg.min_delta:
             best, best_step, since = value, step, 0
         else:
             since += 1

@@ -60,10 +60,13 @@ class TrainConfig:
                                               "step 0, annealed linearly to glance_end at `steps`")
     glance_end: float = unhashed_at_default(defaults.GLANCE_END, "PaDIR with glancing: the glancing ratio at `steps`")
     # When to stop and the learning rate on the way (models/schedule.py):
-    until: str = unhashed_at_default("steps", "steps: train `steps` steps; plateau: stop when dev BLEU stops "
-                                              "improving (patience, min_delta), `steps` a cap")
+    until: str = unhashed_at_default("steps", "steps: train `steps` steps; plateau: stop when the dev signal "
+                                              "(signal) stops improving (patience, min_delta), `steps` a cap")
     patience: int = unhashed_at_default(3, "plateau: evaluations in a row without a rise over min_delta")
-    min_delta: float = unhashed_at_default(0.2, "plateau: the dev BLEU rise over the best that counts")
+    signal: str = unhashed_at_default("dev_bleu", "plateau: the curve value the rule reads: dev_bleu (a rise is "
+                                                 "progress) or dev_nll (a fall is progress)")
+    min_delta: float = unhashed_at_default(0.2, "plateau: the progress over the best that counts (the signal's "
+                                                "units: BLEU points or nats per token)")
     smooth: int = unhashed_at_default(1, "plateau: the rule reads the mean dev BLEU of the last `smooth` points "
                                          "(1: each point as measured)")
     patience_share: float = unhashed_at_default(0.0, "plateau: the patience grows with the training: at least this "
@@ -86,7 +89,7 @@ class TrainConfig:
                   "max_length": self.max_length >= 2, "checkpoint_every": self.checkpoint_every >= 1,
                   "eval_every": self.eval_every >= 0,
                   "optimizer": self.optimizer in OPTIMIZERS, "until": self.until in defaults.TRAIN_UNTIL,
-                  "patience": self.patience >= 1, "min_delta": self.min_delta >= 0, "smooth": self.smooth >= 1,
+                  "signal": self.signal in defaults.PLATEAU_SIGNALS, "patience": self.patience >= 1, "min_delta": self.min_delta >= 0, "smooth": self.smooth >= 1,
                   "patience_share": 0.0 <= self.patience_share < 1.0, "min_steps": self.min_steps >= 0,
                   "dev_sentences": self.dev_sentences >= 0,
                   "schedule": self.schedule in defaults.LR_SCHEDULES, "decay_share": 0 <= self.decay_share < 1}
@@ -552,7 +555,7 @@ def _seed_from_other_cap(out_dir: Path, task: str, model_config: ModelConfig, cf
         curves.write_curve(out_dir, points)
     meta = {**meta, "train_config": cfg.to_dict(), "complete": source.whole and bool(meta.get("complete")),
             "seeded_from": {"checkpoint": source.folder.name, "step": source.step, "steps": source.cap}}
-    _record_stop(meta, schedules.stop_state(cfg, points))          # under this cap
+    _record_stop(meta, schedules.stop_state(cfg, points), cfg.signal)          # under this cap
     checkpoint.write_meta(out_dir, meta)
     how = "all of it" if source.whole else f"its step {source.step:,}"
     print(f"narbench: {out_dir.name} starts from {source.folder.name}, {how}: the same training under a cap of "
@@ -613,7 +616,7 @@ def _train_held(task: str, model_config: ModelConfig, cfg: TrainConfig, data: To
     rng = sharding.replicate(jax.random.PRNGKey(cfg.seed), mesh)
     evaluate, curve = _curve_setup(task, model_config, cfg, out_dir, start, dev, in_memory=identity["vocab_path"] is None)
     stop = schedules.stop_state(cfg, curve)                  # where the training ends, from the curve so far
-    _record_stop(record, stop)
+    _record_stop(record, stop, cfg.signal)
     if stop.stopped_by == "plateau" and stop.decay_start == start:      # killed between saving and keeping it
         checkpoint.keep_step(out_dir, start)
     steps = _CompiledSteps(lambda decay_start: make_train_step(model_config, cfg, model, decay_start)[0],
@@ -621,7 +624,7 @@ def _train_held(task: str, model_config: ModelConfig, cfg: TrainConfig, data: To
     clock = _SessionClock(record["wall_seconds"], record["stopped_seconds"])
     bar = tqdm(total=stop.stop, initial=start, disable=not progress, unit="step",
                desc=f"train {task} {model_config.kind}", dynamic_ncols=True)
-    dev_note = _dev_note(stop, curve)
+    dev_note = _dev_note(stop, curve, cfg.signal)
     try:
         done = start
         while done < stop.stop:
@@ -639,8 +642,8 @@ def _train_held(task: str, model_config: ModelConfig, cfg: TrainConfig, data: To
                 fired = stop.stopped_by == "plateau" and stop.decay_start == done
                 steps.decay_from(stop.decay_start)
                 bar.total = stop.stop
-                dev_note = _dev_note(stop, curve)
-                _record_stop(record, stop)
+                dev_note = _dev_note(stop, curve, cfg.signal)
+                _record_stop(record, stop, cfg.signal)
             if done % cfg.checkpoint_every == 0 or done == stop.stop or fired:
                 _save_checkpoint(out_dir, state, done, done == stop.stop, metrics, record, clock)
             if fired:                          # the state before the decay, for a training continued past it
@@ -656,20 +659,24 @@ def _train_held(task: str, model_config: ModelConfig, cfg: TrainConfig, data: To
     return out_dir
 
 
-def _dev_note(stop: "schedules.StopState", curve: list[dict]) -> str:
-    """The progress bar's dev BLEU: the last point's, the best so far and, once the plateau rule fired,
-    where the decay started (the bar's total is then the real last step, no longer the cap)."""
-    if not curve or stop.best_dev_bleu is None:
+def _dev_note(stop: "schedules.StopState", curve: list[dict], signal: str) -> str:
+    """The progress bar's dev BLEU: the last point's, the rule's best so far (of its signal: dev NLL where it reads
+    that) and, once the plateau rule fired, where the decay started (the bar's total is then the real last step,
+    no longer the cap)."""
+    if not curve or stop.best is None:
         return ""
     last = max(curve, key=lambda p: p["step"])
-    note = f"{last['dev_bleu']:.2f} (best {stop.best_dev_bleu:.2f} at {stop.best_step:,})"
+    best = (f"best {stop.best:.2f} at {stop.best_step:,}" if signal == "dev_bleu" else
+            f"nll {last['dev_nll']:.3f}, best {stop.best:.3f} at {stop.best_step:,}")
+    note = f"{last['dev_bleu']:.2f} ({best})"
     return note + (f", plateau at {stop.decay_start:,}: decaying" if stop.stopped_by == "plateau" else "")
 
 
-def _record_stop(record: dict, stop: "schedules.StopState") -> None:
-    """The stopping decision so far, as ``narbench.json`` keeps it (changes only at a dev point)."""
-    record.update(stopped_by=stop.stopped_by, best_dev_bleu=stop.best_dev_bleu, best_step=stop.best_step,
-                  decay_start=stop.decay_start)
+def _record_stop(record: dict, stop: "schedules.StopState", signal: str) -> None:
+    """The stopping decision so far, as ``narbench.json`` keeps it (changes only at a dev point): ``best_dev_bleu``,
+    or ``best_dev_nll`` for a rule that reads dev NLL (the rule's best, smoothed)."""
+    record.update(stopped_by=stop.stopped_by, best_step=stop.best_step, decay_start=stop.decay_start,
+                  **{f"best_{signal}": stop.best})
 
 
 def _training_data(task: str, data: TokenPairs | None, out_dir: Path | None) -> tuple[TokenPairs, dict]:

@@ -36,6 +36,8 @@ DISTILL_ENGINE = "jax"
 
 # -- when training stops (models/schedule.py) ------------------------------------------------------
 TRAIN_UNTIL = ("steps", "plateau")    # train `steps` steps, or until dev BLEU stops rising (`steps` a cap)
+# The curve value a plateau rule reads, and its direction: +1 a rise is progress (dev BLEU), -1 a fall (dev NLL).
+PLATEAU_SIGNALS = {"dev_bleu": 1, "dev_nll": -1}
 LR_SCHEDULES = ("cosine", "wsd")      # after warm-up: cosine to the floor at `steps`, or warmup-stable-decay
 
 # -- cached checkpoints (models/train.py) -----------------------------------------------------------

@@ -119,6 +119,7 @@ class TrainBudget:
     eval_every: int | None = None             # steps between learning-curve points (None: the family's default)
     match: str | None = None                  # "flops" | "seconds": as much as the baseline (AR) model, steps a cap
     until: str | None = None                  # "plateau": stop when dev BLEU stops rising (models/schedule.py),
+    signal: str | None = None                 # plateau: "dev_bleu" (None) or "dev_nll", the curve value it reads
     patience: int | None = None               #   after `patience` evaluations without a rise over `min_delta`,
     min_delta: float | None = None            #   steps a cap; None: "steps" (train `steps` steps)
     smooth: int | None = None                 # plateau: the rule reads the mean dev BLEU of the last `smooth` points
@@ -469,6 +470,7 @@ def _budget(r: Reader) -> TrainBudget:
         eval_every=r.get("eval_every", integer(0), None),
         match=r.get("match", string(choices=BUDGET_MATCHES), None),
         until=until,
+        signal=r.get("signal", string(choices=tuple(defaults.PLATEAU_SIGNALS)), None),
         patience=r.get("patience", integer(1), None),
         min_delta=r.get("min_delta", number(0.0), None),
         smooth=r.get("smooth", integer(1), None),
@@ -487,7 +489,7 @@ def _budget(r: Reader) -> TrainBudget:
         if b.schedule == "cosine":
             r.fail("schedule", 'until = "plateau" needs schedule = "wsd": cosine needs the total steps in advance')
     elif until is None:
-        for key in ("patience", "min_delta", "smooth", "patience_share", "min_steps"):
+        for key in ("signal", "patience", "min_delta", "smooth", "patience_share", "min_steps"):
             if getattr(b, key) is not None:
                 r.fail(key, 'applies to until = "plateau" only')
     r.done()

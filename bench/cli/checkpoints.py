@@ -65,11 +65,15 @@ def register(sub) -> None:
     p.add_argument("--eval-every", type=int,
                    help="steps between learning-curve points (dev NLL and BLEU in curve.jsonl; default: none)")
     p.add_argument("--until", choices=defaults.TRAIN_UNTIL,
-                   help="steps: train --steps steps (default); plateau: until dev BLEU has not risen by more than "
-                        "--min-delta for --patience evaluations (needs --eval-every; --steps is the cap)")
-    p.add_argument("--patience", type=int, help="plateau: evaluations without a rise (default 3)")
-    p.add_argument("--min-delta", type=float, help="plateau: the dev BLEU rise that counts (default 0.2)")
-    p.add_argument("--smooth", type=int, help="plateau: the rule reads the mean dev BLEU of the last N points (default 1)")
+                   help="steps: train --steps steps (default); plateau: until dev BLEU (or --signal) has not "
+                        "progressed by more than --min-delta for --patience evaluations (needs --eval-every; "
+                        "--steps is the cap)")
+    p.add_argument("--signal", choices=tuple(defaults.PLATEAU_SIGNALS),
+                   help="plateau: the curve value the rule reads: dev_bleu (a rise is progress; default) or dev_nll "
+                        "(a fall is progress; --min-delta in nats per token)")
+    p.add_argument("--patience", type=int, help="plateau: evaluations without progress (default 3)")
+    p.add_argument("--min-delta", type=float, help="plateau: the progress that counts (default 0.2)")
+    p.add_argument("--smooth", type=int, help="plateau: the rule reads the mean of the last N points (default 1)")
     p.add_argument("--patience-share", type=float,
                    help="plateau: the patience grows to this share of the evaluations so far (default 0: fixed)")
     p.add_argument("--min-steps", type=int, help="plateau: the rule does not fire before this step (default 0)")
@@ -251,7 +255,7 @@ def _train_command(args: argparse.Namespace) -> int:
                       steps=args.steps, batch_tokens=args.batch_tokens, learning_rate=args.learning_rate,
                       warmup_steps=args.warmup_steps, seed=args.seed, checkpoint_every=args.checkpoint_every,
                       eval_every=args.eval_every, optimizer=args.optimizer, until=args.until,
-                      patience=args.patience, min_delta=args.min_delta, smooth=args.smooth,
+                      signal=args.signal, patience=args.patience, min_delta=args.min_delta, smooth=args.smooth,
                       patience_share=args.patience_share, min_steps=args.min_steps, dev_sentences=args.dev_sentences,
                       schedule=args.schedule or ("wsd" if args.until == "plateau" else None),
                       decay_share=args.decay_share)

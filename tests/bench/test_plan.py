@@ -124,6 +124,21 @@ def test_a_partial_training_stops_where_its_rule_says_or_at_the_earliest_it_can(
     assert estimate.progress(_plateau_config(min_steps=20_000), 8500, _curve(*rising)).stop == 20_000 + 4_000
 
 
+def test_a_rule_on_dev_nll_is_replayed_with_a_falling_signal():
+    """The same curve read as dev NLL (the rise above as a fall): the same earliest stop, and the threshold is the
+    NLL the next point must fall under; the plan says so."""
+    from suites.spec import TrainBudget
+
+    cfg = _plateau_config(signal="dev_nll")
+    falling = [{"step": p["step"], "dev_nll": 20.0 - p["dev_bleu"]}
+               for p in _curve(*[10.0 + 0.5 * i for i in range(15)], 17.76, 17.31)]
+    assert estimate.progress(cfg, 8500, falling) == estimate.Progress(8500, 12_000, False, pytest.approx(20 - 17.96))
+    assert estimate.progress(cfg, 9000, falling + [{"step": 9000, "dev_nll": 1.9}]).stop == 11_000 + 2_200
+    assert estimate.progress(cfg, 9000, falling + [{"step": 9000, "dev_nll": 2.1}]).stop == 12_000
+    budget = TrainBudget(steps=60_000, batch_tokens=256, learning_rate=1e-2, warmup_steps=4, signal="dev_nll")
+    assert estimate._stays(budget, estimate.progress(cfg, 8500, falling)) == "dev NLL stays over 2.040"
+
+
 def test_a_plateau_is_estimated_from_the_nearest_models_the_rule_stopped():
     from suites.spec import TrainBudget
 

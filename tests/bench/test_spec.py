@@ -120,6 +120,9 @@ def test_test_set_syntax(tmp_path):
      "x.toml: train.ar.schedule: until = \"plateau\" needs schedule = \"wsd\""),
     ("[train.ar]\nsteps = 10", "[train.ar]\nsteps = 10\npatience = 2", "x.toml: train.ar.patience: applies to until"),
     ("[train.ar]\nsteps = 10", "[train.ar]\nsteps = 10\nsmooth = 3", "x.toml: train.ar.smooth: applies to until"),
+    ("[train.ar]\nsteps = 10", "[train.ar]\nsteps = 10\nsignal = \"dev_nll\"", "x.toml: train.ar.signal: applies to until"),
+    ("[train.ar]\nsteps = 10", "[train.ar]\nsteps = 10\nuntil = \"plateau\"\neval_every = 2\nsignal = \"loss\"",
+     "x.toml: train.ar.signal: expected one of"),
     ("[train.ar]\nsteps = 10", "[train.ar]\nsteps = 10\nuntil = \"plateau\"\neval_every = 2\nsmooth = 0",
      "x.toml: train.ar.smooth: expected an integer >= 1, got 0"),
     ("[train.ar]\nsteps = 10", "[train.ar]\nsteps = 10\nuntil = \"plateau\"\neval_every = 2\npatience_share = 1",
@@ -151,12 +154,14 @@ def test_bad_values_name_the_key(tmp_path, old, new, message):
 
 
 def test_a_steadier_plateau_rule_reads_and_round_trips(tmp_path):
-    rule = 'until = "plateau"\neval_every = 2\nsmooth = 3\npatience_share = 0.25\nmin_steps = 6\ndev_sentences = "all"\n'
+    rule = ('until = "plateau"\neval_every = 2\nsmooth = 3\npatience_share = 0.25\nmin_steps = 6\n'
+            'dev_sentences = "all"\nsignal = "dev_nll"\n')
     text = GOOD.replace("warmup_steps = 2\n", "warmup_steps = 2\n" + rule)
     spec = load_spec(write(tmp_path, text))
     kwargs = spec.budget("padir").train_kwargs()
-    assert {k: kwargs[k] for k in ("smooth", "patience_share", "min_steps", "dev_sentences")} == {
-        "smooth": 3, "patience_share": 0.25, "min_steps": 6, "dev_sentences": 0}          # "all": the whole split
+    assert {k: kwargs[k] for k in ("smooth", "patience_share", "min_steps", "dev_sentences", "signal")} == {
+        "smooth": 3, "patience_share": 0.25, "min_steps": 6, "dev_sentences": 0,           # "all": the whole split
+        "signal": "dev_nll"}
     again = parse_spec(tomllib.loads(spec.to_toml()), "round-trip")
     assert again.budgets == spec.budgets and again.spec_hash() == spec.spec_hash()
 

@@ -39,10 +39,10 @@ def test_the_rule_fires_after_patience_evaluations_without_a_rise_over_min_delta
     assert stop_state(c, curve(rises_then_flat, 12)).stopped_by == "cap"       # one flat evaluation: waits
     state = stop_state(c, curve(rises_then_flat, 14))                           # two: fires at 14
     assert (state.decay_start, state.stop, state.stopped_by) == (14, 14 + 7, "plateau")
-    assert (state.best_dev_bleu, state.best_step, state.evals_since_best) == (30.0, 10, 2)
+    assert (state.best, state.best_step, state.evals_since_best) == (30.0, 10, 2)
     # Later points (the decay phase) do not move the decision.
     later = stop_state(c, curve(lambda s: 100.0 if s > 14 else rises_then_flat(s), 20))
-    assert (later.decay_start, later.stop, later.stopped_by, later.best_dev_bleu) == (14, 21, "plateau", 100.0)
+    assert (later.decay_start, later.stop, later.stopped_by, later.best) == (14, 21, "plateau", 100.0)
     # Rises of at most min_delta over the best do not count as improvements.
     creeping = stop_state(c, curve(lambda s: 0.25 * s / 2, 6))
     assert (creeping.stopped_by, creeping.decay_start, creeping.best_step) == ("plateau", 6, 2)
@@ -74,15 +74,46 @@ def test_a_smoothed_signal_a_growing_patience_and_a_first_step_hold_off_a_noisy_
     assert stop_state(cfg(**rule, smooth=1, patience_share=0.0, min_steps=0), flat) == stop_state(cfg(**rule), flat)
 
 
+def test_a_rule_on_dev_nll_waits_through_noisy_bleu_and_fires_when_the_nll_stops_falling():
+    """The scale suite's tiny AR model at the peak rate (2026-12-04, whole dev split): dev BLEU swung by up to 6.8
+    between evaluations while dev NLL fell at every one but one. The BLEU rule (a mean of 3, patience 4) fired at
+    6,000; a rule on dev NLL (a fall under its best by more than min_delta is progress) waits while it falls."""
+    bleu = [1.45, 6.38, 9.07, 11.95, 8.08, 15.06, 15.32, 16.27, 12.63, 15.35, 18.34, 11.57]
+    nll = [4.526, 3.889, 3.577, 3.463, 3.371, 3.299, 3.192, 3.209, 3.141, 3.097, 3.090, 3.085]
+    points = [{"step": 500 * (i + 1), "dev_bleu": b, "dev_nll": n} for i, (b, n) in enumerate(zip(bleu, nll))]
+    rule = dict(steps=60_000, eval_every=500, patience=4, min_delta=0.2, decay_share=0.2, smooth=3,
+                patience_share=0.33)
+    assert stop_state(cfg(**rule), points).decay_start == 6000
+    by_nll = stop_state(cfg(**{**rule, "min_delta": 0.01}, signal="dev_nll"), points)
+    assert (by_nll.stopped_by, by_nll.best_step) == ("cap", 6000)
+    assert by_nll.best == pytest.approx((3.097 + 3.090 + 3.085) / 3)          # the smoothed NLL, in nats
+    # The NLL no lower from here (BLEU rising): no fall past the best by 0.01 for a third of the evaluations (6 of
+    # 18) fires it at 9,000.
+    flat = points + [{"step": 6000 + 500 * (i + 1), "dev_bleu": 20.0 + i, "dev_nll": 3.09 + 0.005 * i}
+                     for i in range(8)]
+    fired = stop_state(cfg(**{**rule, "min_delta": 0.01}, signal="dev_nll"), flat)
+    assert (fired.stopped_by, fired.decay_start, fired.best_step) == ("plateau", 9000, 6000)
+    # The BLEU rule had fired at 6,000, whatever came after.
+    assert stop_state(cfg(**rule), flat).decay_start == 6000
+
+
 def test_the_progress_bar_shows_the_dev_curve_and_the_plateau():
-    from models.train import _dev_note
+    from models.train import _dev_note, _record_stop
 
     c = cfg()
-    assert _dev_note(stop_state(c, []), []) == ""
+    assert _dev_note(stop_state(c, []), [], c.signal) == ""
     waiting = curve(rises_then_flat, 12)
-    assert _dev_note(stop_state(c, waiting), waiting) == "30.00 (best 30.00 at 10)"
+    assert _dev_note(stop_state(c, waiting), waiting, c.signal) == "30.00 (best 30.00 at 10)"
     fired = curve(lambda s: rises_then_flat(s) - (s == 14), 16)
-    assert _dev_note(stop_state(c, fired), fired) == "30.00 (best 30.00 at 10), plateau at 14: decaying"
+    assert _dev_note(stop_state(c, fired), fired, c.signal) == "30.00 (best 30.00 at 10), plateau at 14: decaying"
+    by_nll = cfg(signal="dev_nll")
+    falling = [{**p, "dev_nll": 5.0 - p["dev_bleu"] / 10} for p in waiting]
+    assert _dev_note(stop_state(by_nll, falling), falling, by_nll.signal) == "30.00 (nll 2.000, best 2.000 at 10)"
+    # narbench.json names the best by the signal it is of.
+    record = {}
+    _record_stop(record, stop_state(by_nll, falling), by_nll.signal)
+    assert record == {"stopped_by": "cap", "best_step": 10, "decay_start": latest_decay_start(by_nll),
+                      "best_dev_nll": 2.0}
 
 
 def test_without_a_plateau_the_decay_starts_where_it_ends_at_the_cap():
@@ -112,7 +143,7 @@ def test_wsd_warms_up_holds_the_peak_then_decays_linearly_to_the_floor():
     (dict(eval_every=0), "eval_every"), (dict(schedule="cosine"), "wsd"), (dict(patience=0), "patience"),
     (dict(min_delta=-0.1), "min_delta"), (dict(until="never"), "until"), (dict(decay_share=1.0), "decay_share"),
     (dict(smooth=0), "smooth"), (dict(patience_share=1.0), "patience_share"), (dict(min_steps=-1), "min_steps"),
-    (dict(dev_sentences=-1), "dev_sentences"),
+    (dict(dev_sentences=-1), "dev_sentences"), (dict(signal="bleu"), "signal"),
 ])
 def test_bad_plateau_settings_name_the_key(changes, key):
     with pytest.raises(UserError, match=key):
@@ -126,7 +157,9 @@ def test_the_plateau_rule_is_part_of_the_identity_and_old_identities_stay():
     # The steadier rule's settings (issue 52) change no older identity at their defaults, and do at any other value;
     # the dev sentences are the rule's signal only where a plateau decides.
     assert cfg(smooth=1, patience_share=0.0, min_steps=0, dev_sentences=200).to_dict() == cfg().to_dict()
-    for change in (dict(smooth=3), dict(patience_share=0.3), dict(min_steps=500), dict(dev_sentences=0)):
+    assert cfg(signal="dev_bleu").to_dict() == cfg().to_dict()
+    for change in (dict(smooth=3), dict(patience_share=0.3), dict(min_steps=500), dict(dev_sentences=0),
+                   dict(signal="dev_nll")):
         assert cfg(**change).to_dict() != cfg().to_dict(), change
         assert TrainConfig.from_dict(cfg(**change).to_dict()) == cfg(**change)
     assert TrainConfig(dev_sentences=0).to_dict() == TrainConfig().to_dict()
