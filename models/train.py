@@ -89,7 +89,8 @@ class TrainConfig:
                   "max_length": self.max_length >= 2, "checkpoint_every": self.checkpoint_every >= 1,
                   "eval_every": self.eval_every >= 0,
                   "optimizer": self.optimizer in OPTIMIZERS, "until": self.until in defaults.TRAIN_UNTIL,
-                  "signal": self.signal in defaults.PLATEAU_SIGNALS, "patience": self.patience >= 1, "min_delta": self.min_delta >= 0, "smooth": self.smooth >= 1,
+                  "signal": self.signal in defaults.PLATEAU_SIGNALS, "patience": self.patience >= 1,
+                  "min_delta": self.min_delta >= 0, "smooth": self.smooth >= 1,
                   "patience_share": 0.0 <= self.patience_share < 1.0, "min_steps": self.min_steps >= 0,
                   "dev_sentences": self.dev_sentences >= 0,
                   "schedule": self.schedule in defaults.LR_SCHEDULES, "decay_share": 0 <= self.decay_share < 1}
