@@ -246,7 +246,7 @@ TRAINING = (                                         # the system's trained mode
     C("dev_length_within2", "len ±2", fixed(3), True,
       doc="dev sentences whose top predicted length is within 2 tokens (last curve point)", optional=True),
     C("stopped_by", "stopped by", align="left", optional=True,
-      doc="what ended the training: plateau (dev BLEU stopped rising), cap (no plateau by its steps), or "
+      doc="what ended the training: plateau (its dev signal stopped improving), cap (no plateau by its steps), or "
           "steps (a set number of steps; models.schedule)"),
     C("decay_start", "decay from step", count, optional=True,
       doc="the step the learning-rate decay began at: where the plateau rule fired (null: no decay began, as "
@@ -255,6 +255,10 @@ TRAINING = (                                         # the system's trained mode
       doc="the best dev BLEU before the decay began (best_dev_bleu minus it: what the decay added)"),
     C("best_dev_bleu", "best dev BLEU", fixed(2), True, optional=True,
       doc="the best dev BLEU of the model's learning curve (its curve decoder, the task's own references)"),
+    C("dev_bleu_swing", "dev BLEU swing", fixed(2), None, optional=True,
+      doc="how much dev BLEU swings between evaluations at the peak learning rate: the standard deviation of the "
+          "successive differences of the curve points from half the peak-rate steps on "
+          "(bench.measure.learning.dev_swing; null under 3 such points)"),
     C("still_improving", "still improving", yes_no,
       doc=f"no when the plateau rule stopped it; else: dev BLEU rose by more than {defaults.CURVE_RISE:g} over "
           f"the last {defaults.CURVE_TAIL:.0%} of the training steps (bench.measure.learning.still_improving)",

@@ -425,6 +425,7 @@ class Runner:
                 "distill_seconds": None if distilled is None else distilled.get("seconds"),
                 "stopped_by": record.get("stopped_by"), "decay_start": decay,
                 "plateau_dev_bleu": learning.plateau_bleu(points, decay), "best_dev_bleu": record.get("best_dev_bleu"),
+                "dev_bleu_swing": learning.dev_swing(points, decay),
                 "still_improving": learning.still_improving(points, record.get("stopped_by")),
                 "dev_length_exact": points[-1].get("dev_length_exact") if points else None,
                 "dev_length_within2": points[-1].get("dev_length_within2") if points else None}

@@ -34,6 +34,21 @@ def plateau_bleu(points: Iterable[Mapping[str, Any]], decay_start: int | None) -
     return max(before) if before else None
 
 
+def dev_swing(points: Iterable[Mapping[str, Any]], decay_start: int | None, key: str = "dev_bleu") -> float | None:
+    """How much a curve's ``key`` (dev BLEU) swings between evaluations at the peak learning rate: the standard
+    deviation (n - 1) of the successive differences of its points from half the peak-rate steps on (up to
+    ``decay_start``, else the last point; the early climb is not noise, and a slow trend barely moves a difference).
+    None with fewer than 3 such points."""
+    pts = sorted((int(p["step"]), float(p[key])) for p in points)
+    end = decay_start if decay_start is not None else (pts[-1][0] if pts else 0)
+    values = [v for step, v in pts if end / 2 <= step <= end]
+    diffs = [b - a for a, b in zip(values, values[1:])]
+    if len(diffs) < 2:
+        return None
+    mean = sum(diffs) / len(diffs)
+    return (sum((d - mean) ** 2 for d in diffs) / (len(diffs) - 1)) ** 0.5
+
+
 def records(model: str, family: str, points: Iterable[Mapping[str, Any]],
             decay_start: int | None = None) -> list[dict]:
     """The run-folder records of one model's curve points, by step (with ``decaying`` when ``decay_start``,

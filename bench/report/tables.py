@@ -101,7 +101,7 @@ def render_budgets(rows: Sequence[Row]) -> list[str]:
     by_system = {(r.task, r.system): r for r in rows}
     base_label = families.get(families.BASELINE).label
     names = ("family", "train_steps", "train_tokens", "train_seconds", "train_flops")
-    stops = tuple(n for n in ("stopped_by", "decay_start", "plateau_dev_bleu", "best_dev_bleu")
+    stops = tuple(n for n in ("stopped_by", "decay_start", "plateau_dev_bleu", "best_dev_bleu", "dev_bleu_swing")
                   if any(r[n] is not None for r in first.values()))
     tail = ("warm_start_seconds", "distill_seconds", *stops, "still_improving", "dev_length_exact",
             "dev_length_within2")

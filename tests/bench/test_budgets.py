@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
 from bench import report, store as st
@@ -150,6 +151,20 @@ def test_still_improving_rule(points, expected):
     assert learning.still_improving([{"step": s, "dev_bleu": b} for s, b in points]) is expected
 
 
+def test_the_dev_swing_is_the_spread_of_successive_differences_at_the_peak_rate():
+    points = [{"step": 500 * (i + 1), "dev_bleu": b} for i, b in enumerate(
+        [1.0, 5.0, 9.0, 10.0, 12.0, 11.0, 13.0, 12.0, 14.0, 30.0])]
+    # Decay from 4,500: the points of 2,250-4,500 (12, 11, 13, 12, 14): differences -1, 2, -1, 2.
+    assert learning.dev_swing(points, 4500) == pytest.approx(float(np.std([-1, 2, -1, 2], ddof=1)))
+    # No decay: from half the last step on (2,500-5,000), the last point's jump included.
+    assert learning.dev_swing(points, None) == pytest.approx(float(np.std([-1, 2, -1, 2, 16], ddof=1)))
+    # A curve that only climbs steadily does not swing; under 3 points says nothing.
+    assert learning.dev_swing([{"step": s, "dev_bleu": s / 100} for s in range(100, 1100, 100)], None) == 0.0
+    assert learning.dev_swing(points[:2], None) is None
+    nll = [{"step": s, "dev_nll": v} for s, v in ((1, 3.0), (2, 2.0), (3, 1.5), (4, 1.25))]
+    assert learning.dev_swing(nll, None, key="dev_nll") == pytest.approx(float(np.std([-0.5, -0.25], ddof=1)))
+
+
 def test_report_draws_learning_curves_and_a_budget_table(tmp_path):
     spec = load(tmp_path, SPEC)
     AR_MODEL, PADIR_MODEL, DISTILLED_MODEL = models(spec)
@@ -165,9 +180,9 @@ def test_report_draws_learning_curves_and_a_budget_table(tmp_path):
     assert "![learning_curves.png](learning_curves.png)" in board and "[curves.jsonl](curves.jsonl)" in board
     table = (store.path / "table.md").read_text().split("## Training budgets")[1].split("##")[0]
     lines = [ln for ln in table.splitlines() if ln.startswith("| ") and "| model |" not in ln]
-    assert lines == [f"| {AR_MODEL} | AR | 5 | 1.00k | 2 | 5.00G | 100% | – | – | yes | – | – |",
-                     f"| {PADIR_MODEL} | PaDIR | 5 | 1.00k | 4 | 12.50G | 250% | – | – | no | 0.250 | 0.750 |",
-                     f"| {DISTILLED_MODEL} | PaDIR | 5 | 1.00k | 4 | 12.50G | 250% | – | 2 | no | 0.250 | 0.750 |"]
+    assert lines == [f"| {AR_MODEL} | AR | 5 | 1.00k | 2 | 5.00G | 100% | – | – | 0.00 | yes | – | – |",
+                     f"| {PADIR_MODEL} | PaDIR | 5 | 1.00k | 4 | 12.50G | 250% | – | – | 0.00 | no | 0.250 | 0.750 |",
+                     f"| {DISTILLED_MODEL} | PaDIR | 5 | 1.00k | 4 | 12.50G | 250% | – | 2 | 0.00 | no | 0.250 | 0.750 |"]
 
 
 def test_curve_points_say_which_came_after_the_learning_rate_decay_started(tmp_path):
