@@ -44,7 +44,7 @@ class StopState:
     best: float | None             # best of the rule's signal so far (its curve value, smoothed over ``smooth``
                                    # points: dev BLEU or dev NLL, in the curve's own units)
     best_step: int | None          # ... and its step
-    evals_since_best: int          # evaluations since the signal last rose by more than min_delta
+    evals_since_best: int          # evaluations since the signal last progressed by more than min_delta
 
 
 def latest_decay_start(cfg: Any) -> int:
@@ -75,7 +75,7 @@ def progress_sign(cfg: Any) -> int:
 
 
 def patience_at(cfg: Any, evals: int) -> int:
-    """Evaluations without a rise that fire the rule after ``evals`` evaluations: ``patience``, or
+    """Evaluations without progress that fire the rule after ``evals`` evaluations: ``patience``, or
     ``patience_share`` of the evaluations so far where that is more."""
     return max(cfg.patience, math.ceil(cfg.patience_share * evals))
 

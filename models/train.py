@@ -62,12 +62,12 @@ class TrainConfig:
     # When to stop and the learning rate on the way (models/schedule.py):
     until: str = unhashed_at_default("steps", "steps: train `steps` steps; plateau: stop when the dev signal "
                                               "(signal) stops improving (patience, min_delta), `steps` a cap")
-    patience: int = unhashed_at_default(3, "plateau: evaluations in a row without a rise over min_delta")
+    patience: int = unhashed_at_default(3, "plateau: evaluations in a row without progress past min_delta")
     signal: str = unhashed_at_default("dev_bleu", "plateau: the curve value the rule reads: dev_bleu (a rise is "
                                                  "progress) or dev_nll (a fall is progress)")
     min_delta: float = unhashed_at_default(0.2, "plateau: the progress over the best that counts (the signal's "
                                                 "units: BLEU points or nats per token)")
-    smooth: int = unhashed_at_default(1, "plateau: the rule reads the mean dev BLEU of the last `smooth` points "
+    smooth: int = unhashed_at_default(1, "plateau: the rule reads the mean of its signal's last `smooth` points "
                                          "(1: each point as measured)")
     patience_share: float = unhashed_at_default(0.0, "plateau: the patience grows with the training: at least this "
                                                      "share of the evaluations so far (0: `patience` alone)")
