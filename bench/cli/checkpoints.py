@@ -102,8 +102,9 @@ def register(sub) -> None:
                        description="Train a checkpoint that the plateau rule stopped once more, from the state "
                        "where the rule fired (step S, kept in <checkpoint>/kept/S/) at the peak learning rate until "
                        "FACTOR x S at least, then by the same rule and decay: the same as that training from scratch "
-                       "with --min-steps FACTOR x S. Compare its final dev BLEU with the checkpoint's: a rise beyond "
-                       "the dev noise means the rule stopped early. Resumes when run again.")
+                       "with --min-steps FACTOR x S. At the end it prints both final dev BLEUs and NLLs and how "
+                       "much the stopped training's dev BLEU swung at the peak rate: a rise beyond that swing means "
+                       "the rule stopped early. Resumes when run again.")
     c.add_argument("checkpoint", type=Path, help="checkpoint folder whose training the plateau rule stopped")
     c.add_argument("--factor", type=float, default=2.0,
                    help="train at the peak rate until FACTOR x the plateau's step at least (default 2: as long again)")
@@ -268,8 +269,19 @@ def _continue_command(args: argparse.Namespace) -> int:
     from narbench_core.paths import enable_compilation_cache
 
     enable_compilation_cache()
-    print(continue_past_plateau(args.checkpoint, args.out, args.factor, progress=not args.quiet))
+    out = continue_past_plateau(args.checkpoint, args.out, args.factor, progress=not args.quiet)
+    print(out)
+    print(f"narbench continue: {_past_plateau_line(args.checkpoint, out)}")
     return 0
+
+
+def _past_plateau_line(stopped: Path, continued: Path) -> str:
+    """The continuation's verdict line (``bench.measure.learning.past_plateau``) from the two folders."""
+    from bench.measure import learning
+    from models import checkpoint, curves
+
+    decay = int(checkpoint.read_meta(stopped)["decay_start"])
+    return learning.past_plateau(curves.read_curve(stopped), decay, curves.read_curve(continued))
 
 
 def _export_ct2_command(args: argparse.Namespace) -> int:

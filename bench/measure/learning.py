@@ -49,6 +49,23 @@ def dev_swing(points: Iterable[Mapping[str, Any]], decay_start: int | None, key:
     return (sum((d - mean) ** 2 for d in diffs) / (len(diffs) - 1)) ** 0.5
 
 
+def past_plateau(stopped: list[Mapping[str, Any]], stopped_decay: int, continued: list[Mapping[str, Any]]) -> str:
+    """One line comparing a training the plateau rule stopped (its curve ``stopped`` and its decay start) with
+    its continuation past the plateau (``narbench continue``): the last point's dev BLEU and NLL of each, and
+    the stopped training's dev BLEU swing at the peak rate (``dev_swing``), the noise a rise must clear."""
+    def last(points):
+        p = max(points, key=lambda p: int(p["step"]))
+        return int(p["step"]), float(p["dev_bleu"]), float(p["dev_nll"])
+
+    (s_step, s_bleu, s_nll), (c_step, c_bleu, c_nll) = last(stopped), last(continued)
+    swing = dev_swing(stopped, stopped_decay)
+    noise = "an unknown swing (under 3 points at the peak rate)" if swing is None else \
+        f"its dev BLEU swings by {swing:.2f} between evaluations at the peak rate"
+    return (f"dev BLEU {c_bleu:.2f} at step {c_step:,} continued, {s_bleu:.2f} at step {s_step:,} stopped "
+            f"({c_bleu - s_bleu:+.2f}; dev NLL {c_nll:.3f} vs {s_nll:.3f}); {noise}: a rise beyond that means "
+            "the rule stopped it early")
+
+
 def records(model: str, family: str, points: Iterable[Mapping[str, Any]],
             decay_start: int | None = None) -> list[dict]:
     """The run-folder records of one model's curve points, by step (with ``decaying`` when ``decay_start``,

@@ -165,6 +165,17 @@ def test_the_dev_swing_is_the_spread_of_successive_differences_at_the_peak_rate(
     assert learning.dev_swing(nll, None, key="dev_nll") == pytest.approx(float(np.std([-0.5, -0.25], ddof=1)))
 
 
+def test_a_continuation_past_the_plateau_is_compared_with_the_swing():
+    stopped = [{"step": s, "dev_bleu": b, "dev_nll": n} for s, b, n in
+               ((2, 10.0, 3.0), (4, 12.0, 2.9), (6, 11.0, 2.85), (8, 13.0, 2.8), (10, 15.5, 2.7))]
+    continued = stopped[:4] + [{"step": 20, "dev_bleu": 17.25, "dev_nll": 2.5}]
+    assert learning.past_plateau(stopped, 8, continued) == (
+        f"dev BLEU 17.25 at step 20 continued, 15.50 at step 10 stopped (+1.75; dev NLL 2.500 vs 2.700); its dev BLEU "
+        f"swings by {float(np.std([-1, 2], ddof=1)):.2f} between evaluations at the peak rate: a rise beyond that "
+        "means the rule stopped it early")
+    assert "an unknown swing" in learning.past_plateau(stopped, 4, continued)
+
+
 def test_report_draws_learning_curves_and_a_budget_table(tmp_path):
     spec = load(tmp_path, SPEC)
     AR_MODEL, PADIR_MODEL, DISTILLED_MODEL = models(spec)
@@ -182,7 +193,8 @@ def test_report_draws_learning_curves_and_a_budget_table(tmp_path):
     lines = [ln for ln in table.splitlines() if ln.startswith("| ") and "| model |" not in ln]
     assert lines == [f"| {AR_MODEL} | AR | 5 | 1.00k | 2 | 5.00G | 100% | – | – | 0.00 | yes | – | – |",
                      f"| {PADIR_MODEL} | PaDIR | 5 | 1.00k | 4 | 12.50G | 250% | – | – | 0.00 | no | 0.250 | 0.750 |",
-                     f"| {DISTILLED_MODEL} | PaDIR | 5 | 1.00k | 4 | 12.50G | 250% | – | 2 | 0.00 | no | 0.250 | 0.750 |"]
+                     f"| {DISTILLED_MODEL} | PaDIR | 5 | 1.00k | 4 | 12.50G | 250% | – | 2 | 0.00 | no | 0.250 "
+                     "| 0.750 |"]
 
 
 def test_curve_points_say_which_came_after_the_learning_rate_decay_started(tmp_path):

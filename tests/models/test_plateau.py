@@ -263,6 +263,14 @@ def test_a_training_continued_past_its_plateau_is_the_training_with_min_steps(tm
     assert meta["continued_from"] == {"checkpoint": "whole", "step": 14, "factor": 1.5}
     assert meta["train_config"]["min_steps"] == 21
     assert continue_past_plateau(uninterrupted, factor=1.5, progress=False, **toy) == out    # finished: found
+    # `narbench continue` ends with the comparison: both last points, and the swing before the plateau (steps 8-14:
+    # 24, 30, 30, 30).
+    from bench.cli.checkpoints import _past_plateau_line
+
+    assert _past_plateau_line(uninterrupted, out) == (
+        f"dev BLEU 30.00 at step 33 continued, 30.00 at step 21 stopped (+0.00; dev NLL 1.000 vs 1.000); its dev "
+        f"BLEU swings by {float(np.std([6, 0, 0], ddof=1)):.2f} between evaluations at the peak rate: a rise beyond "
+        "that means the rule stopped it early")
 
 
 def test_what_cannot_be_continued_past_a_plateau_is_one_line(tmp_path, capsys):
