@@ -91,7 +91,7 @@ def test_ar_learns_reversal(tmp_path):
     for key in ("compile_seconds", "train_seconds", "wall_seconds", "target_tokens_per_second",
                 "padding_share", "final_loss", "num_params"):
         assert meta[key] > 0, key
-    assert meta["stopped_seconds"] >= 0.0              # narbench_core.stopped: seconds a SIGSTOP held it
+    assert isinstance(meta["stopped_seconds"], float)  # recorded; its values: tests/core/test_stopped.py (fake clocks)
     assert meta["final_loss"] < 0.1
 
 
