@@ -11,6 +11,7 @@ reached its latest decay start), ``decaying`` (the point was evaluated after the
 """
 from __future__ import annotations
 
+import statistics
 from typing import Any, Iterable, Mapping
 
 from narbench_core import defaults
@@ -43,10 +44,7 @@ def dev_swing(points: Iterable[Mapping[str, Any]], decay_start: int | None, key:
     end = decay_start if decay_start is not None else (pts[-1][0] if pts else 0)
     values = [v for step, v in pts if end / 2 <= step <= end]
     diffs = [b - a for a, b in zip(values, values[1:])]
-    if len(diffs) < 2:
-        return None
-    mean = sum(diffs) / len(diffs)
-    return (sum((d - mean) ** 2 for d in diffs) / (len(diffs) - 1)) ** 0.5
+    return statistics.stdev(diffs) if len(diffs) >= 2 else None
 
 
 def past_plateau(stopped: list[Mapping[str, Any]], stopped_decay: int, continued: list[Mapping[str, Any]]) -> str:
