@@ -13,7 +13,9 @@ whose top predicted length is exact, or within 2 tokens.)
 ``seconds`` is the training time so far (``train_seconds`` of ``narbench.json``: evaluation time is
 not in it; ``eval_seconds`` is the point's own). A resumed training keeps the points up to the step it
 resumes from. ``dev_nll``: the training loss's token NLL (mean per target token, no label smoothing,
-no dropout; PaDIR: its last stage, on seeded training noise). ``dev_bleu``: SacreBLEU (tokenizer
+no dropout; PaDIR: its last stage, on seeded training noise) against targets of the kind the model trains on:
+the task's references, or for a distilled task its teacher's outputs for the same dev sources (``DevSet.nll_targets``,
+the distillation's ``dev.tsv``: a distilled model learns the teacher's translations, not the human ones). ``dev_bleu``: SacreBLEU (tokenizer
 ``13a``, ``zh`` for Chinese targets) of the decoder in ``CURVE_DECODERS`` against the task's own
 references (and every other valid target, for tasks that know them all: the synthetic dial), decoder options at their defaults except PaDIR's length hypotheses
 (``defaults.CURVE_LENGTH_HYPS``).
@@ -47,16 +49,27 @@ class DevSet:
     vocab: Any                       # the SentencePiece vocabulary the model was trained with
     tokenize: str = "13a"            # SacreBLEU tokenizer: "zh" for Chinese targets
     others: tuple[tuple[str, ...], ...] = ()   # further reference streams BLEU also scores against
+    nll_targets: tuple[str, ...] = ()          # the targets dev NLL is measured on, one per source (a distilled
+                                               # task's teacher outputs); empty: ``references``
 
     def __post_init__(self):
         if not self.sources or len(self.sources) != len(self.references):
             raise UserError(f"a dev set needs sources with one reference each, got {len(self.sources)} sources "
                             f"and {len(self.references)} references")
+        if self.nll_targets and len(self.nll_targets) != len(self.sources):
+            raise UserError(f"a dev set's NLL targets need one per source, got {len(self.nll_targets)} for "
+                            f"{len(self.sources)} sources")
+
+    @property
+    def targets(self) -> tuple[str, ...]:
+        """What dev NLL is measured against: ``nll_targets``, else the references."""
+        return self.nll_targets or self.references
 
 
 def dev_set(task: str, n: int = defaults.CURVE_SENTENCES, seed: int = DEV_SEED, needed_by: str | None = None) -> DevSet:
-    """``n`` sentences of the dev split of ``task`` (of its source task if distilled), seeded; ``n`` 0: all of them
-    (``needed_by``: the setting that asks for them, named in the error when there are none)."""
+    """``n`` sentences of the dev split of ``task`` (of its source task if distilled, with its teacher's outputs for
+    them as the NLL targets), seeded; ``n`` 0: all of them (``needed_by``: the setting that asks for them, named in the error when there are none)."""
+    from models.distill import dev_targets
     from suites import catalog
 
     base = catalog.source_task(task)
@@ -70,9 +83,11 @@ def dev_set(task: str, n: int = defaults.CURVE_SENTENCES, seed: int = DEV_SEED, 
         idx = np.sort(np.random.default_rng(seed).choice(len(sources), size=n, replace=False))
     # A task that knows every valid target of a source (the synthetic dial) is scored against all of them.
     others = references[1:] if catalog.valid_targets(base, "dev") is not None else []
+    distilled = catalog.distilled_train(task) if base != task else None
+    teacher = [] if distilled is None else dev_targets(distilled, sources)
     return DevSet(tuple(sources[i] for i in idx), tuple(references[0][i] for i in idx),
                   catalog.get_vocabulary(base), langs.bleu_tokenizer(catalog.task_info(base).target_lang),
-                  tuple(tuple(r[i] for i in idx) for r in others))
+                  tuple(tuple(r[i] for i in idx) for r in others), tuple(teacher[i] for i in idx) if teacher else ())
 
 
 class DevEvaluator:
@@ -89,7 +104,7 @@ class DevEvaluator:
         self.model_config, self.dev, self.seed = model_config, dev, seed
         self._nll = jax.jit(lambda params, batch, rng: loss(params, batch, rng)[1])
         inputs = [list(dev.vocab.encode(s)) + [EOS_ID] for s in dev.sources]
-        targets = [list(dev.vocab.encode(r)) + [EOS_ID] for r in dev.references]
+        targets = [list(dev.vocab.encode(r)) + [EOS_ID] for r in dev.targets]
         limit = train_config.max_length
         longest = min(limit, max(max(len(x), len(y)) for x, y in zip(inputs, targets)))
         length = min([b for b in train_config.buckets if b >= longest] + [limit])

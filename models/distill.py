@@ -15,6 +15,9 @@ there was a choice keep their names), the length penalty, the sample size, the h
 seed. The folder holds
 
 - ``train.tsv``: ``source\\tteacher output`` per distilled pair, in the split's order;
+- ``dev.tsv``: the same for the task's whole dev split (``_decode_dev``; a cache from before it existed gets it on
+  its first use): a distilled model's dev NLL is measured against these, its training targets' kind, not against
+  the human references;
 - ``distill.json``: the record (``RECORD_FIELDS`` and the settings): the teacher's BLEU on the
   held-aside pairs against their human references (sacrebleu corpus BLEU, ``zh`` tokenizer for
   Chinese targets, else ``13a``; training pairs the teacher itself was trained on, so it says how
@@ -56,6 +59,7 @@ from narbench_core.io import read_lines, write_json, write_lines
 from models import checkpoint
 
 TSV_NAME = "train.tsv"
+DEV_NAME = "dev.tsv"
 RECORD_NAME = "distill.json"
 TIMING_NAME = "timing.json"
 RECORD_FIELDS = ("examples", "teacher_decoder", "teacher_engine", "teacher_bleu", "length_ratio",
@@ -166,6 +170,7 @@ def distill(teacher_dir: str | os.PathLike, task: str, decoder: str = defaults.D
             final.unlink()
     if not (final.is_file() and record_file.is_file()):
         _run(teacher_dir, task, out, settings, batch_size, chunk_size, progress)
+    _distill_dev(teacher_dir, task, out, settings, batch_size)
     record = json.loads(record_file.read_text(encoding="utf-8"))
     return Distillation(catalog.register_distilled_task(task, final), out, record)
 
@@ -249,11 +254,59 @@ def _run(teacher_dir, task: str, out: Path, settings: dict, batch_size: int, chu
         "seconds": timing["seconds"] + time.perf_counter() - start,
         "teacher_params_digest": checkpoint.params_digest(teacher_dir),
     }
+    record.update(_decode_dev(decoder, task, out, batch_size))
     write_lines(out / TSV_NAME, (f"{_clean(sources[i])}\t{hyps[i]}" for i in picked.tolist()))
     write_json(out / RECORD_NAME, {**record, "train_tsv": _tsv_stamp(out / TSV_NAME)})   # the record last: whole
     for part in parts:
         part.unlink()
     (out / TIMING_NAME).unlink(missing_ok=True)
+
+
+def _distill_dev(teacher_dir, task: str, out: Path, settings: dict, batch_size: int) -> None:
+    """A cache's ``dev.tsv`` (``_decode_dev``) where it has none, or not the one its record names (said on stderr):
+    caches from before it existed get it on their first use."""
+    record_file, dev = out / RECORD_NAME, out / DEV_NAME
+    record = json.loads(record_file.read_text(encoding="utf-8"))
+    if record.get("dev_tsv", False) is None or (dev.is_file() and record.get("dev_tsv") == _tsv_stamp(dev)):
+        return
+    if dev.is_file() or "dev_tsv" in record:
+        print(f"narbench: distillation {out} has a dev.tsv that is not the one it recorded; decoding it again",
+              file=sys.stderr)
+    decoder = load_teacher(teacher_dir, settings["decoder"], settings["engine"], settings["length_penalty"])
+    decoder.warmup_inputs(batch_size)
+    write_json(record_file, {**record, **_decode_dev(decoder, task, out, batch_size)})
+
+
+def _decode_dev(decoder, task: str, out: Path, batch_size: int) -> dict:
+    """Write ``dev.tsv``: the teacher's outputs for the whole dev split of ``task``, one ``source\\tteacher output``
+    line per dev pair in the split's order, the targets a distilled model's dev NLL is measured on
+    (``dev_targets``), as its training targets are the teacher's. Returns the record's fields for it: its stamp
+    (``dev_tsv``; None for an empty dev split, which has no file), its sentences and seconds."""
+    from suites import catalog
+
+    sources, _ = catalog.load_text(task, "dev")
+    if not sources:
+        return {"dev_tsv": None}
+    start = time.perf_counter()
+    hyps = _decode(decoder, sources, batch_size)
+    write_lines(out / DEV_NAME, (f"{_clean(s)}\t{h}" for s, h in zip(sources, hyps)))
+    return {"dev_examples": len(sources), "dev_seconds": time.perf_counter() - start,
+            "dev_tsv": _tsv_stamp(out / DEV_NAME)}
+
+
+def dev_targets(train_tsv: str | os.PathLike, sources: list[str] | tuple[str, ...]) -> list[str]:
+    """The teacher's outputs for ``sources``, the dev split's sources in its order, from the ``dev.tsv`` beside a
+    distillation's ``train.tsv``; a one-line ``UserError`` where it is missing or decoded other sources."""
+    dev = Path(train_tsv).parent / DEV_NAME
+    fix = "run the distillation again (the suite's run, or `narbench train --distill`): it decodes them"
+    if not dev.is_file():
+        raise UserError(f"distillation {dev.parent} has no teacher outputs for the dev split ({DEV_NAME}), which a "
+                        f"distilled model's dev NLL is measured on; {fix}")
+    pairs = [line.split("\t", 1) for line in read_lines(dev)]
+    if len(pairs) != len(sources) or any(len(p) != 2 or p[0] != _clean(s) for p, s in zip(pairs, sources)):
+        raise UserError(f"{dev} holds the teacher's outputs for other dev sources than the task's ({len(pairs)} "
+                        f"lines, {len(sources)} sources); delete it and {fix}")
+    return [target for _, target in pairs]
 
 
 def load_teacher(teacher_dir, decoder: str, engine: str, length_penalty: float):

@@ -616,6 +616,8 @@ def _train_held(task: str, model_config: ModelConfig, cfg: TrainConfig, data: To
     record = _new_record(task, model_config, cfg, identity, state, mesh, batches, start, warm, meta or {})
     rng = sharding.replicate(jax.random.PRNGKey(cfg.seed), mesh)
     evaluate, curve = _curve_setup(task, model_config, cfg, out_dir, start, dev, in_memory=identity["vocab_path"] is None)
+    if getattr(evaluate, "dev", None) is not None:                # what its dev NLL is measured against
+        record["dev_nll_targets"] = "teacher outputs" if evaluate.dev.nll_targets else "references"
     stop = schedules.stop_state(cfg, curve)                  # where the training ends, from the curve so far
     _record_stop(record, stop, cfg.signal)
     if stop.stopped_by == "plateau" and stop.decay_start == start:      # killed between saving and keeping it

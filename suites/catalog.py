@@ -149,6 +149,15 @@ def is_known(name: str) -> bool:
     return name in _tasks().known_tasks()
 
 
+def distilled_train(name: str) -> Path | None:
+    """The distillation's ``train.tsv`` behind a distilled task (None for every other task)."""
+    pack = _pack_of(name)
+    if pack is None:
+        return _tasks().distilled_train(name)
+    _check_known(name, pack)
+    return _DISTILLED.get(name)
+
+
 def register_distilled_task(base_task: str, train_tsv: Path) -> str:
     """Register ``<base_task>_distilled``: its training split from ``train_tsv`` (``source<TAB>target`` lines
     written by the distillation), its other splits and vocabulary as ``base_task``."""

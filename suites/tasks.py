@@ -378,6 +378,12 @@ def register_file_task(task: files.FileTask) -> str:
     return task.name
 
 
+def distilled_train(name: str) -> Path | None:
+    """The distillation's ``train.tsv`` behind a distilled task (None for every other task)."""
+    spec = _spec(name)
+    return Path(spec.distilled_train) if spec.distilled_train else None
+
+
 def file_task(name: str) -> files.FileTask | None:
     """The files behind a registered task (None for built-in and distilled tasks)."""
     spec = _spec(name)

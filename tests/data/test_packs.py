@@ -60,6 +60,7 @@ def test_a_pack_reads_as_its_task_and_names_the_same_caches(pack, tmp_path, monk
     tsv.write_text("".join(f"{s}\t{t}\n" for s, t in zip(sources[:50], refs[1][:50])))
     name = catalog.register_distilled_task(TASK, tsv)
     assert catalog.is_known(name) and catalog.task_info(name).splits["train"] == 50
+    assert catalog.distilled_train(name) == tsv and catalog.distilled_train(TASK) is None
     assert catalog.load_text(name, "train") == (sources[:50], [refs[1][:50]])
     ours = load_task_tokens(name, "train")
     monkeypatch.delenv(catalog.PACKS_ENV)

@@ -162,6 +162,7 @@ def test_distilled_task(tmp_path, forget_distilled):
     tsv.write_text("vabe vazu\tteacher one\nbago sego\tteacher two\n", encoding="utf-8")
     name = tasks.register_distilled_task("synthetic_d50", tsv)
     assert name == "synthetic_d50_distilled" and name in seqio.TaskRegistry.names()
+    assert tasks.distilled_train(name) == tsv and tasks.distilled_train("synthetic_d50") is None
     src, refs = tasks.load_text(name, "train")
     assert src == ["vabe vazu", "bago sego"] and refs == [["teacher one", "teacher two"]]
     assert tasks.load_text(name, "test") == tasks.load_text("synthetic_d50", "test")

@@ -136,3 +136,27 @@ def test_a_task_that_knows_every_valid_target_scores_dev_bleu_against_all_of_the
     assert score(dial, other_mode) == pytest.approx(100.0)
     single = curves.DevSet(dial.sources, dial.references, dial.vocab)
     assert score(single, other_mode) < 50.0
+
+
+def test_dev_nll_is_measured_against_the_nll_targets(tmp_path, copy_data, dev, ar_config):
+    """A distilled task's dev set carries its teacher's outputs as the NLL targets (``nll_targets``): dev NLL is
+    measured against them, dev BLEU against the references, and the record says which."""
+    import dataclasses
+
+    model, cfg = ar_config.replace(**ONE_LAYER), config(6, eval_every=6)
+    others = tuple(reversed(dev.references))                  # targets the copy model was not trained towards
+    taught = dataclasses.replace(dev, nll_targets=others)
+    assert taught.targets == others and dev.targets == dev.references
+    plain = train("toy", model, cfg, tmp_path / "plain", progress=False, data=copy_data, dev=dev)
+    other = train("toy", model, cfg, tmp_path / "other", progress=False, data=copy_data, dev=taught)
+    assert checkpoint.read_meta(plain)["dev_nll_targets"] == "references"
+    assert checkpoint.read_meta(other)["dev_nll_targets"] == "teacher outputs"
+    (a,), (b,) = curves.read_curve(plain), curves.read_curve(other)
+    assert b["dev_bleu"] == pytest.approx(a["dev_bleu"])      # the same references, the same outputs
+    assert b["dev_nll"] != pytest.approx(a["dev_nll"], rel=1e-4)  # other targets, another NLL
+    _, params, _ = checkpoint.load(other)
+    scorer, _ = models.train._curve_setup("toy", model, cfg, tmp_path / "x", 0,
+                                          curves.DevSet(dev.sources, others, dev.vocab), in_memory=True)
+    assert scorer.nll(params) == pytest.approx(b["dev_nll"], rel=1e-6)   # as if those were the references
+    with pytest.raises(UserError, match="one per source"):
+        dataclasses.replace(dev, nll_targets=others[1:])

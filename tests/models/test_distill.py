@@ -122,11 +122,26 @@ def test_distill_samples_records_caches_resumes_and_registers(teacher, monkeypat
     dist_sources, dist_refs = tasks.load_text(done.task, "train")
     assert dist_sources == [sources[i] for i in picked] and dist_refs[0] == [line.split("\t")[1] for line in lines]
     assert tasks.load_text(done.task, "test") == tasks.load_text(TASK, "test")
+    # The whole dev split too, by the same teacher: the targets the distilled model's dev NLL is measured on; its
+    # dev BLEU stays against the human references.
+    dev_sources, dev_refs = tasks.load_text(TASK, "dev")
+    dev_lines = (done.folder / distill.DEV_NAME).read_text(encoding="utf-8").splitlines()
+    assert [line.split("\t")[0] for line in dev_lines] == dev_sources
+    teacher_dev = distill.dev_targets(done.folder / distill.TSV_NAME, dev_sources)
+    assert teacher_dev == [line.split("\t")[1] for line in dev_lines] and teacher_dev != dev_refs[0]
+    from models import curves
+    dev = curves.dev_set(done.task, 50)
+    picked_dev = [dev_sources.index(x) for x in dev.sources]
+    assert dev.references == tuple(dev_refs[0][i] for i in picked_dev)
+    assert dev.targets == dev.nll_targets == tuple(teacher_dev[i] for i in picked_dev)
+    assert curves.dev_set(TASK, 50).targets == dev.references          # the task itself: its references
 
     # The record: written with the TSV, every field plausible.
     record = json.loads((done.folder / distill.RECORD_NAME).read_text())
     assert record == done.record and set(distill.RECORD_FIELDS) <= set(record)
     assert record["examples"] == n and record["teacher_decoder"] == "beam:2" and record["heldout"] == held_n
+    assert record["dev_examples"] == len(dev_sources) and record["dev_seconds"] == 1.0
+    assert record["dev_tsv"]["sha256"] == file_digest(done.folder / distill.DEV_NAME)
     assert record["teacher_engine"] == "jax"
     assert 0.0 <= record["teacher_bleu"] <= 100.0 and record["bleu_tokenize"] == "13a"
     words = lambda texts: sum(len(t.split()) for t in texts)  # noqa: E731
@@ -161,6 +176,22 @@ def test_distill_samples_records_caches_resumes_and_registers(teacher, monkeypat
     assert "other weights" in distill.cache_damage(done.folder, teacher)
     monkeypatch.undo()
     assert distill.cache_damage(done.folder, teacher) is None
+    # A dev.tsv cut off is decoded again (said on stderr); one missing or of other sources is refused in one line.
+    dev_tsv = done.folder / distill.DEV_NAME
+    good_dev = dev_tsv.read_bytes()
+    dev_tsv.write_bytes(good_dev[:len(good_dev) // 2])
+    with pytest.raises(UserError, match="other dev sources"):
+        distill.dev_targets(tsv, dev_sources)
+    capsys.readouterr()
+    assert distill.distill(teacher, TASK, **run).record["dev_tsv"] == record["dev_tsv"]
+    assert "has a dev.tsv that is not the one it recorded" in capsys.readouterr().err
+    assert dev_tsv.read_bytes() == good_dev
+    with pytest.raises(UserError, match="other dev sources"):
+        distill.dev_targets(tsv, dev_sources[1:])
+    dev_tsv.rename(dev_tsv.with_suffix(".aside"))
+    with pytest.raises(UserError, match="no teacher outputs for the dev split"):
+        distill.dev_targets(tsv, dev_sources)
+    dev_tsv.with_suffix(".aside").rename(dev_tsv)
     tsv.write_bytes(good[:len(good) // 2])
     capsys.readouterr()
     again = distill.distill(teacher, TASK, **run)
@@ -187,8 +218,10 @@ def test_distill_samples_records_caches_resumes_and_registers(teacher, monkeypat
     (done.folder / distill.TIMING_NAME).write_text(json.dumps({"decoded": 8, "decode_seconds": 1000.0,
                                                                "seconds": 2000.0}))
     resumed = distill.distill(teacher, TASK, **run)
-    assert specs == ["beam:2"]
-    assert len(decoded) == n - 8 + held_n and set(decoded[n - 8:]) == {sources[i] for i in held}
+    assert specs == ["beam:2"]                     # one teacher decodes the chunks, the held-aside pairs and dev
+    assert len(decoded) == n - 8 + held_n + len(dev_sources)
+    assert set(decoded[n - 8:n - 8 + held_n]) == {sources[i] for i in held} and set(decoded[-len(dev_sources):]) == set(
+        dev_sources)
     assert sum(line.split("\t")[1].startswith("cached ") for line in
                (done.folder / distill.TSV_NAME).read_text(encoding="utf-8").splitlines()) == 8
     # The earlier run's 1,000 s decoding 8 sentences, plus 1 s per chunk for the 2 missing chunks; its
