@@ -817,14 +817,22 @@ def _curve_setup(task: str, model_config: ModelConfig, cfg: TrainConfig, out_dir
     kept = [p for p in curves.read_curve(out_dir) if p["step"] <= start]
     if callable(dev):
         return dev, kept
+    if dev is None and in_memory:
+        raise UserError("training on in-memory data with eval_every needs a dev set (dev=curves.DevSet(...))")
+    return dev_evaluator(task, model_config, cfg, dev), kept
+
+
+def dev_evaluator(task: str, model_config: ModelConfig, cfg: TrainConfig, dev=None):
+    """The ``curves.DevEvaluator`` of a training: ``model_config``'s models scored on ``dev`` (default: the task's
+    dev sentences by ``cfg.dev_sentences``), dev NLL by the training loss without dropout or label smoothing."""
+    from models import curves
+
     if dev is None:
-        if in_memory:
-            raise UserError("training on in-memory data with eval_every needs a dev set (dev=curves.DevSet(...))")
         dev = curves.dev_set(task, cfg.dev_sentences,
                              needed_by=f'until = "{cfg.until}"' if cfg.until == "plateau" else None)
     quiet = model_config.replace(dropout_rate=0.0)          # the same parameters, scored without dropout
     loss = loss_fn(quiet, cfg.replace(label_smoothing=0.0), build_model(quiet))
-    return curves.DevEvaluator(model_config, cfg, dev, loss), kept
+    return curves.DevEvaluator(model_config, cfg, dev, loss)
 
 
 def _write_curve(out_dir: Path, points: list[dict]) -> None:

@@ -271,17 +271,41 @@ def _continue_command(args: argparse.Namespace) -> int:
     enable_compilation_cache()
     out = continue_past_plateau(args.checkpoint, args.out, args.factor, progress=not args.quiet)
     print(out)
-    print(f"narbench continue: {_past_plateau_line(args.checkpoint, out)}")
+    print(f"narbench continue: {_past_plateau_line(args.checkpoint, out, final_dev_difference(args.checkpoint, out))}")
     return 0
 
 
-def _past_plateau_line(stopped: Path, continued: Path) -> str:
-    """The continuation's verdict line (``bench.measure.learning.past_plateau``) from the two folders."""
+def _past_plateau_line(stopped: Path, continued: Path, final: tuple | None = None) -> str:
+    """The continuation's verdict line (``bench.measure.learning.past_plateau``) from the two folders (``final``:
+    ``final_dev_difference``)."""
     from bench.measure import learning
     from models import checkpoint, curves
 
     decay = int(checkpoint.read_meta(stopped)["decay_start"])
-    return learning.past_plateau(curves.read_curve(stopped), decay, curves.read_curve(continued))
+    return learning.past_plateau(curves.read_curve(stopped), decay, curves.read_curve(continued), final)
+
+
+def final_dev_difference(stopped: Path, continued: Path, n_resamples: int = 1000,
+                         seed: int = defaults.SIGNIFICANCE_SEED) -> tuple[int, float, tuple[float, float]]:
+    """``(dev sentences, BLEU difference, its 95% interval)``: the continued training's final model against the
+    stopped one's, both decoding the training's dev sentences by its curve decoder (``models.curves``), the
+    difference tested as sacrebleu's paired bootstrap (``bench.report.grid.bleu_difference``, ``n_resamples``)."""
+    import numpy as np
+    from sacrebleu.metrics import BLEU
+
+    from bench.report.grid import bleu_difference
+    from models import checkpoint
+    from models.train import TrainConfig, dev_evaluator
+
+    model_config, params, meta = checkpoint.load(stopped)
+    _, continued_params, _ = checkpoint.load(continued)
+    scorer = dev_evaluator(meta["task"], model_config, TrainConfig.from_dict(meta["train_config"]))
+    dev = scorer.dev
+    metric = BLEU(tokenize=dev.tokenize, references=[list(dev.references), *(list(r) for r in dev.others)])
+    stats = [np.array(metric._extract_corpus_statistics(scorer.hypotheses(p), None), dtype="float32")
+             for p in (continued_params, params)]
+    effect = bleu_difference([(stats[0], stats[1], 1.0)], metric, n_resamples, seed)
+    return len(dev.sources), effect.value, effect.ci
 
 
 def _export_ct2_command(args: argparse.Namespace) -> int:

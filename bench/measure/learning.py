@@ -47,10 +47,14 @@ def dev_swing(points: Iterable[Mapping[str, Any]], decay_start: int | None, key:
     return statistics.stdev(diffs) if len(diffs) >= 2 else None
 
 
-def past_plateau(stopped: list[Mapping[str, Any]], stopped_decay: int, continued: list[Mapping[str, Any]]) -> str:
+def past_plateau(stopped: list[Mapping[str, Any]], stopped_decay: int, continued: list[Mapping[str, Any]],
+                 final: tuple[int, float, tuple[float, float]] | None = None) -> str:
     """One line comparing a training the plateau rule stopped (its curve ``stopped`` and its decay start) with
-    its continuation past the plateau (``narbench continue``): the last point's dev BLEU and NLL of each, and
-    the stopped training's dev BLEU swing at the peak rate (``dev_swing``), the noise a rise must clear."""
+    its continuation past the plateau (``narbench continue``): the last point's dev BLEU and NLL of each, the
+    stopped training's dev BLEU swing at the peak rate (``dev_swing``), and, given ``final`` (the dev sentences,
+    the continued minus the stopped final model's dev BLEU on them and its paired-bootstrap 95% interval), the
+    verdict by the dev set's own noise: stopped early where the whole interval is above 0. Without ``final``, the
+    peak-rate swing is the noise a rise must clear."""
     def last(points):
         p = max(points, key=lambda p: int(p["step"]))
         return int(p["step"]), float(p["dev_bleu"]), float(p["dev_nll"])
@@ -59,9 +63,16 @@ def past_plateau(stopped: list[Mapping[str, Any]], stopped_decay: int, continued
     swing = dev_swing(stopped, stopped_decay)
     noise = "an unknown swing (under 3 points at the peak rate)" if swing is None else \
         f"its dev BLEU swings by {swing:.2f} between evaluations at the peak rate"
-    return (f"dev BLEU {c_bleu:.2f} at step {c_step:,} continued, {s_bleu:.2f} at step {s_step:,} stopped "
-            f"({c_bleu - s_bleu:+.2f}; dev NLL {c_nll:.3f} vs {s_nll:.3f}); {noise}: a rise beyond that means "
-            "the rule stopped it early")
+    head = (f"dev BLEU {c_bleu:.2f} at step {c_step:,} continued, {s_bleu:.2f} at step {s_step:,} stopped "
+            f"({c_bleu - s_bleu:+.2f}; dev NLL {c_nll:.3f} vs {s_nll:.3f}); {noise}")
+    if final is None:
+        return f"{head}: a rise beyond that means the rule stopped it early"
+    n, diff, (low, high) = final
+    verdict = ("the rule stopped it early" if low > 0 else
+               "within the dev set's noise: the rule did not stop it early" if low <= 0 <= high else
+               "the continued model is worse")
+    return (f"{head}; the final models on the {n:,} dev sentences: {diff:+.2f} BLEU, 95% CI [{low:+.2f}, "
+            f"{high:+.2f}] (paired bootstrap): {verdict}")
 
 
 def records(model: str, family: str, points: Iterable[Mapping[str, Any]],

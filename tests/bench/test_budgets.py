@@ -174,6 +174,14 @@ def test_a_continuation_past_the_plateau_is_compared_with_the_swing():
         f"swings by {float(np.std([-1, 2], ddof=1)):.2f} between evaluations at the peak rate: a rise beyond that "
         "means the rule stopped it early")
     assert "an unknown swing" in learning.past_plateau(stopped, 4, continued)
+    # With the final models' paired dev BLEU difference: the verdict is by its 95% interval.
+    for final, verdict in (((900, 1.75, (0.5, 3.0)), "the rule stopped it early"),
+                           ((900, 0.25, (-0.5, 1.0)), "within the dev set's noise: the rule did not stop it early"),
+                           ((900, -1.5, (-2.5, -0.5)), "the continued model is worse")):
+        line = learning.past_plateau(stopped, 8, continued, final)
+        low, high = final[2]
+        assert line.endswith(f"between evaluations at the peak rate; the final models on the 900 dev sentences: "
+                             f"{final[1]:+.2f} BLEU, 95% CI [{low:+.2f}, {high:+.2f}] (paired bootstrap): {verdict}")
 
 
 def test_report_draws_learning_curves_and_a_budget_table(tmp_path):

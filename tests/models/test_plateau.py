@@ -390,3 +390,42 @@ def test_a_raised_cap_starts_from_the_same_training_under_the_old_one(tmp_path, 
     (tmp_path / "alone").mkdir()
     (tmp_path / "cut").rename(tmp_path / "alone" / "cut")
     assert other_cap_source(tmp_path / "alone" / "new", "toy", model, config.replace(steps=80), identity) is None
+
+
+@pytest.mark.slow
+def test_the_final_models_are_compared_on_the_dev_set_by_a_paired_bootstrap(tmp_path):
+    """`narbench continue`'s verdict: the continued and the stopped final model decode the training's dev sentences
+    by the curve decoder; their BLEU difference is sacrebleu's on those outputs, tested by the paired bootstrap."""
+    import sacrebleu
+
+    from bench.cli.checkpoints import _past_plateau_line, final_dev_difference
+    from models.config import preset
+    from models.decoders import load_decoder
+    from models.train import train
+    from suites.tasks import get_vocabulary
+    from tiny_models import ONE_LAYER
+
+    task = "synthetic_d0"
+    model = preset("tiny", kind="ar", vocab_size=get_vocabulary(task).vocab_size, **ONE_LAYER)
+    short = TrainConfig(steps=4, batch_tokens=1024, warmup_steps=1)     # dev: the default sample
+    stopped = train(task, model, short, tmp_path / "stopped", progress=False)
+    continued = train(task, model, short.replace(steps=40), tmp_path / "continued", progress=False)
+    n, diff, (low, high) = final_dev_difference(stopped, continued, n_resamples=200)
+    dev = curves.dev_set(task)
+    bleu = {}
+    for name, folder in (("stopped", stopped), ("continued", continued)):
+        decoder = load_decoder(folder, "greedy")
+        prepared = decoder.prepare(list(dev.sources))
+        hyps = decoder.finish(decoder.run(prepared), prepared).hypotheses
+        bleu[name] = sacrebleu.corpus_bleu(hyps, [list(dev.references)]).score
+    assert n == len(dev.sources) and diff == pytest.approx(bleu["continued"] - bleu["stopped"], abs=1e-3) and low <= diff <= high
+    assert diff > 0.0                                        # 40 steps learn the copy-like task beyond 4
+    same = final_dev_difference(stopped, stopped, n_resamples=200)
+    assert same[1] == 0.0 and same[2][0] <= 0.0 <= same[2][1]
+    checkpoint.write_meta(stopped, {**checkpoint.read_meta(stopped), "decay_start": 4})
+    curves.write_curve(stopped, [{"step": 4, "dev_bleu": bleu["stopped"], "dev_nll": 3.0}])
+    curves.write_curve(continued, [{"step": 40, "dev_bleu": bleu["continued"], "dev_nll": 2.0}])
+    line = _past_plateau_line(stopped, continued, same)
+    assert line.endswith(f"the final models on the {n} dev sentences: +0.00 BLEU, 95% CI [{same[2][0]:+.2f}, "
+                         f"{same[2][1]:+.2f}] (paired bootstrap): within the dev set's noise: the rule did not stop it "
+                         "early")
