@@ -3,8 +3,8 @@
 ``preview(spec, locator, measured)`` walks the plan (``bench.plan.expand``) the way the runner would
 train it, but only looks: each training cell is *cached* (its checkpoint folder holds a finished
 ``narbench.json``), *partial* (an unfinished one: the run resumes it; or none, but the same training under
-another step cap beside it, which it starts from: ``models.train.other_cap_source``), *to train* (its task's data or
-vocabulary not prepared yet: nothing can have trained on it), or *unknown* (its budget is matched to
+another step cap or stopping rule beside it, which it starts from: ``models.train.seed_source``), *to train*
+(its task's data or vocabulary not prepared yet: nothing can have trained on it), or *unknown* (its budget is matched to
 the baseline's at run time, so its folder is not known before). A cell whose
 teacher or warm-start source is not cached trains after it: its folder name depends on that source's
 result. Distillations likewise (a ``distill/`` folder with ``train.tsv`` and ``distill.json``). Then the
@@ -44,8 +44,8 @@ class Locator:
     split_size: Callable[[str, str], int | None]          # (task, split) -> sentences, None if unknown
     data_root: Path | None = None                         # where checkpoint and distillation records live
     curve: Callable[[Path], list[dict]] = lambda folder: _read_curve(folder)   # checkpoint folder -> dev curve
-    other_cap: Callable[..., Any] = lambda *args: None    # (task, model_config, train_config, init_from) ->
-    #                                                       models.train.CapSource to start from, or None
+    seed_source: Callable[..., Any] = lambda *args: None  # (task, model_config, train_config, init_from) ->
+    #                                                       models.train.SeedSource to start from, or None
 
 
 def _read_curve(folder: Path) -> list[dict]:
@@ -75,12 +75,12 @@ def real_locator() -> Locator:
 
         return checkpoint_dir_for(task, model_config, train_config, init_from)
 
-    def other_cap(task, model_config, train_config, init_from=None):
+    def seed_source(task, model_config, train_config, init_from=None):
         from models.batching import task_identity
-        from models.train import other_cap_source
+        from models.train import seed_source
 
         folder = checkpoint_dir(task, model_config, train_config, init_from)
-        return other_cap_source(folder, task, model_config, train_config, task_identity(task), init_from)
+        return seed_source(folder, task, model_config, train_config, task_identity(task), init_from)
 
     def record(folder):
         from models.checkpoint import read_meta
@@ -102,7 +102,7 @@ def real_locator() -> Locator:
         return task_info(task).splits.get(split)
 
     return Locator(real_configs, not_ready, checkpoint_dir, record, distillation, split_size, data_root(),
-                   other_cap=other_cap)
+                   seed_source=seed_source)
 
 
 # ----------------------------------------------------------------------------------------- the preview
@@ -246,11 +246,11 @@ def preview(spec: SuiteSpec, locator: Locator, measured: est.Measured) -> Previe
                 done = int(record.get("steps_done") or 0)
                 states[cell] = train(cell, f"resumes at step {done:,}", PARTIAL, _portable(folder),
                                      (done, locator.curve(folder)))
-            elif (source := locator.other_cap(task, model_config, train_config, init_from)) is not None:
+            elif (source := locator.seed_source(task, model_config, train_config, init_from)) is not None:
                 curve = [p for p in locator.curve(source.folder) if p["step"] <= source.step]
                 start = "all of" if source.whole else f"step {source.step:,} of"
-                states[cell] = train(cell, f"starts from {start} {_portable(source.folder)}, the same training "
-                                     f"under a cap of {source.cap:,} steps", PARTIAL, _portable(folder),
+                states[cell] = train(cell, f"starts from {start} {_portable(source.folder)}, {source.how()}",
+                                     PARTIAL, _portable(folder),
                                      (source.step, curve), _portable(source.folder))
             else:
                 states[cell] = train(cell, "", TO_TRAIN, _portable(folder))

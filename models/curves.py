@@ -15,7 +15,8 @@ not in it; ``eval_seconds`` is the point's own). A resumed training keeps the po
 resumes from. ``dev_nll``: the training loss's token NLL (mean per target token, no label smoothing,
 no dropout; PaDIR: its last stage, on seeded training noise) against targets of the kind the model trains on:
 the task's references, or for a distilled task its teacher's outputs for the same dev sources (``DevSet.nll_targets``,
-the distillation's ``dev.tsv``: a distilled model learns the teacher's translations, not the human ones). ``dev_bleu``: SacreBLEU (tokenizer
+the distillation's ``dev.tsv``: a distilled model learns the teacher's translations, not the human ones).
+``dev_bleu``: SacreBLEU (tokenizer
 ``13a``, ``zh`` for Chinese targets) of the decoder in ``CURVE_DECODERS`` against the task's own
 references (and every other valid target, for tasks that know them all: the synthetic dial), decoder options at their defaults except PaDIR's length hypotheses
 (``defaults.CURVE_LENGTH_HYPS``).
@@ -68,7 +69,8 @@ class DevSet:
 
 def dev_set(task: str, n: int = defaults.CURVE_SENTENCES, seed: int = DEV_SEED, needed_by: str | None = None) -> DevSet:
     """``n`` sentences of the dev split of ``task`` (of its source task if distilled, with its teacher's outputs for
-    them as the NLL targets), seeded; ``n`` 0: all of them (``needed_by``: the setting that asks for them, named in the error when there are none)."""
+    them as the NLL targets), seeded; ``n`` 0: all of them (``needed_by``: the setting that asks for them, named
+    in the error when there are none)."""
     from models.distill import dev_targets
     from suites import catalog
 

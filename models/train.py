@@ -399,8 +399,8 @@ def train(task: str, model_config: ModelConfig, train_config: TrainConfig, out_d
     finished meanwhile) and it is registered as busy while it trains, so a run timing meanwhile on this
     machine says so. A folder whose files cannot be read whole (``checkpoint.DamagedCheckpoint``) has its
     contents moved aside and is trained afresh, or with ``retrain_damaged=False`` is refused
-    (``_whole_record``). An empty folder starts from the same training under another step cap in a sibling
-    folder where there is one (``other_cap_source``).
+    (``_whole_record``). An empty folder starts from the same training under another step cap or stopping rule in
+    a sibling folder where there is one (``seed_source``).
     """
     cfg = effective_config(model_config, train_config)
     data, identity = _training_data(task, data, out_dir)
@@ -415,7 +415,7 @@ def train(task: str, model_config: ModelConfig, train_config: TrainConfig, out_d
     with lock.hold(out_dir, what, wait=wait_for_lease), lock.busy(what):
         meta = _whole_record(out_dir, model_config, cfg, retrain_damaged)
         if meta is None:                               # nothing here yet: the same training under another cap?
-            meta = _seed_from_other_cap(out_dir, task, model_config, cfg, identity, init_from)
+            meta = _seed_from_sibling(out_dir, task, model_config, cfg, identity, init_from, data)
         if meta and meta.get("complete"):             # by the process that held the folder a moment ago
             return out_dir
         return _train_held(task, model_config, cfg, data, identity, out_dir, meta,
@@ -465,16 +465,29 @@ def continue_past_plateau(ckpt_dir: Path, out_dir: Path | None = None, factor: f
     return train(meta["task"], model_config, cfg, out, progress=progress, **train_kwargs)
 
 
-# -- the same training under another step cap ------------------------------------------------------
+# -- the same training under another step cap or stopping rule --------------------------------------
+RULE_FIELDS = ("steps", "signal", "min_delta", "patience", "patience_share", "smooth", "min_steps", "decay_share")
+"""The training settings that decide only where a plateau training's peak rate ends and how it decays: two
+trainings that differ in these alone run the same steps up to the first decay start of either."""
+
+
 @dataclass(frozen=True)
-class CapSource:
-    """A folder beside a training's own holding the same training under another step cap (``steps``), whose
-    saved state at ``step`` is this training's own state there: nothing it ran up to ``step`` read the cap."""
+class SeedSource:
+    """A folder beside a training's own holding the same training under another step cap or stopping rule
+    (``RULE_FIELDS``), whose saved state at ``step`` is this training's own state there: up to ``step`` both ran at
+    the peak rate, and this one's rule had not fired before it."""
 
     folder: Path
     step: int
     cap: int           # its ``steps``
-    whole: bool        # finished by its plateau rule before either cap mattered: all of it is this training
+    whole: bool        # all of it is this training: its rule fired where this one's does, with the same decay
+    kept: bool = False # the state is the one it kept where its rule fired (``kept/<step>``), not its newest
+    rule: bool = False # its stopping rule differs (not only its cap)
+
+    def how(self) -> str:
+        """The source in words, for stderr and ``narbench plan``."""
+        what = "stopping rule" if self.rule else "cap"
+        return f"the same training under another {what} ({self.cap:,} steps)"
 
 
 def reads_cap(cfg: TrainConfig) -> bool:
@@ -482,85 +495,159 @@ def reads_cap(cfg: TrainConfig) -> bool:
     return cfg.glancing and cfg.glance_start != cfg.glance_end
 
 
-def other_cap_source(out_dir: Path, task: str, model_config: ModelConfig, cfg: TrainConfig, identity: dict,
-                     init_from: Path | None = None) -> CapSource | None:
+def seed_source(out_dir: Path, task: str, model_config: ModelConfig, cfg: TrainConfig, identity: dict,
+                init_from: Path | None = None) -> SeedSource | None:
     """Among ``out_dir``'s sibling folders, the same training (task, data, vocabulary, model, warm start and every
-    training setting) under another cap, from which this one can start: one whose plateau rule fired before this
-    cap's latest decay start (``schedule.latest_decay_start``: the decay is then the same), or one interrupted before
-    its decay began and before that step; the one furthest on. A training by ``until = "plateau"`` only (``steps``
-    is then a cap, which the peak-rate steps never read, ``reads_cap`` aside). Raising a suite's cap above a plateau
-    it did not reach thus keeps the steps run."""
+    training setting but ``RULE_FIELDS``; ``steps`` too where it is read before the decay, ``reads_cap``) from which
+    this one can start, the one furthest on: all of one whose rule fired at the step this one's fires at on the same
+    curve, with the same decay; or a state it saved at the peak rate (its newest, or the one kept where its rule
+    fired) at or before this one's own rule fires and its latest decay start. A training by ``until = "plateau"``
+    only (``steps`` is then a cap and the rule reads only the dev curve). Raising a cap, or changing the rule, thus
+    keeps the steps run."""
     from models import curves
 
     cfg = effective_config(model_config, cfg)
     out_dir = Path(out_dir)
-    if cfg.until != "plateau" or reads_cap(cfg) or not out_dir.parent.is_dir():
+    if cfg.until != "plateau" or cfg.schedule != "wsd" or not out_dir.parent.is_dir():
         return None
+    ignored = RULE_FIELDS if not reads_cap(cfg) else tuple(f for f in RULE_FIELDS if f != "steps")
     want = _same_training(task, model_config.to_dict(), cfg.to_dict(), identity,
-                          None if init_from is None else _source_identity(init_from))
+                          None if init_from is None else _source_identity(init_from), ignored)
+    latest = schedules.latest_decay_start(cfg)
     best = None
     for folder in sorted(out_dir.parent.iterdir()):
         if folder == out_dir or folder.is_symlink() or not folder.is_dir():
             continue
         try:
             meta = checkpoint.read_meta(folder)
-        except checkpoint.DamagedCheckpoint:
+            theirs = TrainConfig.from_dict((meta or {}).get("train_config") or {})
+        except (checkpoint.DamagedCheckpoint, TypeError, ValueError, UserError):
             continue
-        cap = ((meta or {}).get("train_config") or {}).get("steps")
-        if not isinstance(cap, int) or cap == cfg.steps or _same_training(
+        if not meta:
+            continue
+        if cfg.signal == "dev_nll" and meta.get("dev_nll_targets", "references") != _nll_targets(task):
+            continue                                 # its dev NLL was measured against other targets
+        if theirs.until != "plateau" or theirs.schedule != "wsd" or _same_training(
                 meta.get("task"), meta.get("model_config"), meta.get("train_config"), meta,
-                (meta.get("init") or {}).get("from")) != want:
+                (meta.get("init") or {}).get("from"), ignored) != want:
             continue
         done = int(meta.get("steps_done") or 0)
-        if not done or checkpoint.latest_step(folder) != done:
-            continue
         points = [p for p in curves.read_curve(folder) if p["step"] <= done]
-        theirs = schedules.stop_state(cfg.replace(steps=cap), points)
-        latest = schedules.latest_decay_start(cfg)
-        same_decay = theirs.stopped_by == "plateau" and theirs.decay_start < latest   # this one's rule fires there too
-        if (same_decay or done <= min(theirs.decay_start, latest)) and (best is None or done > best.step):
-            best = CapSource(folder, done, cap, same_decay and bool(meta.get("complete")))
+        their_stop = schedules.stop_state(theirs, points)
+        peak_end = their_stop.decay_start            # their steps up to here ran at the peak rate
+        rule = {k: v for k, v in theirs.to_dict().items() if k != "steps"} != {
+            k: v for k, v in cfg.to_dict().items() if k != "steps"}
+        found = []
+        if meta.get("complete") and their_stop.stopped_by == "plateau":
+            mine = schedules.stop_state(cfg, [p for p in points if p["step"] <= peak_end])
+            if (mine.stopped_by == "plateau" and mine.decay_start == peak_end
+                    and schedules.decay_steps(cfg, peak_end) == schedules.decay_steps(theirs, peak_end)):
+                found.append(SeedSource(folder, done, theirs.steps, True, False, rule))
+        states = [(k, True) for k in checkpoint.kept_steps(folder)]
+        if done and checkpoint.latest_step(folder) == done:
+            states.append((done, False))
+        for step, kept in states:
+            if step > min(peak_end, latest):
+                continue
+            mine = schedules.stop_state(cfg, [p for p in points if p["step"] <= step])
+            if mine.stopped_by != "plateau" or mine.decay_start == step:
+                found.append(SeedSource(folder, step, theirs.steps, False, kept, rule))
+        for source in found:
+            if best is None or (source.step, source.whole) > (best.step, best.whole):
+                best = source
     return best
 
 
-def _same_training(task, model: dict | None, train: dict | None, identity: dict, init: dict | None) -> dict:
-    """What two trainings under different caps share (the vocabulary by its hash: older records hold its path)."""
-    return {"task": task, "model": model, "train": {k: v for k, v in (train or {}).items() if k != "steps"},
+def _nll_targets(task: str) -> str:
+    """What a training on ``task`` measures its dev NLL against (``dev_nll_targets`` of its record)."""
+    from suites import catalog
+
+    try:
+        return "teacher outputs" if catalog.distilled_train(task) is not None else "references"
+    except UserError:                                # a name for in-memory data
+        return "references"
+
+
+def _same_training(task, model: dict | None, train: dict | None, identity: dict, init: dict | None,
+                   ignored: tuple[str, ...] = RULE_FIELDS) -> dict:
+    """What two trainings that differ only in ``ignored`` settings share (the vocabulary by its hash: older records
+    hold its path)."""
+    return {"task": task, "model": model, "train": {k: v for k, v in (train or {}).items() if k not in ignored},
             "vocab_hash": identity.get("vocab_hash"), "data": identity.get("data"), "init": init}
 
 
-def _seed_from_other_cap(out_dir: Path, task: str, model_config: ModelConfig, cfg: TrainConfig, identity: dict,
-                         init_from: Path | None) -> dict | None:
-    """Start the empty folder ``out_dir`` (held) from ``other_cap_source``: its state at that step, the steps kept
-    up to it, its dev curve up to it and its record (totals carried over, ``seeded_from`` naming it); said on
-    stderr; its stopping decision is this cap's. The record is written last: a kill before it leaves a folder that
-    seeds again. Returns the record (None: no such source)."""
+def _seeded_totals(source: SeedSource, meta: dict, points: list[dict], data: TokenPairs, cfg: TrainConfig,
+                   num_shards: int) -> dict:
+    """The totals a training seeded from ``source``'s state at a step before its newest starts with: its training
+    seconds at that step (its curve's; a continuation's counted from where it continued, plus its origin's up to
+    there where that folder is still beside it), the evaluation seconds of the points kept, and the target tokens
+    and XLA flops of the steps up to it, replayed from the same batches (each step once). The compile, checkpoint
+    and wall seconds of those steps are not known: they count from the seed (``seeded_from`` says so)."""
+    from models import curves
+
+    offset = 0.0
+    origin = meta.get("continued_from") or {}
+    if origin:
+        before = [p for p in curves.read_curve(source.folder.parent / origin["checkpoint"])
+                  if p["step"] == origin["step"]]
+        offset = float(before[0]["seconds"]) if before else 0.0
+    seconds = offset + float(next(p["seconds"] for p in points if p["step"] == source.step)) if points else 0.0
+    batches = BucketedBatches(data, cfg.batch_tokens, cfg.max_length, cfg.buckets, cfg.seed, num_shards=num_shards)
+    tokens, flops = 0, 0.0
+    per_shape = meta.get("step_flops") or {}
+    for step in range(source.step):
+        targets = batches.batch(step)["targets"]
+        tokens += int((targets != 0).sum())
+        flops += float(per_shape.get("{}x{}".format(*targets.shape), 0.0))
+    evals = sum(float(p.get("eval_seconds") or 0.0) for p in points)
+    return {"train_seconds": seconds, "eval_seconds": evals, "target_tokens": tokens, "train_flops": flops,
+            "compile_seconds": 0.0, "checkpoint_seconds": 0.0, "stopped_seconds": 0.0,
+            "wall_seconds": seconds + evals}
+
+
+def _seed_from_sibling(out_dir: Path, task: str, model_config: ModelConfig, cfg: TrainConfig, identity: dict,
+                       init_from: Path | None, data: TokenPairs) -> dict | None:
+    """Start the empty folder ``out_dir`` (held) from ``seed_source``: its state at that step (into ``state/``), the
+    steps it kept before it, its dev curve up to it and its record (totals carried over, or for an earlier state
+    than its newest ``_seeded_totals``; ``seeded_from`` naming it); said on stderr; its stopping decision is this
+    training's own. The record is written last: a kill before it leaves a folder that seeds again. Returns the
+    record (None: no such source)."""
     import shutil
     import sys
 
     from models import curves
     from narbench_core.io import new_folder
 
-    source = other_cap_source(out_dir, task, model_config, cfg, identity, init_from)
+    source = seed_source(out_dir, task, model_config, cfg, identity, init_from)
     if source is None:
         return None
     with lock.hold(source.folder, f"seeding {out_dir.name}"):
         meta = checkpoint.read_meta(source.folder)
-        steps = [(checkpoint.STATE_DIR, source.step)] + [
-            (checkpoint.KEPT_DIR, k) for k in checkpoint.kept_steps(source.folder) if k <= source.step]
-        for sub, step in steps:
-            if not (out_dir / sub / str(step)).is_dir():
-                new_folder(out_dir / sub / str(step), lambda tmp, sub=sub, step=step: shutil.copytree(
+        copies = [(checkpoint.KEPT_DIR if source.kept else checkpoint.STATE_DIR, checkpoint.STATE_DIR, source.step)]
+        copies += [(checkpoint.KEPT_DIR, checkpoint.KEPT_DIR, k) for k in checkpoint.kept_steps(source.folder)
+                   if k < source.step or (k == source.step and not source.kept)]
+        for sub, into, step in copies:
+            if not (out_dir / into / str(step)).is_dir():
+                new_folder(out_dir / into / str(step), lambda tmp, sub=sub, step=step: shutil.copytree(
                     source.folder / sub / str(step), tmp, dirs_exist_ok=True))
         points = [p for p in curves.read_curve(source.folder) if p["step"] <= source.step]
         curves.write_curve(out_dir, points)
+    earlier = source.step != int(meta.get("steps_done") or 0)
+    seeded = {"checkpoint": source.folder.name, "step": source.step, "steps": source.cap,
+              **({"rule": True} if source.rule else {}),
+              **({"totals": "replayed: compile, checkpoint and wall seconds before the seed not counted"}
+                 if earlier else {})}
+    meta = {k: v for k, v in meta.items() if k not in ("continued_from", "seeded_from")}
+    if earlier:
+        meta.update(_seeded_totals(source, meta, points, data, cfg, sharding.make_mesh().devices.size),
+                    steps_done=source.step, complete=False)
     meta = {**meta, "train_config": cfg.to_dict(), "complete": source.whole and bool(meta.get("complete")),
-            "seeded_from": {"checkpoint": source.folder.name, "step": source.step, "steps": source.cap}}
-    _record_stop(meta, schedules.stop_state(cfg, points), cfg.signal)          # under this cap
+            "seeded_from": seeded}
+    _record_stop(meta, schedules.stop_state(cfg, points), cfg.signal)          # by this training's rule
     checkpoint.write_meta(out_dir, meta)
-    how = "all of it" if source.whole else f"its step {source.step:,}"
-    print(f"narbench: {out_dir.name} starts from {source.folder.name}, {how}: the same training under a cap of "
-          f"{source.cap:,} steps (this one's: {cfg.steps:,})", file=sys.stderr)
+    how = "all of it" if source.whole else f"its step {source.step:,}" + (" (kept)" if source.kept else "")
+    print(f"narbench: {out_dir.name} starts from {source.folder.name}, {how}: {source.how()}; this one's cap: "
+          f"{cfg.steps:,}", file=sys.stderr)
     return meta
 
 

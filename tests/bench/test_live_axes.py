@@ -102,7 +102,7 @@ PINNED = {
     # patience), so its models are new ones; the committed converged run's were -ar-1f84366a3ac8, -ar-1fed6e4a1328,
     # -padir-4c13b18450f2 and _distilled-padir-f8fb2f5e4e1e. Its AR cap rose from 60,000 to 240,000 on 2026-12-04
     # (the two AR folders were -ar-b7d29ab4c50f and -ar-df15be8fa485): a training under the old cap carries on in the
-    # new folder (models.train.other_cap_source). On 2026-12-04 its rule moved to dev NLL (issue 52; the folders of the
+    # new folder (models.train.seed_source). On 2026-12-04 its rule moved to dev NLL (issue 52; the folders of the
     # dev-BLEU rule with the 240,000 cap: -ar-68798e13d056, -ar-9cac9070d77e, -padir-265a6468dde3,
     # _distilled-padir-6c03310dc068). The PaDIR names here hold their warm start's path fixed.
     "converged": ["bible_de_en-ar-23ef1caf6127", "bible_de_en-ar-97a51ce693af", "bible_de_en-padir-97d1abe8194f",

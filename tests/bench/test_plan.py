@@ -224,8 +224,8 @@ def test_plan_command_prints_json_and_leaves_other_machines_out(measured, monkey
 
 
 def test_a_cell_with_its_training_under_another_cap_beside_it_starts_from_there(measured):
-    """``models.train.other_cap_source`` names where the training starts: the plan counts only the rest."""
-    from models.train import CapSource
+    """``models.train.seed_source`` names where the training starts: the plan counts only the rest."""
+    from models.train import SeedSource
 
     tmp_path, deps, _ = measured
     path = tmp_path / "more.toml"
@@ -235,14 +235,14 @@ def test_a_cell_with_its_training_under_another_cap_beside_it_starts_from_there(
     source.mkdir(parents=True)
     (source / "curve.jsonl").write_text("".join(json.dumps({"step": s, "dev_bleu": 1.0}) + "\n" for s in range(1, 5)))
 
-    def other_cap(task, model_config, train_config, init_from=None):
-        return CapSource(source, 3, 4, False) if model_config.get("unmask_rate") == 0.5 and not init_from else None
+    def seed_source(task, model_config, train_config, init_from=None):
+        return SeedSource(source, 3, 4, False) if model_config.get("unmask_rate") == 0.5 and not init_from else None
 
-    locator = dataclasses.replace(fake_locator(deps), other_cap=other_cap)
+    locator = dataclasses.replace(fake_locator(deps), seed_source=seed_source)
     shown = preview.preview(spec, locator, estimate.Measured.collect(tmp_path / "results", None, MACHINE))
     [cell] = [c for c in shown.cells if c.cell.label == f"{PADIR} 0.5 seed 0"]
     assert (cell.state, cell.note) == (
-        "partial", f"starts from step 3 of {preview._portable(source)}, the same training under a cap of 4 steps")
+        "partial", f"starts from step 3 of {preview._portable(source)}, the same training under another cap (4 steps)")
     assert cell.estimate.how.startswith("2 more steps (stops at step 5) x 0.80 s")
     assert cell.estimate.seconds == pytest.approx(2 * STEP_COST["padir"]["seconds"] + 2 * 0.1)
 
