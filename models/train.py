@@ -578,7 +578,8 @@ def _same_training(task, model: dict | None, train: dict | None, identity: dict,
 
 def _seeded_totals(source: SeedSource, meta: dict, points: list[dict], data: TokenPairs, cfg: TrainConfig,
                    num_shards: int) -> dict:
-    """The totals a training seeded from ``source``'s state at a step before its newest starts with: its training
+    """The totals a training seeded from ``source``'s state at a step before its newest (or from a continuation
+    past a plateau, whose record counts from where it continued) starts with: its training
     seconds at that step (its curve's; a continuation's counted from where it continued, plus its origin's up to
     there where that folder is still beside it), the evaluation seconds of the points kept, and the target tokens
     and XLA flops of the steps up to it, replayed from the same batches (each step once). The compile, checkpoint
@@ -632,15 +633,15 @@ def _seed_from_sibling(out_dir: Path, task: str, model_config: ModelConfig, cfg:
                     source.folder / sub / str(step), tmp, dirs_exist_ok=True))
         points = [p for p in curves.read_curve(source.folder) if p["step"] <= source.step]
         curves.write_curve(out_dir, points)
-    earlier = source.step != int(meta.get("steps_done") or 0)
+    # Its totals are this training's up to the seed where it ran all the steps to it itself, in one folder.
+    replay = source.step != int(meta.get("steps_done") or 0) or "continued_from" in meta
     seeded = {"checkpoint": source.folder.name, "step": source.step, "steps": source.cap,
               **({"rule": True} if source.rule else {}),
               **({"totals": "replayed: compile, checkpoint and wall seconds before the seed not counted"}
-                 if earlier else {})}
-    meta = {k: v for k, v in meta.items() if k not in ("continued_from", "seeded_from")}
-    if earlier:
-        meta.update(_seeded_totals(source, meta, points, data, cfg, sharding.make_mesh().devices.size),
-                    steps_done=source.step, complete=False)
+                 if replay else {})}
+    totals = _seeded_totals(source, meta, points, data, cfg, sharding.make_mesh().devices.size) if replay else {}
+    meta = {**{k: v for k, v in meta.items() if k not in ("continued_from", "seeded_from")}, **totals,
+            "steps_done": source.step}
     meta = {**meta, "train_config": cfg.to_dict(), "complete": source.whole and bool(meta.get("complete")),
             "seeded_from": seeded}
     _record_stop(meta, schedules.stop_state(cfg, points), cfg.signal)          # by this training's rule

@@ -432,6 +432,23 @@ def test_another_rule_starts_from_the_state_kept_where_the_old_one_fired(tmp_pat
     at_14 = next(p["seconds"] for p in curves.read_curve(uninterrupted) if p["step"] == 14)
     assert next(p["seconds"] for p in curves.read_curve(out) if p["step"] == 14) == at_14
     assert seeded["train_seconds"] > at_14
+    # A continuation past the plateau counts its totals from where it continued: a training seeded from it adds the
+    # steps before. Under min_steps 21 and patience 4 the rule fires at 22, as the continuation's (min_steps 21,
+    # patience 2) did, with the same decay: all of it.
+    from models.train import continue_past_plateau
+
+    continued = continue_past_plateau(tmp_path / "siblings" / "whole", factor=1.5, **toy)
+    late = config.replace(min_steps=21, patience=4)
+    source = seed_source(tmp_path / "siblings" / "late", "toy", model, late, identity)
+    assert (source.folder, source.step, source.whole) == (continued, 33, True)
+    out = space["train"]("toy", model, late, tmp_path / "siblings" / "late", **toy)
+    scratch = space["train"]("toy", model, late, tmp_path / "late-scratch", **toy)
+    seeded, alone = checkpoint.read_meta(out), checkpoint.read_meta(scratch)
+    assert _outcome(out) == _outcome(scratch) and seeded["complete"] and "continued_from" not in seeded
+    assert seeded["target_tokens"] == alone["target_tokens"]
+    assert seeded["train_flops"] == pytest.approx(alone["train_flops"], rel=1e-12)
+    at_33 = next(p["seconds"] for p in curves.read_curve(continued) if p["step"] == 33)
+    assert seeded["train_seconds"] == pytest.approx(at_14 + at_33)
 
 
 @pytest.mark.slow
