@@ -259,6 +259,12 @@ TRAINING = (                                         # the system's trained mode
       doc="how much dev BLEU swings between evaluations at the peak learning rate: the standard deviation of the "
           "successive differences of the curve points from half the peak-rate steps on "
           "(bench.measure.learning.dev_swing; null under 3 such points)"),
+    C("best_dev_nll", "best dev NLL", fixed(3), False, optional=True,
+      doc="where the plateau rule reads dev NLL (signal = dev_nll): its best, the mean of its last `smooth` points "
+          "(nats per target token; a distilled model's against its teacher's dev outputs)"),
+    C("dev_nll_swing", "dev NLL swing", fixed(3), None, optional=True,
+      doc="how much dev NLL swings between evaluations at the peak learning rate, as dev_bleu_swing "
+          "(bench.measure.learning.dev_swing; null under 3 such points)"),
     C("still_improving", "still improving", yes_no,
       doc=f"no when the plateau rule stopped it; else: dev BLEU rose by more than {defaults.CURVE_RISE:g} over "
           f"the last {defaults.CURVE_TAIL:.0%} of the training steps (bench.measure.learning.still_improving)",

@@ -426,6 +426,9 @@ class Runner:
                 "stopped_by": record.get("stopped_by"), "decay_start": decay,
                 "plateau_dev_bleu": learning.plateau_bleu(points, decay), "best_dev_bleu": record.get("best_dev_bleu"),
                 "dev_bleu_swing": learning.dev_swing(points, decay),
+                "best_dev_nll": record.get("best_dev_nll"),
+                "dev_nll_swing": (learning.dev_swing(points, decay, key="dev_nll")
+                                  if points and all("dev_nll" in p for p in points) else None),
                 "still_improving": learning.still_improving(points, record.get("stopped_by")),
                 "dev_length_exact": points[-1].get("dev_length_exact") if points else None,
                 "dev_length_within2": points[-1].get("dev_length_within2") if points else None}

@@ -101,8 +101,8 @@ def render_budgets(rows: Sequence[Row]) -> list[str]:
     by_system = {(r.task, r.system): r for r in rows}
     base_label = families.get(families.BASELINE).label
     names = ("family", "train_steps", "train_tokens", "train_seconds", "train_flops")
-    stops = tuple(n for n in ("stopped_by", "decay_start", "plateau_dev_bleu", "best_dev_bleu", "dev_bleu_swing")
-                  if any(r[n] is not None for r in first.values()))
+    stops = tuple(n for n in ("stopped_by", "decay_start", "plateau_dev_bleu", "best_dev_bleu", "dev_bleu_swing",
+                              "best_dev_nll", "dev_nll_swing") if any(r[n] is not None for r in first.values()))
     tail = ("warm_start_seconds", "distill_seconds", *stops, "still_improving", "dev_length_exact",
             "dev_length_within2")
     body = []
@@ -117,7 +117,8 @@ def render_budgets(rows: Sequence[Row]) -> list[str]:
     lines.extend(["", "Seconds: in train steps only (compiling, checkpoints and dev evaluation excluded). FLOPs: XLA's "
                   "cost analysis of each step's compiled train step, summed. Warm-start s: the train s of the model "
                   "a warm-started one starts from (its total budget is both). Distill s: the teacher's decoding of "
-                  "the distilled training data. Stopped by: plateau (dev BLEU stopped rising), cap (no plateau "
+                  "the distilled training data. Stopped by: plateau (the rule's dev signal, BLEU or NLL, stopped "
+                  "improving), cap (no plateau "
                   "within its steps) or steps (a set number); decay from step: where the plateau rule fired and the "
                   "learning rate began to decay, and dev BLEU at plateau the best before it. Len exact / ±2: dev "
                   "sentences whose top predicted length is exact or within 2 tokens (models with a length "

@@ -199,9 +199,11 @@ def test_report_draws_learning_curves_and_a_budget_table(tmp_path):
     assert "![learning_curves.png](learning_curves.png)" in board and "[curves.jsonl](curves.jsonl)" in board
     table = (store.path / "table.md").read_text().split("## Training budgets")[1].split("##")[0]
     lines = [ln for ln in table.splitlines() if ln.startswith("| ") and "| model |" not in ln]
-    assert lines == [f"| {AR_MODEL} | AR | 5 | 1.00k | 2 | 5.00G | 100% | – | – | 0.00 | yes | – | – |",
-                     f"| {PADIR_MODEL} | PaDIR | 5 | 1.00k | 4 | 12.50G | 250% | – | – | 0.00 | no | 0.250 | 0.750 |",
-                     f"| {DISTILLED_MODEL} | PaDIR | 5 | 1.00k | 4 | 12.50G | 250% | – | 2 | 0.00 | no | 0.250 "
+    # The swings of dev BLEU and dev NLL (the fake curves' NLL is flat); no rule fired, so no best signal.
+    assert lines == [f"| {AR_MODEL} | AR | 5 | 1.00k | 2 | 5.00G | 100% | – | – | 0.00 | 0.000 | yes | – | – |",
+                     f"| {PADIR_MODEL} | PaDIR | 5 | 1.00k | 4 | 12.50G | 250% | – | – | 0.00 | 0.000 | no | 0.250 "
+                     "| 0.750 |",
+                     f"| {DISTILLED_MODEL} | PaDIR | 5 | 1.00k | 4 | 12.50G | 250% | – | 2 | 0.00 | 0.000 | no | 0.250 "
                      "| 0.750 |"]
 
 
@@ -290,3 +292,21 @@ def test_rows_written_before_the_budget_columns_still_load():
     del record["bleu"]
     with pytest.raises(UserError, match="lacks columns"):
         Row.load(record)
+
+
+def test_a_rule_on_dev_nll_reports_its_best_and_swing(tmp_path):
+    """A model stopped by the rule on dev NLL: its rows carry the rule's best NLL (the record's) and the NLL swing
+    at the peak rate, and the budget table shows both."""
+    spec = load(tmp_path, SPEC)
+    AR_MODEL, _, _ = models(spec)
+    deps = fake_deps(tmp_path / "ckpt")
+    deps.train_record = lambda path: {**fake_train_record(path), "stopped_by": "plateau", "decay_start": 4,
+                                      "best_dev_nll": 3.6}
+    store, _ = run(tmp_path, spec, deps)
+    st.finish_run(store)
+    row = next(r for r in store.rows() if r["model"] == AR_MODEL)
+    assert row["best_dev_nll"] == 3.6 and row["dev_nll_swing"] == pytest.approx(0.0, abs=1e-12)
+    report.write_report(store.path)
+    table = (store.path / "table.md").read_text().split("## Training budgets")[1].split("##")[0]
+    assert "| best dev NLL | dev NLL swing |" in table
+    assert "| 3.600 | 0.000 |" in next(ln for ln in table.splitlines() if ln.startswith(f"| {AR_MODEL} |"))
