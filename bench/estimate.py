@@ -96,6 +96,7 @@ class TrainedModel:
     stopped_by: str | None = None
     eval_seconds_per_point: float | None = None
     overhead_seconds: float | None = None   # wall time neither in train steps nor in dev evaluation
+    signal: str = "dev_bleu"                # what its plateau rule read (``TrainConfig.signal``)
 
 
 @dataclass(frozen=True)
@@ -253,7 +254,7 @@ class Measured:
                 self.trained.append(TrainedModel(
                     name, family, r.task, shape, int(budget.get("batch_tokens") or 0), fam.train_work(r),
                     label, int(steps), float(seconds) / int(steps), r.stopped_by,
-                    _median(evals[label]) if evals.get(label) else None))
+                    _median(evals[label]) if evals.get(label) else None, None, budget.get("signal") or "dev_bleu"))
             split = (r.system, r.test_set.removesuffix("+refs"))     # test sets of one split: one measurement
             if r.latency_mean_ms and r.passes_mean is not None and split not in timed:
                 timed.add(split)
@@ -313,7 +314,8 @@ class Measured:
                 int(train.get("batch_tokens") or 0), fam.train_work(train), None, int(steps),
                 float(seconds) / int(steps), meta.get("stopped_by"),
                 evals / points if points and evals else None,
-                max(float(meta.get("wall_seconds") or 0.0) - float(seconds) - evals, 0.0) or None))
+                max(float(meta.get("wall_seconds") or 0.0) - float(seconds) - evals, 0.0) or None,
+                train.get("signal") or "dev_bleu"))
         for record in sorted((root / "distill").glob("*/distill.json")):
             data = _json(record) or {}
             teacher = _json(root / str(data.get("teacher")) / "narbench.json") or {}
@@ -368,7 +370,7 @@ def train_estimate(measured: Measured, family: str, task: str, shape: tuple, lab
         rate = f"{per_step:.2f} s (no model of this size measured here: {rate} at the nearest size x {ratio:.2f} work per token)"
     steps, stop, median = budget.steps, "", None
     if budget.until == "plateau":
-        median, stop = _plateau_steps(measured, family, task, shape, budget.steps)
+        median, stop = _plateau_steps(measured, family, task, shape, budget.steps, budget.signal or "dev_bleu")
         steps = budget.steps if median is None else median
     done = 0 if resumed is None else min(resumed.steps_done, budget.steps)
     if resumed is not None and (resumed.exact or median is None or resumed.stop > steps):
@@ -438,17 +440,22 @@ def _measured_rate(pool: list[TrainedModel], checkpoint: str | None, label: str,
                       + (f"; {', '.join(differ)}, scaled" if differ else "") + ")")
 
 
-def _plateau_steps(measured: Measured, family: str, task: str, shape: tuple, cap: int) -> tuple[int | None, str]:
+def _plateau_steps(measured: Measured, family: str, task: str, shape: tuple, cap: int,
+                   signal: str = "dev_bleu") -> tuple[int | None, str]:
     """Where the plateau rule will stop a training: the median stop of the models of its family it stopped on
-    this machine, of the same task and model shape, else of the same task, else of the same shape (None when
-    there are none: the cap is the bound); and how that was chosen."""
+    this machine by a rule on the same ``signal``, of the same task and model shape, else of the same task, else of
+    the same shape; else the same from rules on another signal, said so (None when there are none: the cap is the
+    bound); and how that was chosen."""
     stopped = [m for m in measured.trained if m.family == family and m.stopped_by == "plateau"]
-    for same, where in (((True, True), ""), ((True, False), " of another model shape"),
-                        ((False, True), " on other tasks")):
-        stops = [m.steps for m in stopped if ((m.task == task) >= same[0]) and ((m.shape == shape) >= same[1])]
-        if stops:
-            return (min(cap, int(_median(stops))),
-                    f" (plateau: the median stop of {len(stops)} measured{where}, cap {cap:,})")
+    for same_signal in (True, False):
+        pool = [m for m in stopped if (m.signal == signal) == same_signal]
+        rule = "" if same_signal else " under a rule on another signal"
+        for same, where in (((True, True), ""), ((True, False), " of another model shape"),
+                            ((False, True), " on other tasks")):
+            stops = [m.steps for m in pool if ((m.task == task) >= same[0]) and ((m.shape == shape) >= same[1])]
+            if stops:
+                return (min(cap, int(_median(stops))),
+                        f" (plateau: the median stop of {len(stops)} measured{where}{rule}, cap {cap:,})")
     return None, " (plateau: the cap, an upper bound)"
 
 

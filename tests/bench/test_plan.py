@@ -157,6 +157,18 @@ def test_a_plateau_is_estimated_from_the_nearest_models_the_rule_stopped():
                                                       "of another model shape")
     assert how(model("bible", small, 8400), model("bible", tiny, 4000)).startswith("8,400 steps (plateau: the "
                                                                                    "median stop of 1 measured, ")
+    # A rule on dev NLL is estimated from stops by rules on dev NLL first, whatever their shape; from the others only
+    # where there are none, said so.
+    import dataclasses
+
+    by_nll = dataclasses.replace(model("bible", tiny, 37000), signal="dev_nll")
+    nll = dataclasses.replace(budget, signal="dev_nll", min_delta=0.02)
+    measured = estimate.Measured(trained=[model("bible", small, 8400), by_nll])
+    assert estimate.train_estimate(measured, "ar", "bible", small, "a", nll, {}, None).how.startswith(
+        "37,000 steps (plateau: the median stop of 1 measured of another model shape, cap 60,000)")
+    assert estimate.train_estimate(estimate.Measured(trained=[model("bible", small, 8400)]), "ar", "bible", small,
+                                   "a", nll, {}, None).how.startswith(
+        "8,400 steps (plateau: the median stop of 1 measured under a rule on another signal, cap 60,000)")
     # Resumed: the measured stop when it is later than the earliest the rule can stop it, else the earliest.
     assert how(model("bible", small, 8400), resumed_at=(1000, _curve(1.0, 2.0))).startswith("7,400 more steps")
     assert how(model("bible", small, 8400), resumed_at=(8500, _curve(*[float(i) for i in range(17)]))).startswith(
