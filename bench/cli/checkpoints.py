@@ -102,9 +102,11 @@ def register(sub) -> None:
                        description="Train a checkpoint that the plateau rule stopped once more, from the state "
                        "where the rule fired (step S, kept in <checkpoint>/kept/S/) at the peak learning rate until "
                        "FACTOR x S at least, then by the same rule and decay: the same as that training from scratch "
-                       "with --min-steps FACTOR x S. At the end it prints both final dev BLEUs and NLLs and how "
-                       "much the stopped training's dev BLEU swung at the peak rate: a rise beyond that swing means "
-                       "the rule stopped early. Resumes when run again.")
+                       "with --min-steps FACTOR x S. At the end it prints both final dev BLEUs and NLLs, how much the "
+                       "stopped training's dev BLEU swung at the peak rate, and the verdict: both final models decode "
+                       "the dev sentences again and their BLEU difference is tested by sacrebleu's paired bootstrap; "
+                       "the rule stopped the training early where its whole 95% interval is above 0. Resumes when "
+                       "run again.")
     c.add_argument("checkpoint", type=Path, help="checkpoint folder whose training the plateau rule stopped")
     c.add_argument("--factor", type=float, default=2.0,
                    help="train at the peak rate until FACTOR x the plateau's step at least (default 2: as long again)")
