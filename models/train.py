@@ -527,6 +527,8 @@ def seed_source(out_dir: Path, task: str, model_config: ModelConfig, cfg: TrainC
             continue
         if cfg.signal == "dev_nll" and meta.get("dev_nll_targets", "references") != _nll_targets(task):
             continue                                 # its dev NLL was measured against other targets
+        if theirs.to_dict() == cfg.to_dict():        # a copy of this very training (one set aside as damaged)
+            continue
         if theirs.until != "plateau" or theirs.schedule != "wsd" or _same_training(
                 meta.get("task"), meta.get("model_config"), meta.get("train_config"), meta,
                 (meta.get("init") or {}).get("from"), ignored) != want:
@@ -579,9 +581,9 @@ def _same_training(task, model: dict | None, train: dict | None, identity: dict,
 def _seeded_totals(source: SeedSource, meta: dict, points: list[dict], data: TokenPairs, cfg: TrainConfig,
                    num_shards: int) -> dict:
     """The totals a training seeded from ``source``'s state at a step before its newest (or from a continuation
-    past a plateau, whose record counts from where it continued) starts with: its training
-    seconds at that step (its curve's; a continuation's counted from where it continued, plus its origin's up to
-    there where that folder is still beside it), the evaluation seconds of the points kept, and the target tokens
+    past a plateau, whose record counts from where it continued) starts with: its training seconds at that step
+    (its curve's there, or at its last point before; a continuation's counted from where it continued, plus its
+    origin's up to there where that folder is still beside it), the evaluation seconds of the points kept, and the target tokens
     and XLA flops of the steps up to it, replayed from the same batches (each step once). The compile, checkpoint
     and wall seconds of those steps are not known: they count from the seed (``seeded_from`` says so)."""
     from models import curves
@@ -592,7 +594,8 @@ def _seeded_totals(source: SeedSource, meta: dict, points: list[dict], data: Tok
         before = [p for p in curves.read_curve(source.folder.parent / origin["checkpoint"])
                   if p["step"] == origin["step"]]
         offset = float(before[0]["seconds"]) if before else 0.0
-    seconds = offset + float(next(p["seconds"] for p in points if p["step"] == source.step)) if points else 0.0
+    upto = [p for p in points if p["step"] <= source.step]
+    seconds = offset + (float(max(upto, key=lambda p: p["step"])["seconds"]) if upto else 0.0)
     batches = BucketedBatches(data, cfg.batch_tokens, cfg.max_length, cfg.buckets, cfg.seed, num_shards=num_shards)
     tokens, flops = 0, 0.0
     per_shape = meta.get("step_flops") or {}

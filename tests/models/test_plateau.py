@@ -428,6 +428,8 @@ def test_another_rule_starts_from_the_state_kept_where_the_old_one_fired(tmp_pat
     assert seeded["target_tokens"] == alone["target_tokens"]
     assert seeded["train_flops"] == pytest.approx(alone["train_flops"], rel=1e-12)
     assert checkpoint.kept_steps(out) == [18] and "continued_from" not in seeded
+    # A copy of the very same training in another folder (one set aside as damaged) is never a source.
+    assert seed_source(tmp_path / "siblings" / "again", "toy", model, patient, identity).folder.name == "whole"
     # Its training seconds at 14 are the source's curve's there, then its own.
     at_14 = next(p["seconds"] for p in curves.read_curve(uninterrupted) if p["step"] == 14)
     assert next(p["seconds"] for p in curves.read_curve(out) if p["step"] == 14) == at_14
