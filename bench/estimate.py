@@ -254,7 +254,8 @@ class Measured:
                 self.trained.append(TrainedModel(
                     name, family, r.task, shape, int(budget.get("batch_tokens") or 0), fam.train_work(r),
                     label, int(steps), float(seconds) / int(steps), r.stopped_by,
-                    _median(evals[label]) if evals.get(label) else None, None, budget.get("signal") or "dev_bleu"))
+                    _median(evals[label]) if evals.get(label) else None,
+                    signal=budget.get("signal") or "dev_bleu"))
             split = (r.system, r.test_set.removesuffix("+refs"))     # test sets of one split: one measurement
             if r.latency_mean_ms and r.passes_mean is not None and split not in timed:
                 timed.add(split)
@@ -315,7 +316,7 @@ class Measured:
                 float(seconds) / int(steps), meta.get("stopped_by"),
                 evals / points if points and evals else None,
                 max(float(meta.get("wall_seconds") or 0.0) - float(seconds) - evals, 0.0) or None,
-                train.get("signal") or "dev_bleu"))
+                signal=train.get("signal") or "dev_bleu"))
         for record in sorted((root / "distill").glob("*/distill.json")):
             data = _json(record) or {}
             teacher = _json(root / str(data.get("teacher")) / "narbench.json") or {}

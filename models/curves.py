@@ -36,6 +36,8 @@ from narbench_core.io import read_jsonl, write_jsonl
 from narbench_core.tokens import EOS_ID
 
 CURVE_FILE = "curve.jsonl"
+REFERENCES, TEACHER_OUTPUTS = "references", "teacher outputs"   # what dev NLL is measured against (a record's
+                                                                # ``dev_nll_targets``)
 DEV_SEED = 0                         # the dev sample, the NLL noise and PaDIR's decoding seed
 EVAL_BATCH = 32                      # sentences per evaluation batch (NLL and decoding)
 CURVE_DECODERS = {"ar": "greedy", "padir": f"refine:{defaults.CURVE_REFINE_STEPS}"}   # model kind -> decoder
@@ -65,6 +67,11 @@ class DevSet:
     def targets(self) -> tuple[str, ...]:
         """What dev NLL is measured against: ``nll_targets``, else the references."""
         return self.nll_targets or self.references
+
+    @property
+    def targets_kind(self) -> str:
+        """``TEACHER_OUTPUTS`` or ``REFERENCES``: what ``targets`` are, as a training's record says it."""
+        return TEACHER_OUTPUTS if self.nll_targets else REFERENCES
 
 
 def dev_set(task: str, n: int = defaults.CURVE_SENTENCES, seed: int = DEV_SEED, needed_by: str | None = None) -> DevSet:

@@ -525,7 +525,7 @@ def seed_source(out_dir: Path, task: str, model_config: ModelConfig, cfg: TrainC
             continue
         if not meta:
             continue
-        if cfg.signal == "dev_nll" and meta.get("dev_nll_targets", "references") != _nll_targets(task):
+        if cfg.signal == "dev_nll" and meta.get("dev_nll_targets", curves.REFERENCES) != _nll_targets(task):
             continue                                 # its dev NLL was measured against other targets
         if theirs.to_dict() == cfg.to_dict():        # a copy of this very training (one set aside as damaged)
             continue
@@ -562,12 +562,13 @@ def seed_source(out_dir: Path, task: str, model_config: ModelConfig, cfg: TrainC
 
 def _nll_targets(task: str) -> str:
     """What a training on ``task`` measures its dev NLL against (``dev_nll_targets`` of its record)."""
+    from models import curves
     from suites import catalog
 
     try:
-        return "teacher outputs" if catalog.distilled_train(task) is not None else "references"
+        return curves.TEACHER_OUTPUTS if catalog.distilled_train(task) is not None else curves.REFERENCES
     except UserError:                                # a name for in-memory data
-        return "references"
+        return curves.REFERENCES
 
 
 def _same_training(task, model: dict | None, train: dict | None, identity: dict, init: dict | None,
@@ -708,7 +709,7 @@ def _train_held(task: str, model_config: ModelConfig, cfg: TrainConfig, data: To
     rng = sharding.replicate(jax.random.PRNGKey(cfg.seed), mesh)
     evaluate, curve = _curve_setup(task, model_config, cfg, out_dir, start, dev, in_memory=identity["vocab_path"] is None)
     if getattr(evaluate, "dev", None) is not None:                # what its dev NLL is measured against
-        record["dev_nll_targets"] = "teacher outputs" if evaluate.dev.nll_targets else "references"
+        record["dev_nll_targets"] = evaluate.dev.targets_kind
     stop = schedules.stop_state(cfg, curve)                  # where the training ends, from the curve so far
     _record_stop(record, stop, cfg.signal)
     if stop.stopped_by == "plateau" and stop.decay_start == start:      # killed between saving and keeping it

@@ -13,6 +13,7 @@ import jax
 import numpy as np
 import pytest
 
+import models.train
 from models import checkpoint, curves
 from models.schedule import decay_steps, latest_decay_start, learning_rate_schedule, stop_state
 from models.train import TrainConfig
@@ -430,10 +431,17 @@ def test_another_rule_starts_from_the_state_kept_where_the_old_one_fired(tmp_pat
     assert checkpoint.kept_steps(out) == [18] and "continued_from" not in seeded
     # A copy of the very same training in another folder (one set aside as damaged) is never a source.
     assert seed_source(tmp_path / "siblings" / "again", "toy", model, patient, identity).folder.name == "whole"
-    # Its training seconds at 14 are the source's curve's there, then its own.
+    # Its training seconds start from the source's curve's at 14 (the record the seed writes, before any step runs),
+    # and its curve keeps the source's points up to 14.
     at_14 = next(p["seconds"] for p in curves.read_curve(uninterrupted) if p["step"] == 14)
-    assert next(p["seconds"] for p in curves.read_curve(out) if p["step"] == 14) == at_14
-    assert seeded["train_seconds"] > at_14
+    assert [p for p in curves.read_curve(out) if p["step"] <= 14] == [
+        p for p in curves.read_curve(uninterrupted) if p["step"] <= 14]
+    probe = models.train._seed_from_sibling(tmp_path / "siblings" / "probe", "toy", model, patient, identity, None,
+                                            space["data"])
+    assert probe["steps_done"] == 14 and probe["train_seconds"] == at_14
+    assert probe["eval_seconds"] == pytest.approx(
+        sum(p["eval_seconds"] for p in curves.read_curve(uninterrupted) if p["step"] <= 14))
+    shutil.rmtree(tmp_path / "siblings" / "probe")
     # A continuation past the plateau counts its totals from where it continued: a training seeded from it adds the
     # steps before. Under min_steps 21 and patience 4 the rule fires at 22, as the continuation's (min_steps 21,
     # patience 2) did, with the same decay: all of it.
