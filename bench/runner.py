@@ -232,7 +232,7 @@ class Runner:
                 return rows
             with self.executor.quiet_host() as host:
                 if not host.remote:
-                    benv.check_same_cpu(self.timed_env or {}, self.env, timed=self.timed_env is not None)
+                    benv.check_same_machine(self.timed_env or {}, self.env, timed=self.timed_env is not None)
                     self._record_env(**self.env, executor=host.info)
                 elif self.bleurt is not None:
                     raise UserError("BLEURT is scored where the systems are timed, and this run times them on "
@@ -670,7 +670,7 @@ def _measure_call(spec: SuiteSpec, deps: Deps, seeds: dict, platform: str | None
     deps.prepare(spec, [])                               # the suite's own-data tasks (their target language)
     platform = resolve_platform(platform)
     env = benv.capture(seeds=seeds, platform=platform)
-    benv.check_same_cpu(timed_env or {}, env, timed=timed_env is not None)
+    benv.check_same_machine(timed_env or {}, env, timed=timed_env is not None)
     runner = Runner(spec, deps, None, env, platform, None, score, progress=False, trained=dict(trained))
     return runner.measure(systems, data, targets, stored)
 

@@ -12,12 +12,16 @@
 # usage: scripts/gpu-map.sh OUT_DIR [BUDGET_SECONDS]        (default budget: 540 s)
 #        REHEARSE=1 JAX_PLATFORMS=cpu scripts/gpu-map.sh OUT_DIR 300    (the same steps at tiny sizes, on a CPU)
 #        DRY_RUN=1 scripts/gpu-map.sh OUT_DIR                             (print each step's narbench arguments)
+#        RESUME=results/gpu-speedmap/RUN_ID scripts/gpu-map.sh OUT_DIR    (step 1 goes on with that unfinished map)
 #
 # Steps, in order of value: (1) paper size at batch 1 and 32; (2) small at batch 1, 8 and 32; (3) paper at
 # batch 8. A step killed by the budget keeps every cell it finished (a map saves each cell whole), and running
-# the script again with the same OUT_DIR resumes where it stopped. narbench need not be installed: the script
-# runs it from this checkout with the host's own JAX (it imports no TensorFlow on this path); tqdm, if
-# missing, can be installed from a wheel in $WHEELS (pip install --no-index --find-links "$WHEELS" tqdm).
+# the script again with the same OUT_DIR resumes where it stopped. A fresh host (the next lease) goes on with a
+# committed step-1 map through RESUME: narbench copies it under OUT_DIR and times only its missing cells, where
+# this host has the same kind of GPU and CPU (else narbench refuses, its log says why, and step 1 starts a new
+# map). narbench need not be installed: the script runs it from this checkout with the host's own JAX (it
+# imports no TensorFlow on this path); tqdm, if missing, can be installed from a wheel in $WHEELS (pip install
+# --no-index --find-links "$WHEELS" tqdm).
 set -euo pipefail
 
 out=${1:?usage: scripts/gpu-map.sh OUT_DIR [BUDGET_SECONDS]}
@@ -62,7 +66,8 @@ step() {   # step NAME ARGS...: one latency map, stopped (its finished cells kep
     echo "$name: skipped, the budget is spent" | tee -a "$out/log/steps.txt"
     return 0
   fi
-  local start rc=0
+  local start
+  rc=0
   start=$(date +%s)
   if [ "${DRY_RUN:-0}" = 1 ]; then      # print each step's command instead (tests/bench/test_gpu_script.py)
     echo "latency --map $* ${grid[*]} --no-cost-model --out $out/results --no-progress"
@@ -73,7 +78,13 @@ step() {   # step NAME ARGS...: one latency map, stopped (its finished cells kep
   echo "$name: exit $rc after $(( $(date +%s) - start )) s" | tee -a "$out/log/steps.txt"
 }
 
-step 1-paper-b1-b32 "${big[@]}" "${b_ends[@]}"
+resume=()
+[ -n "${RESUME:-}" ] && resume=(--resume-from "$(cd "$RESUME" && pwd)")
+step 1-paper-b1-b32 "${big[@]}" "${b_ends[@]}" "${resume[@]}"
+if [ "$rc" = 2 ] && grep -q "not comparable" "$out/log/1-paper-b1-b32.log"; then   # RESUME's map is another
+  # machine's: a new map of step 1 instead
+  step 1-paper-b1-b32-new "${big[@]}" "${b_ends[@]}"
+fi
 step 2-small "${small[@]}" "${b_all[@]}"
 step 3-paper-b8 "${big[@]}" "${b_mid[@]}"
 

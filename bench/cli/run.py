@@ -129,6 +129,9 @@ def register(sub) -> None:
                        help=f"{text} (default: {' '.join(map(str, default)) if isinstance(default, tuple) else default})")
     m.add_argument("--out", default="results", help="results root folder of the map (default: results)")
     m.add_argument("--force", action="store_true", help="start a fresh map folder instead of resuming")
+    m.add_argument("--resume-from", metavar="RUN_DIR", help="go on with an unfinished map timed elsewhere on "
+                   "this kind of machine (a committed GPU run): it is copied under --out and only its missing "
+                   "cells are timed; the same settings as it, not with --force")
     m.add_argument("--cost-model", metavar="FILE", help="score this map with the cost model of another map (its "
                    "cost_model.json) instead of fitting one: every row is then a prediction (not with --calibrate)")
     m.add_argument("--no-cost-model", action="store_true", help="measure no machine rates and fit no cost model "
@@ -239,7 +242,7 @@ def cmd_run(args) -> int:
                **{k: v for k, v in run.env().items() if k == benv.CONCURRENT}}
         timed_env = run.env() if run.rows() else None      # it has timed cells: it must time on their CPU
         if executor_name == "local":                        # this machine will time: refuse before training
-            benv.check_same_cpu(timed_env or {}, env, timed=timed_env is not None)
+            benv.check_same_machine(timed_env or {}, env, timed=timed_env is not None)
         if timed_env is None:
             run.write_env(env)
         start = time.perf_counter()
@@ -464,6 +467,7 @@ def cmd_latency(args) -> int:
     if args.map:
         return _cmd_map(args)
     given = [f"--{n.replace('_', '-')}" for n, *_ in _MAP_ARGS if getattr(args, n) is not None]
+    given += ["--resume-from"] if args.resume_from else []
     if given:
         raise UserError(f"{' '.join(given)} only apply to the latency map; add --map")
     spec = _spec(args)
@@ -503,6 +507,6 @@ def _cmd_map(args) -> int:
     model = latency_map.CostModel.load(Path(args.cost_model)) if args.cost_model else None
     run_dir = latency_map.run_map(spec, Path(args.out), command, env=env, platform=platform,
                                progress=not args.no_progress, force=args.force, model=model,
-                               cost_model=not args.no_cost_model)
+                               cost_model=not args.no_cost_model, resume_from=args.resume_from)
     sys.stdout.write(f"latency map: {run_dir / latency_map.TABLE}\n")
     return 0

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shutil
 from dataclasses import asdict
 from datetime import datetime, timezone
 from pathlib import Path
@@ -30,20 +31,59 @@ if TYPE_CHECKING:      # jax-importing modules load on first use, so `narbench -
 def run_map(spec: MapSpec, out_root: Path, command: str, factory: DecoderFactory | None = None,
             peaks: costs.MachinePeaks | None = None, env: dict | None = None, platform: str | None = None,
             progress: bool = True, force: bool = False, rates: costs.MachineRates | None = None,
-            model: CostModel | None = None, cost_model: bool = True) -> Path:
+            model: CostModel | None = None, cost_model: bool = True, resume_from: Path | None = None) -> Path:
     """Time every missing cell into ``<out_root>/speedmap/<run_id>/rows.jsonl`` (resuming an unfinished
-    run of the same settings), then fit the cost model and write the table and the plot. Without
-    ``cost_model`` no machine rates are measured and no model is fitted (a map on a GPU host's short lease:
-    its minutes go to the cells; every roofline and projection column is still there)."""
+    run of the same settings, or ``resume_from``: see :func:`adopt`), then fit the cost model and write the
+    table and the plot. Without ``cost_model`` no machine rates are measured and no model is fitted (a map on
+    a GPU host's short lease: its minutes go to the cells; every roofline and projection column is still
+    there)."""
     if spec.calibrate and model is not None:      # before any cell is timed
         raise UserError("a map fits its own cost model on its calibration sizes or is scored by another map's "
                         "(--cost-model), not both")
+    if resume_from is not None:
+        if force:
+            raise UserError("--resume-from goes on with a map and --force starts a new one; keep one")
+        adopt(Path(resume_from), spec, Path(out_root), env)
     run, resumed = st.open_run(Path(out_root), SUITE, spec.spec_hash(), spec.to_toml(), command, force=force,
                                report=TABLE)
     try:
         return _run_held(run, spec, factory, peaks, env, platform, progress, rates, model, cost_model)
     finally:
         run.release()
+
+
+def adopt(source: Path, spec: MapSpec, out_root: Path, env: dict | None) -> Path:
+    """Copy an unfinished map timed elsewhere (a GPU run committed under results/, say) into
+    ``<out_root>/speedmap/`` so that this map resumes it, timing only its missing cells: the same settings,
+    timed on this kind of machine (``check_same_machine``). A copy already there is resumed as it is (it may
+    be further along). Refused in one line otherwise, before anything is copied or timed."""
+    from bench.measure import env as benv
+
+    flag = f"--resume-from {source}"
+    info = st.RunStore(source).info if source.is_dir() else {}
+    if info.get("suite") != SUITE or not info.get("run_id"):
+        raise UserError(f"{flag}: not a latency map's run folder (no run.json of suite {SUITE}); name a folder "
+                        "that holds a map's rows.jsonl and run.json")
+    suite_dir = out_root / SUITE
+    dest = suite_dir / info["run_id"]        # its own name, whatever the folder is called: the map finds it
+    if dest.exists():                        # adopted by an earlier command: resumed (and checked) like any map
+        return dest
+    if info.get("spec_hash") != spec.spec_hash():
+        raise UserError(f"{flag}: its settings (its spec.toml) differ from this command's; give the same "
+                        "--sizes, --lengths, --batches and timing options as it was run with")
+    rows = read_rows(source / ROWS)
+    done = {(r["size"], r["target_length"], r["batch_size"]) for r in rows}
+    if all(c.key in done for c in spec.cells()):
+        raise UserError(f"{flag}: every cell of it is timed already; nothing to resume")
+    if env is not None:
+        benv.check_same_machine(st.RunStore(source).env(), env, timed=bool(rows))
+    newer = [d.name for d in suite_dir.glob(f"*-{spec.spec_hash()[:8]}") if d.name > dest.name]
+    if newer:
+        raise UserError(f"{flag}: {suite_dir} holds a newer map of these settings ({max(newer)}), which would be "
+                        "resumed instead; drop --resume-from, or give another --out")
+    suite_dir.mkdir(parents=True, exist_ok=True)
+    shutil.copytree(source, dest)
+    return dest
 
 
 def _run_held(run: st.RunStore, spec: MapSpec, factory: DecoderFactory | None, peaks: costs.MachinePeaks | None,
@@ -53,14 +93,16 @@ def _run_held(run: st.RunStore, spec: MapSpec, factory: DecoderFactory | None, p
     from bench import costs
     from bench.measure import env as benv
 
-    if env is not None and not (run.path / st.ENV).is_file():
+    rows = read_rows(run.path / ROWS)
+    if env is not None and (run.path / st.ENV).is_file():      # resumed: its cells were timed on that machine
+        benv.check_same_machine(run.env(), env, timed=bool(rows))
+    elif env is not None:
         run.write_env(env)
     cpu = (env or run.env()).get("cpu_model", "unknown")
     device = device_fields(env or run.env())
     peaks = peaks or costs.machine_peaks()
     factory = factory or random_weight_decoders(spec)
     systems = spec.systems()
-    rows = read_rows(run.path / ROWS)
     if any(r.get("cost_method") != COST_METHOD for r in rows):
         rows = recost(rows, spec, factory, peaks)
         write_jsonl(run.path / ROWS, rows)

@@ -182,16 +182,37 @@ def capture(seeds: Mapping[str, int] | None = None, platform: str | None = None,
     }
 
 
-def check_same_cpu(stored: Mapping[str, Any], now: Mapping[str, Any], timed: bool) -> None:
-    """Refuse (one line) to go on timing a run on another CPU than the one it has timed on: speedups and
-    latencies of one run are compared with each other. ``timed``: the run has rows already."""
+def timed_on(env: Mapping[str, Any]) -> str:
+    """Where a run's latencies were measured, as its env.json says: the CPU (its signature, or its model in
+    runs from before the signature), and on an accelerator the device's platform and kind."""
+    cpu = env.get("cpu_signature") or env.get("cpu_model") or "an unknown CPU"
+    platform, kind = _device(env)
+    return cpu if platform == "cpu" else f"{kind or platform} ({platform}) on {cpu}"
+
+
+def _device(env: Mapping[str, Any]) -> tuple[str, str | None]:
+    """(platform, device kind) of an env.json; runs from before the platform field were timed on a CPU."""
+    platform = env.get("platform") or "cpu"
+    return platform, None if platform == "cpu" else env.get("device_kind")
+
+
+def check_same_machine(stored: Mapping[str, Any], now: Mapping[str, Any], timed: bool) -> None:
+    """Refuse (one line) to go on timing a run on another machine than the one it has timed on: another CPU,
+    or another device (a GPU run resumed on a CPU, an H100's on an H200): latencies and speedups of one run
+    are compared with each other. ``timed``: the run has rows already. The driver's version is not compared
+    (it is recorded in every row)."""
     from narbench_core.errors import UserError
 
-    key = "cpu_signature" if stored.get("cpu_signature") else "cpu_model"    # runs from before the signature
-    if not timed or not stored.get(key) or stored.get(key) == now.get(key):
+    if not timed or not (stored.get("cpu_signature") or stored.get("cpu_model")):
         return
-    raise UserError(f"this run was timed on {stored[key]} and this machine is {now.get(key)}: latencies measured "
-                    "on two CPUs are not comparable; resume it on that machine, or start a new run with --force")
+    key = "cpu_signature" if stored.get("cpu_signature") else "cpu_model"    # runs from before the signature
+    same_cpu = stored.get(key) == now.get(key)
+    same_device = _device(stored) == _device(now)
+    if same_cpu and same_device:
+        return
+    raise UserError(f"this run was timed on {timed_on(stored)} and this machine is {timed_on(now)}: latencies "
+                    "measured on two machines are not comparable; resume it on that machine, or start a new run "
+                    "with --force")
 
 
 def concurrent(seen: Iterable[Any]) -> list[dict[str, Any]]:

@@ -185,6 +185,38 @@ def test_every_committed_suite_folder_points_latest_at_its_newest_run():
             f"{folder.relative_to(REPO)}/latest should name {newest} (`narbench report` and the pages read it)")
 
 
+GPU_LINK = re.compile(r"\]\((results/gpu-speedmap/[^)\s/]+)/speedmap\.md\)")
+
+
+def test_readme_gpu_figures_are_the_committed_gpu_runs_rows():
+    """The README's GPU table is the linked GPU map's batch-1 rows of PaDIR T=4 k=1 and AR greedy: p50s, the
+    measured speedup and the projected one on the device the run names; the text names its commit and date."""
+    import json
+
+    from bench.latency_map.spec import read_rows
+
+    text = section(README.read_text(encoding="utf-8"), "On a GPU")
+    (link,) = GPU_LINK.findall(text)
+    run = REPO / link
+    assert (run.parent / "latest").read_text().strip() == run.name, "the README should quote the newest GPU run"
+    env = json.loads((run / "env.json").read_text())
+    assert env["platform"] == "gpu" and env["git"]["commit"][:7] in text and env["date_utc"][:10] in text
+    assert env["device_kind"] in text
+    rows = {(r["target_length"], r["system"]): r for r in read_rows(run / "rows.jsonl")
+            if r["batch_size"] == 1 and r["size"] == "paper"}
+    header, body = table(text)
+    assert header == ["target tokens", "AR greedy p50 ms", "PaDIR T=4 k=1 p50 ms", "speedup", "projected speedup"]
+    assert body, "the GPU table has no rows"
+    for line in body:
+        length = int(line["target tokens"])
+        ar, padir = rows[(length, "ar-greedy")], rows[(length, "padir-T4-k1")]
+        col = f"projection_{padir['device_projection']}_ms"
+        assert line == {"target tokens": str(length), "AR greedy p50 ms": f"{ar['latency_p50_ms']:.1f}",
+                        "PaDIR T=4 k=1 p50 ms": f"{padir['latency_p50_ms']:.1f}",
+                        "speedup": f"{padir['speedup_p50_vs_ar']:.2f}x",
+                        "projected speedup": f"{ar[col] / padir[col]:.2f}x"}, f"README GPU row {length}"
+
+
 def test_readme_pandas_snippet_runs_on_the_committed_run(monkeypatch, capsys):
     code = re.search(r"```python\n(.*?)```", section(README.read_text(encoding="utf-8"),
                                                      "Reading results with pandas"), re.S)[1]

@@ -164,7 +164,7 @@ def test_timing_a_run_on_another_cpu_is_refused(cli, capsys, monkeypatch):
 def test_a_run_with_nothing_timed_yet_may_move_to_another_cpu():
     from bench.measure import env as benv
 
-    benv.check_same_cpu({"cpu_signature": "A"}, {"cpu_signature": "B"}, timed=False)
-    benv.check_same_cpu({"cpu_model": "A"}, {"cpu_signature": "A (family 1)", "cpu_model": "A"}, timed=True)
+    benv.check_same_machine({"cpu_signature": "A"}, {"cpu_signature": "B"}, timed=False)
+    benv.check_same_machine({"cpu_model": "A"}, {"cpu_signature": "A (family 1)", "cpu_model": "A"}, timed=True)
     with pytest.raises(UserError):
-        benv.check_same_cpu({"cpu_model": "A"}, {"cpu_signature": "B (x)", "cpu_model": "B"}, timed=True)
+        benv.check_same_machine({"cpu_model": "A"}, {"cpu_signature": "B (x)", "cpu_model": "B"}, timed=True)

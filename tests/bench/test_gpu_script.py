@@ -39,3 +39,12 @@ def test_every_step_is_a_latency_map_the_cli_accepts(tmp_path, rehearse):
 
 def test_the_script_is_valid_bash():
     assert subprocess.run(["bash", "-n", str(SCRIPT)]).returncode == 0
+
+
+def test_resume_goes_to_step_one_only(tmp_path):
+    """RESUME (a committed, unfinished step-1 map) is handed to step 1 as --resume-from; the others start anew."""
+    run = tmp_path / "committed-run"
+    run.mkdir()
+    commands = steps(tmp_path / "out", RESUME=str(run))
+    parsed = [build_parser().parse_args(c) for c in commands]
+    assert [a.resume_from for a in parsed] == [str(run.resolve()), None, None]

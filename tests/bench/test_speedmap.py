@@ -3,6 +3,7 @@ others), projections, report and plot; on fake jitted decoders, plus one cell of
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -148,6 +149,63 @@ def test_map_runs_every_cell_and_resumes_after_a_kill(tmp_path):
     assert "Rows it was **not** fitted on:" in text and "of 20 (" in text
     assert "Projections (roofline bounds, not measurements)" in text and "Unfinished" not in text
     assert json.loads((run_dir / "run.json").read_text())["status"] == "finished"
+
+
+def test_a_map_timed_on_a_gpu_is_not_resumed_on_another_machine(tmp_path):
+    """Cells timed on one device are never joined by cells timed on another: resuming is refused in one line
+    and the timed rows stay as they were; the same device resumes."""
+    gpu = {**ENV, "cpu_signature": "Host CPU (family 6)", "platform": "gpu", "device_kind": "NVIDIA H200"}
+    with pytest.raises(KeyboardInterrupt):
+        sm.run_map(SPEC, tmp_path, "narbench latency --map", factory=FakeFactory(fail_at=2), peaks=PEAKS, env=gpu,
+                   progress=False, rates=RATES)
+    (run_dir,) = (tmp_path / "speedmap").iterdir()
+    timed = (run_dir / sm.ROWS).read_text()
+    for other, says in [({**gpu, "platform": "cpu", "device_kind": "cpu"}, "this machine is Host CPU (family 6):"),
+                        ({**gpu, "device_kind": "NVIDIA H100"}, "this machine is NVIDIA H100 (gpu)"),
+                        ({**gpu, "cpu_signature": "Other CPU (family 25)"}, "on Other CPU (family 25)")]:
+        with pytest.raises(UserError, match="timed on NVIDIA H200 \\(gpu\\) on Host CPU \\(family 6\\)") as err:
+            sm.run_map(SPEC, tmp_path, "narbench latency --map", factory=FakeFactory(), peaks=PEAKS, env=other,
+                       progress=False, rates=RATES)
+        assert says in str(err.value) and "--force" in str(err.value)
+        assert (run_dir / sm.ROWS).read_text() == timed
+    again = FakeFactory()
+    assert sm.run_map(SPEC, tmp_path, "narbench latency --map", factory=again, peaks=PEAKS,
+                      env={**gpu, "device_driver": "a newer driver"}, progress=False, rates=RATES) == run_dir
+    assert again.built == [c.key for c in SPEC.cells()][2:]
+
+
+def test_a_map_timed_elsewhere_resumes_under_another_out_root_with_only_its_missing_cells(tmp_path):
+    """--resume-from: a GPU map cut short on one lease (committed) goes on in the next lease's fresh folder."""
+    gpu = {**ENV, "cpu_signature": "Host CPU (family 6)", "platform": "gpu", "device_kind": "NVIDIA H200"}
+    with pytest.raises(KeyboardInterrupt):
+        sm.run_map(SPEC, tmp_path / "lease1", "narbench latency --map", factory=FakeFactory(fail_at=3), peaks=PEAKS,
+                   env=gpu, progress=False, rates=RATES)
+    (run_dir,) = (tmp_path / "lease1" / "speedmap").iterdir()
+    committed = run_dir.rename(tmp_path / "lease1" / "copied-under-another-name")
+    timed = read_jsonl(committed / sm.ROWS)
+
+    def resume(source, spec=SPEC, env=gpu, factory=None, out="lease2"):
+        return sm.run_map(spec, tmp_path / out, "narbench latency --map", factory=factory or FakeFactory(),
+                          peaks=PEAKS, env=env, progress=False, rates=RATES, resume_from=source)
+
+    for source, spec, env, says in [
+            (tmp_path, SPEC, gpu, "not a latency map's run folder"),
+            (committed, sm.MapSpec(**{**SPEC.to_dict(), "batches": (1,)}), gpu, "its settings (its spec.toml) differ"),
+            (committed, SPEC, {**gpu, "device_kind": "NVIDIA H100"}, "timed on NVIDIA H200 (gpu)")]:
+        with pytest.raises(UserError, match=re.escape(says)):
+            resume(source, spec, env)
+        assert not (tmp_path / "lease2").exists()                  # refused before anything is copied
+    second = FakeFactory()
+    run_dir = resume(committed, factory=second)
+    assert run_dir == tmp_path / "lease2" / "speedmap" / json.loads((committed / "run.json").read_text())["run_id"]
+    assert second.built == [c.key for c in SPEC.cells()][3:]          # only the cells the first lease missed
+    rows = read_jsonl(run_dir / sm.ROWS)
+    assert len(rows) == len(SPEC.cells()) * len(SPEC.systems())
+    assert [r["latencies_ms"] for r in rows[:len(timed)]] == [r["latencies_ms"] for r in timed]   # kept, not re-timed
+    assert json.loads((run_dir / "run.json").read_text())["status"] == "finished"
+    assert read_jsonl(committed / sm.ROWS) == timed                    # the source is left as it was
+    with pytest.raises(UserError, match="every cell of it is timed already"):
+        resume(run_dir, out="lease3")
 
 
 def test_crossover_plot_draws_every_padir_system_per_cell(tmp_path):
