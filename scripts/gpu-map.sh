@@ -59,6 +59,7 @@ else
   b_ends=(--batches 1 32) b_all=(--batches 1 8 32) b_mid=(--batches 8)
 fi
 
+rc=0       # the exit status of the last step that ran
 step() {   # step NAME ARGS...: one latency map, stopped (its finished cells kept) when the budget runs out
   local name=$1; shift
   local left=$(( deadline - $(date +%s) ))
