@@ -76,7 +76,8 @@ def adopt(source: Path, spec: MapSpec, out_root: Path, env: dict | None) -> Path
     if all(c.key in done for c in spec.cells()):
         raise UserError(f"{flag}: every cell of it is timed already; nothing to resume")
     if env is not None:
-        benv.check_same_machine(st.RunStore(source).env(), env, timed=bool(rows))
+        benv.check_same_machine(st.RunStore(source).env(), env, timed=bool(rows),
+                                fix="go on with it on that kind of machine, or drop --resume-from to start a new map")
     newer = [d.name for d in suite_dir.glob(f"*-{spec.spec_hash()[:8]}") if d.name > dest.name]
     if newer:
         raise UserError(f"{flag}: {suite_dir} holds a newer map of these settings ({max(newer)}), which would be "

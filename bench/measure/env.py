@@ -196,11 +196,12 @@ def _device(env: Mapping[str, Any]) -> tuple[str, str | None]:
     return platform, None if platform == "cpu" else env.get("device_kind")
 
 
-def check_same_machine(stored: Mapping[str, Any], now: Mapping[str, Any], timed: bool) -> None:
+def check_same_machine(stored: Mapping[str, Any], now: Mapping[str, Any], timed: bool,
+                       fix: str = "resume it on that machine, or start a new run with --force") -> None:
     """Refuse (one line) to go on timing a run on another machine than the one it has timed on: another CPU,
     or another device (a GPU run resumed on a CPU, an H100's on an H200): latencies and speedups of one run
-    are compared with each other. ``timed``: the run has rows already. The driver's version is not compared
-    (it is recorded in every row)."""
+    are compared with each other. ``timed``: the run has rows already; ``fix``: what the error line tells the
+    user to do. The driver's version is not compared (it is recorded in every row)."""
     from narbench_core.errors import UserError
 
     if not timed or not (stored.get("cpu_signature") or stored.get("cpu_model")):
@@ -211,8 +212,7 @@ def check_same_machine(stored: Mapping[str, Any], now: Mapping[str, Any], timed:
     if same_cpu and same_device:
         return
     raise UserError(f"this run was timed on {timed_on(stored)} and this machine is {timed_on(now)}: latencies "
-                    "measured on two machines are not comparable; resume it on that machine, or start a new run "
-                    "with --force")
+                    f"measured on two machines are not comparable; {fix}")
 
 
 def concurrent(seen: Iterable[Any]) -> list[dict[str, Any]]:

@@ -191,7 +191,8 @@ def test_a_map_timed_elsewhere_resumes_under_another_out_root_with_only_its_miss
     for source, spec, env, says in [
             (tmp_path, SPEC, gpu, "not a latency map's run folder"),
             (committed, sm.MapSpec(**{**SPEC.to_dict(), "batches": (1,)}), gpu, "its settings (its spec.toml) differ"),
-            (committed, SPEC, {**gpu, "device_kind": "NVIDIA H100"}, "timed on NVIDIA H200 (gpu)")]:
+            (committed, SPEC, {**gpu, "device_kind": "NVIDIA H100"}, "timed on NVIDIA H200 (gpu)"),
+            (committed, SPEC, {**gpu, "platform": "cpu"}, "drop --resume-from to start a new map")]:
         with pytest.raises(UserError, match=re.escape(says)):
             resume(source, spec, env)
         assert not (tmp_path / "lease2").exists()                  # refused before anything is copied
