@@ -97,6 +97,7 @@ class TrainedModel:
     eval_seconds_per_point: float | None = None
     overhead_seconds: float | None = None   # wall time neither in train steps nor in dev evaluation
     signal: str = "dev_bleu"                # what its plateau rule read (``TrainConfig.signal``)
+    complete: bool = True                   # False: a checkpoint folder whose training is still under way
 
 
 @dataclass(frozen=True)
@@ -316,7 +317,7 @@ class Measured:
                 float(seconds) / int(steps), meta.get("stopped_by"),
                 evals / points if points and evals else None,
                 max(float(meta.get("wall_seconds") or 0.0) - float(seconds) - evals, 0.0) or None,
-                signal=train.get("signal") or "dev_bleu"))
+                signal=train.get("signal") or "dev_bleu", complete=meta.get("complete", True) is not False))
         for record in sorted((root / "distill").glob("*/distill.json")):
             data = _json(record) or {}
             teacher = _json(root / str(data.get("teacher")) / "narbench.json") or {}
@@ -448,6 +449,9 @@ def _plateau_steps(measured: Measured, family: str, task: str, shape: tuple, cap
     the same shape; else the same from rules on another signal, said so (None when there are none: the cap is the
     bound); and how that was chosen."""
     stopped = [m for m in measured.trained if m.family == family and m.stopped_by == "plateau"]
+    # Trainings under this rule still under way: one already past the stops the estimate rests on says so.
+    running = max((m.steps for m in measured.trained if m.family == family and not m.complete and m.signal == signal
+                   and m.task == task), default=0)
     for same_signal in (True, False):
         pool = [m for m in stopped if (m.signal == signal) == same_signal]
         rule = "" if same_signal else " under a rule on another signal"
@@ -455,8 +459,10 @@ def _plateau_steps(measured: Measured, family: str, task: str, shape: tuple, cap
                             ((False, True), " on other tasks")):
             stops = [m.steps for m in pool if ((m.task == task) >= same[0]) and ((m.shape == shape) >= same[1])]
             if stops:
-                return (min(cap, int(_median(stops))),
-                        f" (plateau: the median stop of {len(stops)} measured{where}{rule}, cap {cap:,})")
+                median = min(cap, int(_median(stops)))
+                past = (f"; a training of this family under this rule has run {running:,} steps and not stopped"
+                        if running > median else "")
+                return median, f" (plateau: the median stop of {len(stops)} measured{where}{rule}{past}, cap {cap:,})"
     return None, " (plateau: the cap, an upper bound)"
 
 
