@@ -447,9 +447,9 @@ def _plateau_steps(measured: Measured, family: str, task: str, shape: tuple, cap
     """Where the plateau rule will stop a training: the median stop of the models of its family it stopped on
     this machine by a rule on the same ``signal``, of the same task and model shape, else of the same task, else of
     the same shape; else the same from rules on another signal, said so (None when there are none: the cap is the
-    bound); and how that was chosen."""
+    bound); and how that was chosen, saying so where a training of the family on the same signal and task, still
+    under way, has already run past that stop."""
     stopped = [m for m in measured.trained if m.family == family and m.stopped_by == "plateau"]
-    # Trainings under this rule still under way: one already past the stops the estimate rests on says so.
     running = max((m.steps for m in measured.trained if m.family == family and not m.complete and m.signal == signal
                    and m.task == task), default=0)
     for same_signal in (True, False):
