@@ -60,7 +60,8 @@ def adopt(source: Path, spec: MapSpec, out_root: Path, env: dict | None) -> Path
     from bench.measure import env as benv
 
     flag = f"--resume-from {source}"
-    info = st.RunStore(source).info if source.is_dir() else {}
+    store = st.RunStore(source)
+    info = store.info if source.is_dir() else {}
     if info.get("suite") != SUITE or not info.get("run_id"):
         raise UserError(f"{flag}: not a latency map's run folder (no run.json of suite {SUITE}); name a folder "
                         "that holds a map's rows.jsonl and run.json")
@@ -76,7 +77,7 @@ def adopt(source: Path, spec: MapSpec, out_root: Path, env: dict | None) -> Path
     if all(c.key in done for c in spec.cells()):
         raise UserError(f"{flag}: every cell of it is timed already; nothing to resume")
     if env is not None:
-        benv.check_same_machine(st.RunStore(source).env(), env, timed=bool(rows),
+        benv.check_same_machine(store.env(), env, timed=bool(rows),
                                 fix="go on with it on that kind of machine, or drop --resume-from to start a new map")
     newer = [d.name for d in suite_dir.glob(f"*-{spec.spec_hash()[:8]}") if d.name > dest.name]
     if newer:

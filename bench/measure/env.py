@@ -204,12 +204,8 @@ def check_same_machine(stored: Mapping[str, Any], now: Mapping[str, Any], timed:
     user to do. The driver's version is not compared (it is recorded in every row)."""
     from narbench_core.errors import UserError
 
-    if not timed or not (stored.get("cpu_signature") or stored.get("cpu_model")):
-        return
     key = "cpu_signature" if stored.get("cpu_signature") else "cpu_model"    # runs from before the signature
-    same_cpu = stored.get(key) == now.get(key)
-    same_device = _device(stored) == _device(now)
-    if same_cpu and same_device:
+    if not timed or not stored.get(key) or (stored.get(key) == now.get(key) and _device(stored) == _device(now)):
         return
     raise UserError(f"this run was timed on {timed_on(stored)} and this machine is {timed_on(now)}: latencies "
                     f"measured on two machines are not comparable; {fix}")

@@ -118,10 +118,10 @@ def render_budgets(rows: Sequence[Row]) -> list[str]:
                   "cost analysis of each step's compiled train step, summed. Warm-start s: the train s of the model "
                   "a warm-started one starts from (its total budget is both). Distill s: the teacher's decoding of "
                   "the distilled training data. Stopped by: plateau (the rule's dev signal, BLEU or NLL, stopped "
-                  "improving), cap (no plateau within its steps) or steps (a set number); decay from step: where the plateau rule fired and the "
-                  "learning rate began to decay, and dev BLEU at plateau the best before it. Len exact / ±2: dev "
-                  "sentences whose top predicted length is exact or within 2 tokens (models with a length "
-                  "predictor). Curves: learning_curves.png.", ""])
+                  "improving), cap (no plateau within its steps) or steps (a set number); decay from step: where "
+                  "the plateau rule fired and the learning rate began to decay, and dev BLEU at plateau the best "
+                  "before it. Len exact / ±2: dev sentences whose top predicted length is exact or within 2 tokens "
+                  "(models with a length predictor). Curves: learning_curves.png.", ""])
     return lines
 
 
