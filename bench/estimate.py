@@ -448,7 +448,8 @@ def _plateau_steps(measured: Measured, family: str, task: str, shape: tuple, cap
     this machine by a rule on the same ``signal``, of the same task and model shape, else of the same task, else of
     the same shape; else the same from rules on another signal, said so (None when there are none: the cap is the
     bound); and how that was chosen, saying so where a training of the family on the same signal and task, still
-    under way, has already run past that stop."""
+    under way, has already run past that stop. Past another signal's stops, its steps so far are the estimate (a
+    floor: the rule it runs under has not stopped it yet)."""
     stopped = [m for m in measured.trained if m.family == family and m.stopped_by == "plateau"]
     running = max((m.steps for m in measured.trained if m.family == family and not m.complete and m.signal == signal
                    and m.task == task), default=0)
@@ -460,6 +461,11 @@ def _plateau_steps(measured: Measured, family: str, task: str, shape: tuple, cap
             stops = [m.steps for m in pool if ((m.task == task) >= same[0]) and ((m.shape == shape) >= same[1])]
             if stops:
                 median = min(cap, int(_median(stops)))
+                if running > median and not same_signal:     # another rule's stops are a floor this rule ran past
+                    return min(cap, running), (f" (plateau: at least {min(cap, running):,}, as far as a training of"
+                                               f" this family under this rule has run and not stopped; the median"
+                                               f" stop of {len(stops)} measured{where}{rule} is {median:,}; cap"
+                                               f" {cap:,})")
                 past = (f"; a training of this family under this rule has run {running:,} steps and not stopped"
                         if running > median else "")
                 return median, f" (plateau: the median stop of {len(stops)} measured{where}{rule}{past}, cap {cap:,})"

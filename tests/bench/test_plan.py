@@ -169,15 +169,26 @@ def test_a_plateau_is_estimated_from_the_nearest_models_the_rule_stopped():
     assert estimate.train_estimate(estimate.Measured(trained=[model("bible", small, 8400)]), "ar", "bible", small,
                                    "a", nll, {}, None).how.startswith(
         "8,400 steps (plateau: the median stop of 1 measured under a rule on another signal, cap 60,000)")
-    # A training under the rule still under way past those stops says so (not one under another rule or task).
+    # A training under the rule still under way past another rule's stops is the estimate, a floor, said so (not
+    # one under another rule or task, nor one short of those stops); past the stops of its own rule it is a note.
     running = dataclasses.replace(model("bible", tiny, 58000), signal="dev_nll", stopped_by="cap", complete=False)
-    for others, says in [([running], True), ([dataclasses.replace(running, signal="dev_bleu")], False),
+    for others, past in [([running], True), ([dataclasses.replace(running, signal="dev_bleu")], False),
                          ([dataclasses.replace(running, task="other")], False),
                          ([dataclasses.replace(running, steps=8000)], False)]:
         how_ = estimate.train_estimate(estimate.Measured(trained=[model("bible", small, 8400), *others]), "ar", "bible",
                                        small, "a", nll, {}, None).how
-        assert how_.startswith("8,400 steps (plateau: the median stop of 1 measured under a rule on another signal")
-        assert ("a training of this family under this rule has run 58,000 steps and not stopped" in how_) == says
+        assert how_.startswith("58,000 steps (plateau: at least 58,000, as far as a training of this family under "
+                               "this rule has run and not stopped; the median stop of 1 measured under a rule on "
+                               "another signal is 8,400; cap 60,000)" if past else
+                               "8,400 steps (plateau: the median stop of 1 measured under a rule on another signal, "
+                               "cap 60,000)")
+    beyond_cap = dataclasses.replace(running, steps=75000)
+    assert estimate.train_estimate(estimate.Measured(trained=[model("bible", small, 8400), beyond_cap]), "ar", "bible",
+                                   small, "a", nll, {}, None).how.startswith("60,000 steps (plateau: at least 60,000")
+    same_rule = estimate.Measured(trained=[by_nll, running])
+    assert estimate.train_estimate(same_rule, "ar", "bible", small, "a", nll, {}, None).how.startswith(
+        "37,000 steps (plateau: the median stop of 1 measured of another model shape; a training of this family "
+        "under this rule has run 58,000 steps and not stopped, cap 60,000)")
     # Resumed: the measured stop when it is later than the earliest the rule can stop it, else the earliest.
     assert how(model("bible", small, 8400), resumed_at=(1000, _curve(1.0, 2.0))).startswith("7,400 more steps")
     assert how(model("bible", small, 8400), resumed_at=(8500, _curve(*[float(i) for i in range(17)]))).startswith(
