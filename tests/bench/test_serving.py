@@ -61,6 +61,21 @@ def serve_fn(worker):
     return lambda indices: worker.timed([SOURCES[i] for i in indices], "end_to_end").hypotheses
 
 
+class Clocked:
+    """``serve`` with each call's wall seconds kept: the service times of the very test that ran, so a check against
+    queueing theory holds whatever the machine's load adds to a sleep and to the call into the worker process."""
+
+    def __init__(self, serve):
+        self.serve, self.seconds = serve, []
+
+    def __call__(self, indices):
+        start = time.perf_counter()
+        try:
+            return self.serve(indices)
+        finally:
+            self.seconds.append(time.perf_counter() - start)
+
+
 @pytest.fixture(scope="module")
 def sleeper():
     """One worker process hosting fake systems of 10 ms (batches 25% dearer per extra sentence) and 20 ms."""
@@ -138,30 +153,41 @@ def test_a_server_error_completes_every_query_and_is_raised_after():
 # ------------------------------------------------------------------- LoadGen on a fake of known service time
 
 def test_offline_throughput_is_batches_of_max_batch_at_their_service_time(sleeper, tmp_path):
+    """Offline keeps the server busy with batches of max_batch back to back: its throughput is the queries over the
+    sum of the batches' service times (a batch of 8 sleeps 55 ms: 145.5 sentences/s on an idle machine)."""
     settings = loadgen.Settings("Offline", min_duration_s=3.0, min_queries=1, expected_qps=150.0, max_batch=8)
-    result = loadgen.run_test(settings, serve_fn(sleeper["s20"]), len(SOURCES), tmp_path / "offline")
-    expected = 8 / (0.020 * (1 + 0.25 * 7))                  # 145.5 sentences/s
+    serve = Clocked(serve_fn(sleeper["s20"]))
+    result = loadgen.run_test(settings, serve, len(SOURCES), tmp_path / "offline")
     assert result.valid, result.invalid_reason
+    assert max(result.batches) == 8 and sum(n for b, n in result.batches.items() if b != 8) <= 1  # one remainder
+    expected = sum(b * n for b, n in result.batches.items()) / sum(serve.seconds)
     assert abs(result.qps / expected - 1) < 0.05, (result.qps, expected)
     assert result.outputs and all(texts == {SOURCES[i].upper()} for i, texts in result.outputs.items())
-    assert (tmp_path / "offline" / loadgen.SUMMARY).is_file() and (tmp_path / "offline" / (loadgen.DETAIL + ".gz")).is_file()
+    logs = tmp_path / "offline"
+    assert (logs / loadgen.SUMMARY).is_file() and (logs / (loadgen.DETAIL + ".gz")).is_file()
 
 
 def test_server_latency_at_half_load_is_the_md1_queues(sleeper, tmp_path):
-    """Poisson arrivals at half the server's capacity wait as an M/D/1 queue predicts: the mean time in the
-    system is 1.5 service times. The service time is measured first (SingleStream: one query at a time), so the
-    sleep's overshoot and the call into the worker process, which vary with the machine's load, count in both."""
+    """Poisson arrivals at half the server's capacity wait as queueing theory predicts: the mean time in the system
+    of an M/G/1 queue (Pollaczek-Khinchine) on the service times the test itself took, 1.5 service times where they
+    are all equal (M/D/1). The service time is measured first (SingleStream: one query at a time) to set the rate;
+    the sleep's overshoot and the call into the worker process, which vary with the machine's load, count in both."""
     alone = loadgen.run_test(loadgen.Settings("SingleStream", min_duration_s=1.5, min_queries=50,
                                               expected_latency_ms=10.0),
                              serve_fn(sleeper["s10"]), len(SOURCES), tmp_path / "alone")
-    service_ms, load = alone.latency_ms["mean"], 0.5
+    service_ms = alone.latency_ms["mean"]
     assert service_ms >= 10.0                                 # the sleep itself is a floor
-    settings = loadgen.Settings("Server", min_duration_s=4.0, min_queries=100, target_qps=load / service_ms * 1000,
-                                bound_ms=1000.0, max_batch=1)
-    result = loadgen.run_test(settings, serve_fn(sleeper["s10"]), len(SOURCES), tmp_path / "server")
-    md1 = service_ms * (1 + load / (2 * (1 - load)))          # mean time in an M/D/1 system: 1.5 service times
-    assert abs(result.latency_ms["mean"] / md1 - 1) < 0.15, (result.latency_ms, service_ms, md1)
-    assert result.batches == {1: result.batches[1]}
+    qps = 0.5 / service_ms * 1000
+    settings = loadgen.Settings("Server", min_duration_s=4.0, min_queries=100, target_qps=qps, bound_ms=1000.0,
+                                max_batch=1)
+    serve = Clocked(serve_fn(sleeper["s10"]))
+    result = loadgen.run_test(settings, serve, len(SOURCES), tmp_path / "server")
+    assert result.batches == {1: result.batches[1]} and len(serve.seconds) == result.batches[1]
+    s = np.asarray(serve.seconds) * 1000                     # ms
+    load = qps / 1000 * s.mean()
+    assert load < 0.9, (load, s.mean(), service_ms)            # served at about half its capacity, not swamped
+    mg1 = s.mean() + qps / 1000 * np.mean(s ** 2) / (2 * (1 - load))
+    assert abs(result.latency_ms["mean"] / mg1 - 1) < 0.15, (result.latency_ms, s.mean(), load, mg1)
 
 
 def test_a_qps_far_over_capacity_is_recorded_invalid_and_never_reported(sleeper, tmp_path):
