@@ -16,8 +16,9 @@ from narbench_core import defaults
 from narbench_core.errors import UserError
 from narbench_core.io import read_lines, write_jsonl
 from narbench_core.runs import utc_now
+from suites.spec import builtin_specs
 
-SUITE_HELP = "built-in suite name (smoke, quick, default, anchors, ablation, paper) or a path to a .toml spec"
+SUITE_HELP = f"built-in suite name ({', '.join(builtin_specs())}) or a path to a .toml spec"
 
 
 def register(sub) -> None:

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from suites.spec import builtin_specs
+
 ROOT = Path(__file__).resolve().parents[2]
 CONSOLE = "import sys; from bench.cli import main; sys.exit(main())"       # pyproject's [project.scripts]
 
@@ -51,6 +53,8 @@ def test_tasks_prints_its_table_and_no_library_line(narbench):
 def test_run_help_and_a_bad_spec_print_only_narbench(narbench):
     done = narbench("run", "--suite", "smoke", "--help")
     assert done.returncode == 0 and "--suite" in done.stdout and done.stderr == ""
+    listed = " ".join(done.stdout.split()).replace("- ", "-")                  # argparse wraps at hyphens too
+    assert all(re.search(rf"[ (]{re.escape(name)}[,)]", listed) for name in builtin_specs())   # every built-in suite
 
     bad = narbench.root / "bad.toml"
     bad.write_text('name = "bad"\n[[[\n')
