@@ -462,10 +462,10 @@ def _plateau_steps(measured: Measured, family: str, task: str, shape: tuple, cap
             if stops:
                 median = min(cap, int(_median(stops)))
                 if running > median and not same_signal:     # another rule's stops are a floor this rule ran past
-                    return min(cap, running), (f" (plateau: at least {min(cap, running):,}, as far as a training of"
-                                               f" this family under this rule has run and not stopped; the median"
-                                               f" stop of {len(stops)} measured{where}{rule} is {median:,}; cap"
-                                               f" {cap:,})")
+                    floor = min(cap, running)
+                    return floor, (f" (plateau: at least {floor:,}, as far as a training of this family under this"
+                                   f" rule has run and not stopped; the median stop of {len(stops)} measured{where}"
+                                   f"{rule} is {median:,}; cap {cap:,})")
                 past = (f"; a training of this family under this rule has run {running:,} steps and not stopped"
                         if running > median else "")
                 return median, f" (plateau: the median stop of {len(stops)} measured{where}{rule}{past}, cap {cap:,})"

@@ -183,10 +183,10 @@ def test_server_latency_at_half_load_is_the_md1_queues(sleeper, tmp_path):
     serve = Clocked(serve_fn(sleeper["s10"]))
     result = loadgen.run_test(settings, serve, len(SOURCES), tmp_path / "server")
     assert result.batches == {1: result.batches[1]} and len(serve.seconds) == result.batches[1]
-    s = np.asarray(serve.seconds) * 1000                     # ms
-    load = qps / 1000 * s.mean()
+    s, per_ms = np.asarray(serve.seconds) * 1000, qps / 1000          # service times (ms), arrivals per ms
+    load = per_ms * s.mean()
     assert load < 0.9, (load, s.mean(), service_ms)            # served at about half its capacity, not swamped
-    mg1 = s.mean() + qps / 1000 * np.mean(s ** 2) / (2 * (1 - load))
+    mg1 = s.mean() + per_ms * np.mean(s ** 2) / (2 * (1 - load))
     assert abs(result.latency_ms["mean"] / mg1 - 1) < 0.15, (result.latency_ms, s.mean(), load, mg1)
 
 
