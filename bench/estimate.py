@@ -15,9 +15,10 @@ under the data root, which only this machine writes):
 
 The estimator is deliberately simple:
 
-- training a cell: its steps (``until = "plateau"``: the median stop of the family's models the plateau
-  rule stopped, of the same task and model shape (size and layers), else the same task, else the same
-  shape; else the cap) x the median seconds per step of the nearest measured models (same family and
+- training a cell: its steps (``until = "plateau"``: the median stop of the family's models its plateau
+  rule stopped (``plateau_rule``: the same signal, smoothing, patience and thresholds), of the same task and
+  model shape (size and layers), else the same task, else the same shape; else other rules' stops, said so;
+  else the cap) x the median seconds per step of the nearest measured models (same family and
   model shape; preferring the same checkpoint, then training cell, task, batch tokens and work per step),
   each scaled linearly by batch tokens and by its family's work per step (``Family.train_work``); a size
   never measured here takes the measured size of its family nearest it in work per token, scaled by the
@@ -43,6 +44,7 @@ import json
 import math
 import os
 import tomllib
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping
@@ -96,8 +98,13 @@ class TrainedModel:
     stopped_by: str | None = None
     eval_seconds_per_point: float | None = None
     overhead_seconds: float | None = None   # wall time neither in train steps nor in dev evaluation
-    signal: str = "dev_bleu"                # what its plateau rule read (``TrainConfig.signal``)
+    rule: tuple = ()                        # its plateau rule (``plateau_rule``; () where nothing says)
     complete: bool = True                   # False: a checkpoint folder whose training is still under way
+
+    @property
+    def signal(self) -> str:
+        """What its plateau rule read (``TrainConfig.signal``)."""
+        return dict(self.rule).get("signal") or "dev_bleu"
 
 
 @dataclass(frozen=True)
@@ -256,7 +263,7 @@ class Measured:
                     name, family, r.task, shape, int(budget.get("batch_tokens") or 0), fam.train_work(r),
                     label, int(steps), float(seconds) / int(steps), r.stopped_by,
                     _median(evals[label]) if evals.get(label) else None,
-                    signal=budget.get("signal") or "dev_bleu"))
+                    rule=plateau_rule(budget, fam.eval_every(budget))))
             split = (r.system, r.test_set.removesuffix("+refs"))     # test sets of one split: one measurement
             if r.latency_mean_ms and r.passes_mean is not None and split not in timed:
                 timed.add(split)
@@ -317,12 +324,27 @@ class Measured:
                 float(seconds) / int(steps), meta.get("stopped_by"),
                 evals / points if points and evals else None,
                 max(float(meta.get("wall_seconds") or 0.0) - float(seconds) - evals, 0.0) or None,
-                signal=train.get("signal") or "dev_bleu", complete=meta.get("complete", True) is not False))
+                rule=plateau_rule(train, train.get("eval_every")), complete=meta.get("complete", True) is not False))
         for record in sorted((root / "distill").glob("*/distill.json")):
             data = _json(record) or {}
             teacher = _json(root / str(data.get("teacher")) / "narbench.json") or {}
             self._read_distill(data, str(record.parent),
                                tuple((k, (teacher.get("model_config") or {}).get(k)) for k in SHAPE_KEYS))
+
+
+def plateau_rule(train: Mapping[str, Any], eval_every: int | None) -> tuple:
+    """The plateau rule a training ran (or runs) under: the ``models.schedule.RULE_FIELDS`` of its train config
+    or budget (a checkpoint record's, a run's spec, a suite's), ``TrainConfig``'s defaults where one is absent (a
+    record leaves out fields at their defaults), with ``eval_every`` steps between its curve points."""
+    from models.schedule import RULE_FIELDS
+    from models.train import TrainConfig
+
+    values = {f.name: f.default for f in dataclasses.fields(TrainConfig) if f.name in RULE_FIELDS}
+    values.update({k: v for k, v in train.items() if k in RULE_FIELDS and v is not None})
+    if values["dev_sentences"] == "all":                # a spec's word for the whole split (suites.spec)
+        values["dev_sentences"] = 0
+    values["eval_every"] = eval_every
+    return tuple((k, values[k]) for k in RULE_FIELDS)
 
 
 def _json(path: Path) -> Any:
@@ -372,7 +394,9 @@ def train_estimate(measured: Measured, family: str, task: str, shape: tuple, lab
         rate = f"{per_step:.2f} s (no model of this size measured here: {rate} at the nearest size x {ratio:.2f} work per token)"
     steps, stop, median = budget.steps, "", None
     if budget.until == "plateau":
-        median, stop = _plateau_steps(measured, family, task, shape, budget.steps, budget.signal or "dev_bleu")
+        kwargs = budget.train_kwargs()
+        median, stop = _plateau_steps(measured, family, task, shape, budget.steps,
+                                      plateau_rule(kwargs, fam.eval_every(kwargs)))
         steps = budget.steps if median is None else median
     done = 0 if resumed is None else min(resumed.steps_done, budget.steps)
     if resumed is not None and (resumed.exact or median is None or resumed.stop > steps):
@@ -443,32 +467,35 @@ def _measured_rate(pool: list[TrainedModel], checkpoint: str | None, label: str,
 
 
 def _plateau_steps(measured: Measured, family: str, task: str, shape: tuple, cap: int,
-                   signal: str = "dev_bleu") -> tuple[int | None, str]:
-    """Where the plateau rule will stop a training: the median stop of the models of its family it stopped on
-    this machine by a rule on the same ``signal``, of the same task and model shape, else of the same task, else of
-    the same shape; else the same from rules on another signal, said so (None when there are none: the cap is the
-    bound); and how that was chosen, saying so where a training of the family on the same signal and task, still
-    under way, has already run past that stop. Past another signal's stops, its steps so far are the estimate (a
-    floor: the rule it runs under has not stopped it yet)."""
+                   rule: tuple) -> tuple[int | None, str]:
+    """Where the plateau ``rule`` (``plateau_rule``) will stop a training: the median stop of the models of its
+    family that rule stopped on this machine, of the same task and model shape, else of the same task, else of the
+    same shape; else the same from other rules on its signal, then from rules on another signal, said so (None
+    when there are none: the cap is the bound); and how that was chosen, saying so where a training of the family
+    under the rule on the same task, still under way, has already run past that stop. Past other rules' stops,
+    its steps so far are the estimate (a floor: the rule has not stopped it yet)."""
+    signal = dict(rule).get("signal") or "dev_bleu"
     stopped = [m for m in measured.trained if m.family == family and m.stopped_by == "plateau"]
-    running = max((m.steps for m in measured.trained if m.family == family and not m.complete and m.signal == signal
+    running = max((m.steps for m in measured.trained if m.family == family and not m.complete and m.rule == rule
                    and m.task == task), default=0)
-    for same_signal in (True, False):
-        pool = [m for m in stopped if (m.signal == signal) == same_signal]
-        rule = "" if same_signal else " under a rule on another signal"
+    tiers = ((lambda m: m.rule == rule, ""),
+             (lambda m: m.rule != rule and m.signal == signal, " under another rule on its signal"),
+             (lambda m: m.signal != signal, " under a rule on another signal"))
+    for belongs, under in tiers:
+        pool = [m for m in stopped if belongs(m)]
         for same, where in (((True, True), ""), ((True, False), " of another model shape"),
                             ((False, True), " on other tasks")):
             stops = [m.steps for m in pool if ((m.task == task) >= same[0]) and ((m.shape == shape) >= same[1])]
             if stops:
                 median = min(cap, int(_median(stops)))
-                if running > median and not same_signal:     # another rule's stops are a floor this rule ran past
+                if running > median and under:               # other rules' stops are a floor this rule ran past
                     floor = min(cap, running)
                     return floor, (f" (plateau: at least {floor:,}, as far as a training of this family under this"
                                    f" rule has run and not stopped; the median stop of {len(stops)} measured{where}"
-                                   f"{rule} is {median:,}; cap {cap:,})")
+                                   f"{under} is {median:,}; cap {cap:,})")
                 past = (f"; a training of this family under this rule has run {running:,} steps and not stopped"
                         if running > median else "")
-                return median, f" (plateau: the median stop of {len(stops)} measured{where}{rule}{past}, cap {cap:,})"
+                return median, f" (plateau: the median stop of {len(stops)} measured{where}{under}{past}, cap {cap:,})"
     return None, " (plateau: the cap, an upper bound)"
 
 

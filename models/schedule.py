@@ -47,6 +47,12 @@ class StopState:
     evals_since_best: int          # evaluations since the signal last progressed by more than min_delta
 
 
+# What decides where a plateau rule stops a training (``stop_state``): two trainings whose values of these
+# fields agree stop alike on the same curve.
+RULE_FIELDS = ("signal", "smooth", "min_delta", "patience", "patience_share", "min_steps", "dev_sentences",
+               "eval_every")
+
+
 def latest_decay_start(cfg: Any) -> int:
     """The last step a wsd decay may start at and still end at the cap: ``steps / (1 + decay_share)``."""
     return max(1, math.floor(cfg.steps / (1.0 + cfg.decay_share)))

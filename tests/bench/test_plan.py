@@ -144,10 +144,14 @@ def test_a_plateau_is_estimated_from_the_nearest_models_the_rule_stopped():
 
     small, tiny = (("d_model", 256),), (("d_model", 64),)
 
-    def model(task, shape, steps):
-        return estimate.TrainedModel("x", "ar", task, shape, 2048, 1.0, None, steps, 1.0, "plateau")
     budget = TrainBudget(steps=60_000, batch_tokens=2048, learning_rate=0.03, warmup_steps=100, eval_every=500,
                          until="plateau", schedule="wsd", patience=4, min_delta=0.2)
+
+    def rule(b):
+        return estimate.plateau_rule(b.train_kwargs(), 500)
+
+    def model(task, shape, steps):
+        return estimate.TrainedModel("x", "ar", task, shape, 2048, 1.0, None, steps, 1.0, "plateau", rule=rule(budget))
 
     def how(*trained, resumed_at=None):
         measured = estimate.Measured(trained=[model("other", small, 3000), *trained])
@@ -161,8 +165,8 @@ def test_a_plateau_is_estimated_from_the_nearest_models_the_rule_stopped():
     # where there are none, said so.
     import dataclasses
 
-    by_nll = dataclasses.replace(model("bible", tiny, 37000), signal="dev_nll")
     nll = dataclasses.replace(budget, signal="dev_nll", min_delta=0.02)
+    by_nll = dataclasses.replace(model("bible", tiny, 37000), rule=rule(nll))
     measured = estimate.Measured(trained=[model("bible", small, 8400), by_nll])
     assert estimate.train_estimate(measured, "ar", "bible", small, "a", nll, {}, None).how.startswith(
         "37,000 steps (plateau: the median stop of 1 measured of another model shape, cap 60,000)")
@@ -171,8 +175,8 @@ def test_a_plateau_is_estimated_from_the_nearest_models_the_rule_stopped():
         "8,400 steps (plateau: the median stop of 1 measured under a rule on another signal, cap 60,000)")
     # A training under the rule still under way past another rule's stops is the estimate, a floor, said so (not
     # one under another rule or task, nor one short of those stops); past the stops of its own rule it is a note.
-    running = dataclasses.replace(model("bible", tiny, 58000), signal="dev_nll", stopped_by="cap", complete=False)
-    for others, past in [([running], True), ([dataclasses.replace(running, signal="dev_bleu")], False),
+    running = dataclasses.replace(model("bible", tiny, 58000), rule=rule(nll), stopped_by="cap", complete=False)
+    for others, past in [([running], True), ([dataclasses.replace(running, rule=rule(budget))], False),
                          ([dataclasses.replace(running, task="other")], False),
                          ([dataclasses.replace(running, steps=8000)], False)]:
         how_ = estimate.train_estimate(estimate.Measured(trained=[model("bible", small, 8400), *others]), "ar", "bible",
@@ -189,6 +193,25 @@ def test_a_plateau_is_estimated_from_the_nearest_models_the_rule_stopped():
     assert estimate.train_estimate(same_rule, "ar", "bible", small, "a", nll, {}, None).how.startswith(
         "37,000 steps (plateau: the median stop of 1 measured of another model shape; a training of this family "
         "under this rule has run 58,000 steps and not stopped, cap 60,000)")
+    # Rules on one signal differ by more than it (a mean of 9 points, another rise): the stops of the same rule come
+    # first, whatever their shape; then another rule's on the signal, said so; its running training is a floor there.
+    nine = dataclasses.replace(budget, smooth=9, min_delta=0.25)
+    by_nine = dataclasses.replace(model("bible", tiny, 30600), rule=rule(nine))
+    assert estimate.train_estimate(estimate.Measured(trained=[model("bible", small, 8400), by_nine]), "ar", "bible",
+                                   small, "a", nine, {}, None).how.startswith(
+        "30,600 steps (plateau: the median stop of 1 measured of another model shape, cap 60,000)")
+    assert estimate.train_estimate(estimate.Measured(trained=[model("bible", small, 8400), by_nll]), "ar", "bible",
+                                   small, "a", nine, {}, None).how.startswith(
+        "8,400 steps (plateau: the median stop of 1 measured under another rule on its signal, cap 60,000)")
+    nine_running = dataclasses.replace(running, rule=rule(nine), steps=21000)
+    assert estimate.train_estimate(estimate.Measured(trained=[model("bible", small, 8400), nine_running]), "ar",
+                                   "bible", small, "a", nine, {}, None).how.startswith(
+        "21,000 steps (plateau: at least 21,000, as far as a training of this family under this rule has run and not "
+        "stopped; the median stop of 1 measured under another rule on its signal is 8,400; cap 60,000)")
+    # A checkpoint record leaves out the fields at their defaults; a spec says "all" for the whole dev split.
+    assert estimate.plateau_rule({"smooth": 9, "min_delta": 0.25, "dev_sentences": 0}, 500) == estimate.plateau_rule(
+        {"signal": "dev_bleu", "smooth": 9, "min_delta": 0.25, "patience": 3, "dev_sentences": "all"}, 500)
+    assert estimate.plateau_rule({"smooth": 9}, 500) != estimate.plateau_rule({"smooth": 9}, 250)
     # Resumed: the measured stop when it is later than the earliest the rule can stop it, else the earliest.
     assert how(model("bible", small, 8400), resumed_at=(1000, _curve(1.0, 2.0))).startswith("7,400 more steps")
     assert how(model("bible", small, 8400), resumed_at=(8500, _curve(*[float(i) for i in range(17)]))).startswith(
