@@ -314,7 +314,8 @@ class Measured:
             if fam is None or not steps or not seconds:
                 continue
             self.checkpoints += 1
-            points = len(read_jsonl(meta_file.parent / "curve.jsonl")) if (meta_file.parent / "curve.jsonl").is_file() else 0
+            curve = meta_file.parent / "curve.jsonl"
+            points = len(read_jsonl(curve)) if curve.is_file() else 0
             evals = float(meta.get("eval_seconds") or 0.0)
             train = meta.get("train_config") or {}
             self.trained.append(TrainedModel(
@@ -391,7 +392,8 @@ def train_estimate(measured: Measured, family: str, task: str, shape: tuple, lab
     per_step, rate = _measured_rate(pool, checkpoint if ratio == 1.0 else None, label, task, budget.batch_tokens, work)
     if ratio != 1.0:
         per_step *= ratio
-        rate = f"{per_step:.2f} s (no model of this size measured here: {rate} at the nearest size x {ratio:.2f} work per token)"
+        rate = (f"{per_step:.2f} s (no model of this size measured here: {rate} at the nearest size"
+                f" x {ratio:.2f} work per token)")
     steps, stop, median = budget.steps, "", None
     if budget.until == "plateau":
         kwargs = budget.train_kwargs()
