@@ -24,9 +24,11 @@ ones on the same parameters) reaches the same decisions at the same steps.
 """
 from __future__ import annotations
 
+import dataclasses
+import itertools
 import math
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, Sequence
 
 import jax.numpy as jnp
 import optax
@@ -109,6 +111,24 @@ def stop_state(cfg: Any, points: Iterable[Mapping[str, Any]]) -> StopState:
     if cfg.schedule == "wsd":
         return StopState(fired, fired + decay_steps(cfg, fired), "plateau", best, best_step, since)
     return StopState(None, fired, "plateau", best, best_step, since)
+
+
+def replay(cfg: Any, points: Iterable[Mapping[str, Any]], grid: Mapping[str, Sequence[Any]]) -> list[dict]:
+    """Every rule of ``grid`` (``RULE_FIELDS`` names -> the values to try; each other field as in ``cfg``, a
+    ``TrainConfig``) read on one dev curve, in the grid's order: its fields, the step it fires at (``fires``, None
+    where it does not by the last point), the step it would stop at with its decay (``stops``), and its best
+    signal and that point's step (``stop_state``)."""
+    pts = list(points)
+    names = [k for k in RULE_FIELDS if k in grid]
+    out = []
+    for values in itertools.product(*(grid[k] for k in names)):
+        rule = dataclasses.replace(cfg, **dict(zip(names, values)))
+        state = stop_state(rule, pts)
+        fired = state.stopped_by == "plateau"
+        out.append({**{k: getattr(rule, k) for k in RULE_FIELDS},
+                    "fires": (state.decay_start if rule.schedule == "wsd" else state.stop) if fired else None,
+                    "stops": state.stop if fired else None, "best": state.best, "best_step": state.best_step})
+    return out
 
 
 def learning_rate_schedule(cfg: Any, decay_start: int | None = None) -> optax.Schedule:

@@ -1,5 +1,5 @@
-"""``narbench train``, ``narbench continue``, ``narbench translate`` and ``narbench export``: parse, call an
-importable function, print."""
+"""``narbench train``, ``narbench continue``, ``narbench replay``, ``narbench translate`` and ``narbench export``:
+parse, call an importable function, print."""
 from __future__ import annotations
 
 import argparse
@@ -113,6 +113,26 @@ def register(sub) -> None:
     c.add_argument("--out", type=Path, help="folder to train into (default <checkpoint>.past-plateau-<FACTOR>x)")
     c.add_argument("--quiet", action="store_true", help="no progress bars")
     c.set_defaults(func=_continue_command, trains=True)
+
+    r = sub.add_parser("replay", help="replay plateau rules on a checkpoint's dev curve: where would each stop it?",
+                       description="Read a checkpoint's dev curve (curve.jsonl) at the peak learning rate (up to "
+                       "where its decay began, or --until) and print where each plateau rule of a grid would have "
+                       "fired and stopped its training (models.schedule.stop_state); nothing is trained or decoded. "
+                       "Each rule option takes several values (the grid is every combination) and defaults to the "
+                       "checkpoint's own rule, whose row is marked. On a curve trained on past its plateau (narbench "
+                       "continue) it shows which rules fire too early, and which too late.")
+    r.add_argument("checkpoint", type=Path, help="checkpoint folder with a dev curve (a training until the plateau)")
+    r.add_argument("--signal", choices=sorted(defaults.PLATEAU_SIGNALS), help="the curve value the rules read")
+    r.add_argument("--smooth", type=int, nargs="+", metavar="N", help="means of the last N points")
+    r.add_argument("--min-delta", type=float, nargs="+", metavar="D", help="progress over the best that counts")
+    r.add_argument("--patience", type=int, nargs="+", metavar="E", help="evaluations without progress")
+    r.add_argument("--patience-share", type=float, nargs="+", metavar="S",
+                   help="the patience is at least this share of the evaluations so far")
+    r.add_argument("--min-steps", type=int, nargs="+", metavar="STEP", help="no plateau before this step")
+    r.add_argument("--until", type=int, metavar="STEP",
+                   help="read the curve up to this step (default: where its decay began; all of it before then)")
+    r.add_argument("--format", choices=("csv", "json", "md"), default="md", help="output format (default: md)")
+    r.set_defaults(func=_replay_command)
 
     t = sub.add_parser("translate", help="translate sentences with a trained checkpoint",
                        description="Sources one per line (stdin by default); hypotheses one per line on "
@@ -275,6 +295,78 @@ def _continue_command(args: argparse.Namespace) -> int:
     print(out)
     print(f"narbench continue: {_past_plateau_line(args.checkpoint, out, final_dev_difference(args.checkpoint, out))}")
     return 0
+
+
+REPLAY_COLUMNS = ("signal", "smooth", "min_delta", "patience", "patience_share", "min_steps", "fires", "stops",
+                  "best", "best_step", "own")
+
+
+def replay_rules(checkpoint_dir: Path, grid: dict, until: int | None = None) -> tuple[list[dict], str]:
+    """Plateau rules (``grid``: ``RULE_FIELDS`` names -> values) replayed on a checkpoint's dev curve at the peak
+    rate (``models.schedule.replay``; up to ``until``, default where its decay began): one row per rule with
+    ``REPLAY_COLUMNS`` (``own``: the checkpoint's own rule), and a line saying what was read."""
+    import dataclasses
+
+    from models import checkpoint, curves
+    from models.schedule import RULE_FIELDS, replay
+    from models.train import TrainConfig
+
+    meta = checkpoint.read_meta(checkpoint_dir)
+    if not meta or not meta.get("train_config"):
+        raise UserError(f"{checkpoint_dir} has no narbench.json: pass a checkpoint folder "
+                        f"(under <data root>/checkpoints)")
+    cfg = TrainConfig.from_dict(meta["train_config"])
+    if cfg.schedule != "wsd":
+        raise UserError(f"{checkpoint_dir} trained on a {cfg.schedule} schedule, whose dev points are not at one "
+                        f"learning rate: replay a training with schedule = \"wsd\" (until = \"plateau\")")
+    decay = meta.get("decay_start") if meta.get("stopped_by") == "plateau" else None
+    last = until if until is not None else decay
+    points = [p for p in curves.read_curve(checkpoint_dir) if last is None or p["step"] <= last]
+    if not points:
+        raise UserError(f"{checkpoint_dir} has no dev curve points{f' up to step {last:,}' if last else ''} "
+                        f"(curve.jsonl): replay a training until the plateau, or a later --until")
+    for signal in grid.get("signal", [cfg.signal]):
+        if any(p.get(signal) is None for p in points):
+            raise UserError(f"{checkpoint_dir}'s dev curve has no {signal} at every point: replay another --signal")
+    own = dataclasses.replace(cfg, until="plateau")
+    rows = replay(own, points, grid)
+    for row in rows:
+        row["own"] = all(row[k] == getattr(own, k) for k in RULE_FIELDS)
+    fired = (f"its own rule fired at {decay:,}" if decay is not None and meta.get("stopped_by") == "plateau"
+             else f"its own rule had not fired (stopped_by: {meta.get('stopped_by') or 'still training'})")
+    return rows, (f"{len(points)} dev points, steps {points[0]['step']:,} to {points[-1]['step']:,}"
+                  f"{' (the peak rate)' if until is None else ''}; {fired}")
+
+
+def _replay_command(args: argparse.Namespace) -> int:
+    grid = {k: v for k, v in (("signal", [args.signal] if args.signal else None), ("smooth", args.smooth),
+                              ("min_delta", args.min_delta), ("patience", args.patience),
+                              ("patience_share", args.patience_share), ("min_steps", args.min_steps)) if v}
+    rows, read = replay_rules(args.checkpoint, grid, args.until)
+    if args.format == "md":
+        print(f"narbench replay: {args.checkpoint}: {read}", file=sys.stderr)
+        print("| " + " | ".join(REPLAY_COLUMNS) + " |")
+        print("|" + "---|" * len(REPLAY_COLUMNS))
+        for row in rows:
+            print("| " + " | ".join(_cell(row[c]) for c in REPLAY_COLUMNS) + " |")
+        return 0
+    import pandas as pd
+
+    df = pd.DataFrame([{c: row[c] for c in REPLAY_COLUMNS} for row in rows]).astype({"fires": "Int64",
+                                                                                  "stops": "Int64"})
+    sys.stdout.write(df.to_csv(index=False) if args.format == "csv" else
+                     df.to_json(orient="records", lines=True, force_ascii=False))
+    return 0
+
+
+def _cell(value) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "*" if value else ""
+    if isinstance(value, float):
+        return f"{value:.3f}".rstrip("0").rstrip(".")
+    return f"{value:,}" if isinstance(value, int) else str(value)
 
 
 def _past_plateau_line(stopped: Path, continued: Path, final: tuple | None = None) -> str:

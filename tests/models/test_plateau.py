@@ -293,6 +293,42 @@ def test_what_cannot_be_continued_past_a_plateau_is_one_line(tmp_path, capsys):
         continue_past_plateau(tmp_path, factor=1.0)
 
 
+def test_rules_replayed_on_a_stopped_curve_say_where_each_fires_and_the_own_rule_is_marked(tmp_path, capsys):
+    from bench.cli import main
+    from models.schedule import replay
+
+    # Noisy BLEU around a slow climb to step 20, flat after (the cap's latest decay start: 40).
+    noise = {2: 0.0, 4: 4.0, 6: -4.0, 8: 4.0, 10: -4.0, 12: 4.0, 14: -4.0}
+    points = [{"step": s, "dev_bleu": 1.0 * min(s, 20) + noise.get(s, 0.0), "dev_nll": 3.0 - 0.01 * min(s, 20)}
+              for s in range(2, 31, 2)]
+    rows = replay(cfg(steps=60), points, {"smooth": [1, 3], "patience": [2, 4]})
+    # Each point alone: 16 is no rise over 12's 16 (min_delta 0.5), the second in a row; a patience of 4 waits to
+    # 28 (flat from 20). Means of 3 rise to 24 (20), so a patience of 2 fires at 28 too, and of 4 not by 30.
+    assert [(r["smooth"], r["patience"], r["fires"], r["stops"]) for r in rows] == [
+        (1, 2, 16, 24), (1, 4, 28, 42), (3, 2, 28, 42), (3, 4, None, None)]
+    assert rows[0]["min_delta"] == 0.5 and rows[0]["signal"] == "dev_bleu"      # the rest as the config's
+    # The command reads a checkpoint's curve at the peak rate (to where its decay began), its own rule marked.
+    curves.write_curve(tmp_path, points)
+    checkpoint.write_meta(tmp_path, {"train_config": cfg(steps=60).to_dict(), "stopped_by": "plateau",
+                                     "decay_start": 16})
+    assert main(["replay", str(tmp_path), "--patience", "2", "4", "--format", "csv"]) == 0
+    assert capsys.readouterr().out.splitlines() == [
+        "signal,smooth,min_delta,patience,patience_share,min_steps,fires,stops,best,best_step,own",
+        "dev_bleu,1,0.5,2,0.0,0,16,24,16.0,12,True", "dev_bleu,1,0.5,4,0.0,0,,,16.0,12,False"]
+    # Dev NLL falls by 0.02 a point: 0.04 at the second point is no progress over 0.05, so a patience of 2 fires.
+    assert main(["replay", str(tmp_path), "--until", "30", "--signal", "dev_nll", "--min-delta", "0.05"]) == 0
+    out = capsys.readouterr()
+    assert out.out.splitlines()[2] == "| dev_nll | 1 | 0.05 | 2 | 0 | 0 | 6 | 9 | 2.8 | 20 |  |"
+    assert out.err.startswith(f"narbench replay: {tmp_path}: 15 dev points, steps 2 to 30; its own rule fired at 16")
+    # What cannot be replayed is one line.
+    checkpoint.write_meta(tmp_path, {"train_config": cfg(schedule="cosine", until="steps").to_dict()})
+    assert main(["replay", str(tmp_path)]) == 2
+    assert "trained on a cosine schedule" in capsys.readouterr().err
+    assert main(["replay", str(tmp_path / "none")]) == 2
+    assert capsys.readouterr().err.strip() == (f"narbench: error: {tmp_path / 'none'} has no narbench.json: pass a "
+                                               f"checkpoint folder (under <data root>/checkpoints)")
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("kill_at", [10, 18])       # before the rule fires; in the decay phase
 def test_a_sigkill_mid_way_resumes_and_stops_at_the_same_step(tmp_path, uninterrupted, kill_at):
