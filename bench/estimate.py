@@ -40,11 +40,11 @@ Scoring (BLEU and its bootstrap), the report and process start-up are not counte
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
 import tomllib
-import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping

@@ -332,8 +332,8 @@ def replay_rules(checkpoint_dir: Path, grid: dict, until: int | None = None) -> 
     rows = replay(own, points, grid)
     for row in rows:
         row["own"] = all(row[k] == getattr(own, k) for k in RULE_FIELDS)
-    fired = (f"its own rule fired at {decay:,}" if decay is not None and meta.get("stopped_by") == "plateau"
-             else f"its own rule had not fired (stopped_by: {meta.get('stopped_by') or 'still training'})")
+    fired = (f"its own rule fired at {decay:,}" if decay is not None else "its own rule has not fired (still training)"
+             if meta.get("complete") is False else f"its own rule had not fired (stopped_by: {meta.get('stopped_by')})")
     return rows, (f"{len(points)} dev points, steps {points[0]['step']:,} to {points[-1]['step']:,}"
                   f"{' (the peak rate)' if until is None else ''}; {fired}")
 
