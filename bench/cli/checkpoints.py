@@ -24,8 +24,8 @@ drawn with --seed (the seed a suite's cell has), holding {defaults.DISTILL_HELDO
 its BLEU (cached under <data root>/distill/ with distill.json)."""
 
 
-REFUSE_DAMAGED_HELP = ("stop with one line at a damaged cached checkpoint (truncated or missing files) instead of moving "
-                       "it aside to <folder>.damaged and retraining it (the default)")
+REFUSE_DAMAGED_HELP = ("stop with one line at a damaged cached checkpoint (truncated or missing files) instead of "
+                       "moving it aside to <folder>.damaged and retraining it (the default)")
 
 
 def register(sub) -> None:
@@ -167,13 +167,15 @@ def register(sub) -> None:
                         "Runtime's dynamic quantization of the weight matrices (no calibration data).")
     _export_arguments(o, "PaDIR")
     o.add_argument("--max-source-tokens", type=int, default=max(defaults.DECODE_BUCKETS),
-                   help=f"longest source the encoder graph takes, EOS included (default {max(defaults.DECODE_BUCKETS)})")
+                   help=f"longest source the encoder graph takes, EOS included "
+                        f"(default {max(defaults.DECODE_BUCKETS)})")
     o.set_defaults(func=_export_onnx_command)
 
 
 def _export_arguments(p: argparse.ArgumentParser, kind: str) -> None:
     """The arguments every ``narbench export ENGINE`` takes."""
-    p.add_argument("--checkpoint", required=True, type=Path, help=f"{kind} checkpoint folder written by `narbench train`")
+    p.add_argument("--checkpoint", required=True, type=Path,
+                   help=f"{kind} checkpoint folder written by `narbench train`")
     p.add_argument("--out", required=True, type=Path, help="model folder to write")
     p.add_argument("--quantization", choices=("float32", "int8"), default="float32",
                    help="weights in float32 (default) or int8")
@@ -424,7 +426,8 @@ def _source_lines(source_file: Optional[Path], stdin: TextIO) -> list[str]:
     """The sources of ``--source-file`` or stdin by the one line rule (lines end at "\n" only); a line
     that is not UTF-8 is a one-line ``UserError`` naming it (stdin is read as bytes when it has them)."""
     name = source_file or "stdin"
-    raw = source_file.read_bytes() if source_file else (stdin.buffer.read() if hasattr(stdin, "buffer") else stdin.read())
+    raw = (source_file.read_bytes() if source_file else
+           stdin.buffer.read() if hasattr(stdin, "buffer") else stdin.read())
     lines = []
     for n, line in enumerate(split_lines(raw), 1):
         try:         # bytes decode strictly; text must hold no surrogate standing in for an undecodable byte
