@@ -334,8 +334,12 @@ def replay_rules(checkpoint_dir: Path, grid: dict, until: int | None = None) -> 
     rows = replay(own, points, grid)
     for row in rows:
         row["own"] = all(row[k] == getattr(own, k) for k in RULE_FIELDS)
-    fired = (f"its own rule fired at {decay:,}" if decay is not None else "its own rule has not fired (still training)"
-             if meta.get("complete") is False else f"its own rule had not fired (stopped_by: {meta.get('stopped_by')})")
+    if decay is not None:
+        fired = f"its own rule fired at {decay:,}"
+    elif meta.get("complete") is False:
+        fired = "its own rule has not fired (still training)"
+    else:
+        fired = f"its own rule had not fired (stopped_by: {meta.get('stopped_by')})"
     return rows, (f"{len(points)} dev points, steps {points[0]['step']:,} to {points[-1]['step']:,}"
                   f"{' (the peak rate)' if until is None else ''}; {fired}")
 
@@ -346,11 +350,11 @@ def _replay_command(args: argparse.Namespace) -> int:
                               ("patience_share", args.patience_share), ("min_steps", args.min_steps)) if v}
     rows, read = replay_rules(args.checkpoint, grid, args.until)
     if args.format == "md":
+        from narbench_core import markdown
+
         print(f"narbench replay: {args.checkpoint}: {read}", file=sys.stderr)
-        print("| " + " | ".join(REPLAY_COLUMNS) + " |")
-        print("|" + "---|" * len(REPLAY_COLUMNS))
-        for row in rows:
-            print("| " + " | ".join(_cell(row[c]) for c in REPLAY_COLUMNS) + " |")
+        print("\n".join(markdown.table(REPLAY_COLUMNS, ([_cell(row[c]) for c in REPLAY_COLUMNS] for row in rows),
+                                        align="l")))
         return 0
     import pandas as pd
 
