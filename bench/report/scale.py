@@ -9,9 +9,12 @@ AR greedy and against the fastest AR system of that size (the AR-side row of low
 A size's parameter count is its AR greedy model's (``model_params``).
 
 ``scale.png``: the gap against the parameter count (log x), one line per NAR system, its CI as bars, a panel
-per test set. A trend (the least-squares slope of the gap per 4x parameters, with its standard error) is given
-only for a system with three or more sizes, and the page says how many points it rests on: with three, one
-degree of freedom is left.
+per test set, and the fitted trend as a dotted line where there is one. A trend (the slope of the gap per 4x
+parameters, with its standard error) is fitted only for a system with three or more sizes, each weighted by its
+own bootstrap CI, and given only where a line fits them: where the points scatter about the line more than their
+CIs allow (a chi-squared test of the fit, p < ``FIT_ALPHA``) the page says so and gives no slope. The page says
+how many points a trend rests on (with three, one degree of freedom is left) and that the CIs cover the test
+sentences only, not a second training seed.
 
 Built from ``rows.jsonl`` and ``samples.jsonl`` only (``grid._Run`` reads the per-sentence statistics).
 """
@@ -31,6 +34,8 @@ from narbench_core.markdown import table
 
 SCALE_PAGE, SCALE_PLOT = "scale.md", "scale.png"
 TREND_POINTS = 3          # sizes a system needs before a trend is fitted (a line through two points tells nothing)
+FIT_ALPHA = 0.05          # a line whose chi-squared p-value is below this does not fit its points: no slope given
+Z95 = 1.959963984540054   # a 95% CI's half-width in standard errors (the gap's CI read as a normal one)
 
 
 @dataclass(frozen=True)
@@ -52,11 +57,20 @@ class Point:
 
 @dataclass(frozen=True)
 class Trend:
+    """A weighted least-squares line through one NAR system's gaps against log4(parameters)."""
+
     variant: str
     test_set: str
     slope: float               # gap change per 4x parameters, BLEU
-    stderr: float | None       # its standard error (None with no degree of freedom left)
-    points: int
+    stderr: float              # its standard error, scaled up by sqrt(chi2 / dof) where the points scatter more
+    points: int                # than their CIs say
+    intercept: float           # the line's gap at 1 parameter (log4 x = 0): for drawing it
+    chi2: float                # the points' weighted squared residuals about the line
+    p_fit: float               # P(chi2 this large or larger | the gaps lie on a line), on points - 2 dof
+
+    @property
+    def fits(self) -> bool:
+        return self.p_fit >= FIT_ALPHA
 
 
 def points(rows: Sequence[Row], samples: Sequence[dict], n_resamples: int, seed: int) -> list[Point]:
@@ -96,21 +110,32 @@ def _without_size(name: str, size: str) -> str:
 
 
 def trends(found: Sequence[Point]) -> list[Trend]:
-    """Per NAR system and test set with ``TREND_POINTS`` or more sizes of known parameters: the gap's least-squares
-    slope against log4(parameters), with its standard error."""
+    """Per NAR system and test set with ``TREND_POINTS`` or more sizes of known parameters and gap CIs: the gap's
+    weighted least-squares line against log4(parameters), each point weighted by 1 / its standard error squared
+    (its paired-bootstrap 95% CI's half-width / ``Z95``), the chi-squared of the points about it, and the slope's
+    standard error, scaled by sqrt(chi2 / dof) where that is over 1 (the points scatter beyond their CIs: models
+    differ by more than test sentences do)."""
+    from scipy.stats import chi2 as chi2_dist
+
     out = []
     for (variant, ts) in dict.fromkeys((p.variant, p.test_set) for p in found):
-        pts = [p for p in found if p.variant == variant and p.test_set == ts and p.params]
+        pts = [p for p in found if p.variant == variant and p.test_set == ts and p.params and p.gap.ci
+               and p.gap.ci[1] > p.gap.ci[0]]
         if len(pts) < TREND_POINTS:
             continue
         x = np.log(np.array([p.params for p in pts], dtype=np.float64)) / math.log(4.0)
         y = np.array([p.gap.value for p in pts], dtype=np.float64)
-        slope, intercept = np.polyfit(x, y, 1)
-        residual = y - (slope * x + intercept)
+        w = 1.0 / (np.array([(p.gap.ci[1] - p.gap.ci[0]) / 2.0 for p in pts], dtype=np.float64) / Z95) ** 2
+        x_mean, y_mean = np.sum(w * x) / np.sum(w), np.sum(w * y) / np.sum(w)
+        spread = float(np.sum(w * (x - x_mean) ** 2))
+        if spread <= 0:                                   # every point at one parameter count: no line
+            continue
+        slope = float(np.sum(w * (x - x_mean) * (y - y_mean)) / spread)
+        intercept = float(y_mean - slope * x_mean)
+        chi2 = float(np.sum(w * (y - (slope * x + intercept)) ** 2))
         dof = len(pts) - 2
-        spread = float(np.sum((x - x.mean()) ** 2))
-        stderr = math.sqrt(float(np.sum(residual ** 2)) / dof / spread) if dof > 0 and spread > 0 else None
-        out.append(Trend(variant, ts, float(slope), stderr, len(pts)))
+        stderr = math.sqrt(1.0 / spread) * max(1.0, math.sqrt(chi2 / dof))
+        out.append(Trend(variant, ts, slope, stderr, len(pts), intercept, chi2, float(chi2_dist.sf(chi2, dof))))
     return out
 
 
@@ -132,18 +157,26 @@ def _cells(p: Point) -> list[str]:
             "–" if math.isnan(p.speedup_fastest[0]) else f"{p.speedup_fastest[0]:.2f}{_ci(p.speedup_fastest[1])}"]
 
 
+TREND_COLUMNS = ["test set", "system", "gap change per 4x params", "fit: chi2 (dof), p", "points"]
+
+
+def _trend_cells(t: Trend, name: str) -> list:
+    slope = f"{t.slope:+.2f} ± {t.stderr:.2f}" if t.fits else "none: the sizes are not on a line"
+    return [t.test_set, name, slope, f"{t.chi2:.2f} ({t.points - 2}), p = {t.p_fit:.3f}", t.points]
+
+
 def render_scale_page(found: Sequence[Point], info: dict, n_resamples: int, seed: int, rows: Sequence[Row] = (),
                       gap: Sequence[dict] = ()) -> str:
     """``scale.md``'s text: per test set, a table of every NAR system at every size, then the trends and, where
     the run has ``gap`` records (``bench.gap``), where the gap goes at each size."""
     sizes = list(dict.fromkeys(p.size for p in sorted(found, key=lambda p: (p.params or 0))))
     lines = [f"# Scale: the AR-NAR gap against model size ({info.get('suite', '')}, run {info.get('run_id', '')})",
-             "", f"Sizes: {', '.join(sizes)}. **Gap**: a NAR system's BLEU minus the AR greedy BLEU of the same size on "
-             f"the same sentences, with the 95% interval of sacrebleu's paired bootstrap over sentences ({n_resamples} "
-             f"resamples, seed {seed}); negative: the NAR system is behind. **Speedups**: the median over sentences of "
-             "the AR system's ms / the NAR system's ms, with its order-statistics 95% CI, against AR greedy and "
-             "against the size's fastest AR system (lowest p50 of the AR side, CTranslate2 included). **Params**: the "
-             "size's AR greedy model's.", ""]
+             "", f"Sizes: {', '.join(sizes)}. **Gap**: a NAR system's BLEU minus the AR greedy BLEU of the same size "
+             f"on the same sentences, with the 95% interval of sacrebleu's paired bootstrap over sentences "
+             f"({n_resamples} resamples, seed {seed}); negative: the NAR system is behind. **Speedups**: the median "
+             "over sentences of the AR system's ms / the NAR system's ms, with its order-statistics 95% CI, against "
+             "AR greedy and against the size's fastest AR system (lowest p50 of the AR side, CTranslate2 included). "
+             "**Params**: the size's AR greedy model's.", ""]
     for ts in dict.fromkeys(p.test_set for p in found):
         here = sorted((p for p in found if p.test_set == ts), key=lambda p: (p.variant, p.params or 0))
         lines.extend([f"## {ts}", "", *table(list(COLUMNS), (_cells(p) for p in here), "llrlrrrlr"), ""])
@@ -151,12 +184,13 @@ def render_scale_page(found: Sequence[Point], info: dict, n_resamples: int, seed
     lines.extend(["## Trend", ""])
     if fitted:
         names = {p.variant: p.name for p in found}
-        lines.extend(["The gap's least-squares slope against log4(parameters): BLEU per 4x parameters (positive: the "
-                      "gap closes as the model grows), ± its standard error, and the points it rests on.", "",
-                      *table(["test set", "system", "gap change per 4x params", "points"],
-                             ([t.test_set, names[t.variant],
-                               f"{t.slope:+.2f}" + ("" if t.stderr is None else f" ± {t.stderr:.2f}"), t.points]
-                              for t in fitted), "ll"), ""])
+        lines.extend(["The gap's slope against log4(parameters): BLEU per 4x parameters (positive: the gap closes as "
+                      "the model grows), ± its standard error; a weighted least-squares line, each size weighted by "
+                      "its gap's CI. **Fit**: the chi-squared of the sizes about the line on points - 2 degrees of "
+                      f"freedom and its p-value; below {FIT_ALPHA} the sizes do not lie on a line within their CIs "
+                      "and no slope is given. The CIs cover the test sentences only: each size is one trained model "
+                      "(one seed), so a second seed's spread is not in them.", "",
+                      *table(TREND_COLUMNS, (_trend_cells(t, names[t.variant]) for t in fitted), "ll"), ""])
     else:
         lines.extend([f"No trend is fitted: no system has {TREND_POINTS} sizes or more with a known parameter count.",
                       ""])
@@ -176,7 +210,8 @@ def render_scale_page(found: Sequence[Point], info: dict, n_resamples: int, seed
 
 
 def plot_scale(found: Sequence[Point], path: Path) -> None:
-    """One panel per test set: the gap against the parameters (log x), one line per NAR system, CIs as bars."""
+    """One panel per test set: the gap against the parameters (log x), one line per NAR system, CIs as bars, and
+    each system's fitted trend (``trends``, where a line fits) dotted."""
     import matplotlib.pyplot as plt
 
     from bench.report.plots import _axes_grid
@@ -186,6 +221,7 @@ def plot_scale(found: Sequence[Point], path: Path) -> None:
     cmap = plt.get_cmap("tab10")
     for ax, ts in zip(axs, sets):
         here = [p for p in found if p.test_set == ts and p.params]
+        fitted = [t for t in trends(found) if t.test_set == ts and t.fits]
         for i, variant in enumerate(dict.fromkeys(p.variant for p in here)):
             pts = sorted((p for p in here if p.variant == variant), key=lambda p: p.params)
             xs, ys = [p.params for p in pts], [p.gap.value for p in pts]
@@ -193,6 +229,11 @@ def plot_scale(found: Sequence[Point], path: Path) -> None:
             hi = [p.gap.ci[1] - p.gap.value if p.gap.ci else 0.0 for p in pts]
             ax.errorbar(xs, ys, yerr=[lo, hi], marker="o", ms=4, capsize=3, lw=1.2, color=cmap(i % 10),
                         label=pts[0].name)
+            line = next((t for t in fitted if t.variant == variant), None)
+            if line is not None:                 # the fitted trend, over the sizes it rests on
+                grid = np.geomspace(xs[0], xs[-1], 32)
+                ax.plot(grid, line.intercept + line.slope * np.log(grid) / math.log(4.0), ls=":", lw=1.0,
+                        color=cmap(i % 10))
         ax.axhline(0.0, color="#888", lw=0.8, ls="--")
         ax.set_xscale("log")
         ax.set_xlabel("parameters (AR greedy model, log scale)")

@@ -11,7 +11,8 @@ from bench.families import load_suite as load_spec
 from bench.plan import expand
 from bench.report import write_report
 from bench.report.names import display_names
-from bench.report.scale import SCALE_PAGE, SCALE_PLOT, Point, points, trends
+from bench.report.scale import (FIT_ALPHA, SCALE_PAGE, SCALE_PLOT, Z95, Point, plot_scale, points,
+                                render_scale_page, trends)
 from bench.report.grid import Effect
 from bench.runner import Runner
 from grid_fakes import FAKE_PARAMS, fake_deps, fake_spec
@@ -79,16 +80,59 @@ def test_a_size_axis_trains_every_model_at_each_size_and_pairs_each_size_with_it
     assert all(c.preset is None for c in one.train_cells) and one.systems[0].name == "ar-greedy"
 
 
-def _point(size: str, params: int, gap: float) -> Point:
-    return Point("t:test", size, params, "padir-s4", "PaDIR T=4", 30.0, 30.0 + gap, Effect(gap, (gap - 1, gap + 1)),
-                 (2.0, (1.9, 2.1)), "CTranslate2 greedy, int8", (1.0, (0.9, 1.1)))
+def _point(size: str, params: int | None, gap: float, half: float = 1.0, variant: str = "padir-s4") -> Point:
+    return Point("t:test", size, params, variant, f"PaDIR {variant}", 30.0, 30.0 + gap,
+                 Effect(gap, (gap - half, gap + half)), (2.0, (1.9, 2.1)), "CTranslate2 greedy, int8", (1.0, (0.9, 1.1)))
 
 
-def test_a_trend_is_fitted_from_three_sizes_with_its_standard_error():
-    exact = trends([_point("a", 10 ** 6, -10.0), _point("b", 4 * 10 ** 6, -8.0), _point("c", 16 * 10 ** 6, -6.0)])
+def _sizes(*gaps: float, halves=(1.0, 1.0, 1.0), variant: str = "padir-s4") -> list[Point]:
+    """Three sizes 4x apart in parameters (log4 x = 0, 1, 2 above 10**6) with these gaps and CI half-widths."""
+    return [_point(s, 4 ** i * 10 ** 6, g, h, variant) for i, (s, g, h) in enumerate(zip("abc", gaps, halves))]
+
+
+def test_a_trend_is_a_weighted_line_through_three_sizes_given_only_where_it_fits_them():
+    sigma = 1.0 / Z95                                   # a CI half-width of 1 read as a normal 95% interval
+    exact = trends(_sizes(-10.0, -8.0, -6.0))
     assert [(t.variant, t.points) for t in exact] == [("padir-s4", 3)]
-    assert exact[0].slope == pytest.approx(2.0) and exact[0].stderr == pytest.approx(0.0, abs=1e-9)
-    noisy = trends([_point("a", 10 ** 6, -10.0), _point("b", 4 * 10 ** 6, -7.0), _point("c", 16 * 10 ** 6, -6.0)])
-    assert noisy[0].slope == pytest.approx(2.0) and noisy[0].stderr == pytest.approx((2 / 3 / 2) ** 0.5)
-    assert trends([_point("a", 10 ** 6, -10.0), _point("b", 4 * 10 ** 6, -7.0)]) == []       # two points: no trend
+    # on a line: no scatter, so the slope's error is the CIs' alone: sigma / sqrt(sum (x - mean x)^2)
+    assert exact[0].slope == pytest.approx(2.0) and exact[0].chi2 == pytest.approx(0.0, abs=1e-12)
+    assert exact[0].stderr == pytest.approx(sigma / 2 ** 0.5) and exact[0].fits
+    # residuals -1/3, 2/3, -1/3: chi2 = (2/3) / sigma^2 on 1 dof, p = 0.110; the scatter is over the CIs', so the
+    # error is scaled by sqrt(chi2): with equal weights that is ordinary least squares' (sqrt(2/3 / 1 / 2))
+    noisy = trends(_sizes(-10.0, -7.0, -6.0))[0]
+    assert noisy.slope == pytest.approx(2.0) and noisy.chi2 == pytest.approx(2 / 3 / sigma ** 2)
+    assert noisy.p_fit == pytest.approx(0.10953, abs=1e-4) and noisy.stderr == pytest.approx((2 / 3 / 2) ** 0.5)
+    # weights: a size with a CI 20x wider barely counts; the line follows the other two (ordinary: 1.5)
+    weighted = trends(_sizes(-10.0, -8.0, -7.0, halves=(10.0, 0.5, 0.5)))[0]
+    assert weighted.slope == pytest.approx(1.0, abs=0.01) and weighted.fits
+    # not on a line within the CIs: no slope on the page
+    bent = trends(_sizes(-10.0, -4.0, -6.0))[0]
+    assert bent.p_fit < FIT_ALPHA and not bent.fits
+    page = render_scale_page([*_sizes(-10.0, -8.0, -6.0), *_sizes(-10.0, -4.0, -6.0, variant="padir-s10")],
+                             {"suite": "scale", "run_id": "r"}, 100, 1)
+    trend_rows = page.split("## Trend")[1].split("![")[0]
+    assert "| t:test | PaDIR padir-s4 | +2.00 ± 0.36 | 0.00 (1), p = 1.000 | 3 |" in trend_rows
+    assert "| t:test | PaDIR padir-s10 | none: the sizes are not on a line | 40.98 (1), p = 0.000 | 3 |" in trend_rows
+    assert "one seed" in trend_rows
+    # too few sizes, or one without a parameter count or a CI: no trend
+    assert trends(_sizes(-10.0, -7.0, -6.0)[:2]) == []
     assert trends([_point("a", 10 ** 6, -10.0), _point("b", None, -7.0), _point("c", 16 * 10 ** 6, -6.0)]) == []
+    assert trends(_sizes(-10.0, -7.0, -6.0, halves=(1.0, 0.0, 1.0))) == []
+
+
+def test_the_scale_plot_draws_each_fitted_trend_and_no_other(tmp_path, monkeypatch):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib.axes import Axes
+
+    drawn, plot = [], Axes.plot
+
+    def record(self, *args, **kwargs):
+        drawn.append((kwargs.get("ls"), len(args[0]) if args else 0))
+        return plot(self, *args, **kwargs)
+
+    monkeypatch.setattr(Axes, "plot", record)
+    plot_scale([*_sizes(-10.0, -8.0, -6.0), *_sizes(-10.0, -4.0, -6.0, variant="padir-s10")], tmp_path / "s.png")
+    assert [d for d in drawn if d[0] == ":"] == [(":", 32)]       # padir-s4's line; padir-s10's does not fit
+    assert (tmp_path / "s.png").stat().st_size > 0
