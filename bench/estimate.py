@@ -1,8 +1,8 @@
 """What a suite's missing work will take on this machine, from what the same kind of work took here before.
 
 ``Measured.collect(results_root, data_root)`` gathers the costs narbench recorded on this machine (run
-folders whose ``env.json`` names this CPU model and thread count; checkpoint and distillation records
-under the data root, which only this machine writes):
+folders whose ``env.json`` names this CPU, by its signature where both have one (``same_cpu``), and thread
+count; checkpoint and distillation records under the data root, which only this machine writes):
 
 - per trained model (``TrainedModel``): seconds per train step, from a committed run's rows
   (``train_seconds / train_steps``, seconds in train steps only) or a checkpoint's ``narbench.json``;
@@ -43,7 +43,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import os
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -52,6 +51,7 @@ from typing import Any, Iterable, Mapping
 import numpy as np
 
 from bench import families
+from bench.measure.env import same_cpu
 from narbench_core import defaults
 from bench.rows import Row
 from narbench_core.errors import UserError
@@ -76,10 +76,11 @@ def _one_preset(model: Mapping[str, Any]) -> str:
 
 
 def this_machine() -> dict[str, Any]:
-    """What a run's env.json must name to count as measured here: the CPU model and thread count."""
-    from bench.measure.env import cpu_model
+    """What a run's env.json must name to count as measured here: the CPU (``bench.measure.env.same_cpu``) and
+    thread count."""
+    from bench.measure.env import cpu_model, cpu_signature, thread_count
 
-    return {"cpu_model": cpu_model(), "threads": os.cpu_count()}
+    return {"cpu_model": cpu_model(), "cpu_signature": cpu_signature(), "threads": thread_count()}
 
 
 # ------------------------------------------------------------------------------------- measurements
@@ -217,7 +218,7 @@ class Measured:
                 if not isinstance(env, dict):                # damaged: a measurement of no known machine
                     out.damaged.append(name)
                     continue
-                if (env.get("cpu_model"), env.get("threads")) != (machine["cpu_model"], machine["threads"]):
+                if not same_cpu(env, machine) or env.get("threads") != machine["threads"]:
                     out.skipped.append(name)
                     continue
                 try:

@@ -196,6 +196,14 @@ def _device(env: Mapping[str, Any]) -> tuple[str, str | None]:
     return platform, None if platform == "cpu" else env.get("device_kind")
 
 
+def same_cpu(stored: Mapping[str, Any], now: Mapping[str, Any]) -> bool:
+    """Whether two env.json records name one CPU: by ``cpu_signature`` (family, model, ISA) where both have it,
+    else by model name (runs from before the signature). Cloud VMs name several generations alike ("Intel(R)
+    Xeon(R) Processor": family 6 models 167 and 207 in this project's runs), so the name alone may join two."""
+    key = "cpu_signature" if stored.get("cpu_signature") and now.get("cpu_signature") else "cpu_model"
+    return bool(stored.get(key)) and stored.get(key) == now.get(key)
+
+
 def check_same_machine(stored: Mapping[str, Any], now: Mapping[str, Any], timed: bool,
                        fix: str = "resume it on that machine, or start a new run with --force") -> None:
     """Refuse (one line) to go on timing a run on another machine than the one it has timed on: another CPU,
@@ -204,8 +212,8 @@ def check_same_machine(stored: Mapping[str, Any], now: Mapping[str, Any], timed:
     user to do. The driver's version is not compared (it is recorded in every row)."""
     from narbench_core.errors import UserError
 
-    key = "cpu_signature" if stored.get("cpu_signature") else "cpu_model"    # runs from before the signature
-    if not timed or not stored.get(key) or (stored.get(key) == now.get(key) and _device(stored) == _device(now)):
+    if not timed or not (stored.get("cpu_signature") or stored.get("cpu_model")) or (
+            same_cpu(stored, now) and _device(stored) == _device(now)):
         return
     raise UserError(f"this run was timed on {timed_on(stored)} and this machine is {timed_on(now)}: latencies "
                     f"measured on two machines are not comparable; {fix}")

@@ -278,6 +278,20 @@ def test_plan_command_prints_json_and_leaves_other_machines_out(measured, monkey
     assert "(1 runs from other machines left out)" in capsys.readouterr().out
 
 
+def test_a_run_on_another_cpu_of_the_same_name_is_left_out(measured):
+    """Cloud VMs give several CPU generations one name: a run counts as measured here by its CPU signature (family,
+    model, ISA) where both sides have one, by the name where the run is older than the signature."""
+    tmp_path, _, run = measured
+    name, results = f"plantest/{run.run_id}", tmp_path / "results"
+    signature = "Test CPU (family 6 model 167; avx2 fma avx512f)"
+    run.write_env({**run.env(), "cpu_signature": signature})
+    assert estimate.Measured.collect(results, None, {**MACHINE, "cpu_signature": signature}).runs == [name]
+    other = estimate.Measured.collect(results, None, {**MACHINE, "cpu_signature": signature.replace("167", "207")})
+    assert (other.runs, other.skipped, other.trained) == ([], [name], [])
+    assert estimate.Measured.collect(results, None, MACHINE).runs == [name]     # no signature here: by the name
+    assert estimate.Measured.collect(results, None, {**MACHINE, "threads": 4}).skipped == [name]
+
+
 def test_a_cell_with_its_training_under_another_cap_beside_it_starts_from_there(measured):
     """``models.train.seed_source`` names where the training starts: the plan counts only the rest."""
     from models.train import SeedSource
