@@ -194,6 +194,8 @@ class Measured:
     timed: list[TimedSystem] = field(default_factory=list)
     runs: list[str] = field(default_factory=list)        # run folders read
     skipped: list[str] = field(default_factory=list)     # run folders measured on another machine
+    elsewhere: list[TrainedModel] = field(default_factory=list)   # their models a plateau rule stopped: the step
+                                                                  # counts only (``_plateau_steps``), never seconds
     damaged: list[str] = field(default_factory=list)     # run folders whose files cannot be read (left out)
     checkpoints: int = 0                                  # checkpoint records read
     served: dict[tuple, float] = field(default_factory=dict)   # (serving settings_key, system) -> serve seconds
@@ -220,6 +222,7 @@ class Measured:
                     continue
                 if not same_cpu(env, machine) or env.get("threads") != machine["threads"]:
                     out.skipped.append(name)
+                    out._read_stops(folder, name)
                     continue
                 try:
                     out._read_run(folder, name)
@@ -230,6 +233,16 @@ class Measured:
         if data_root is not None:
             out._read_data_root(Path(data_root))
         return out
+
+    def _read_stops(self, folder: Path, name: str) -> None:
+        """A run measured on another machine: where its plateau rules stopped its models. A step count does not
+        depend on the machine (beyond rounding), so it serves the plateau estimate; its seconds serve nothing."""
+        other = Measured()
+        try:
+            other._read_run(folder, name)
+        except (UserError, ValueError, OSError):
+            return
+        self.elsewhere.extend(m for m in other.trained if m.stopped_by == "plateau")
 
     def _read_run(self, folder: Path, name: str) -> None:
         spec = tomllib.loads((folder / "spec.toml").read_text(encoding="utf-8"))
@@ -472,13 +485,15 @@ def _measured_rate(pool: list[TrainedModel], checkpoint: str | None, label: str,
 def _plateau_steps(measured: Measured, family: str, task: str, shape: tuple, cap: int,
                    rule: tuple) -> tuple[int | None, str]:
     """Where the plateau ``rule`` (``plateau_rule``) will stop a training: the median stop of the models of its
-    family that rule stopped on this machine, of the same task and model shape, else of the same task, else of the
-    same shape; else the same from other rules on its signal, then from rules on another signal, said so (None
-    when there are none: the cap is the bound); and how that was chosen, saying so where a training of the family
-    under the rule on the same task, still under way, has already run past that stop. Past other rules' stops,
-    its steps so far are the estimate (a floor: the rule has not stopped it yet)."""
+    family that rule stopped (on this machine or, from committed runs, another: steps do not depend on it), of the
+    same task and model shape, else of the same task, else of the same shape; else the same from other rules on its
+    signal, then from rules on another signal, said so (None when there are none: the cap is the bound); and how
+    that was chosen, saying so where a training of the family under the rule on the same task, still under way,
+    has already run past that stop. Past other rules' stops, its steps so far are the estimate (a floor: the rule
+    has not stopped it yet)."""
     signal = dict(rule).get("signal") or "dev_bleu"
-    stopped = [m for m in measured.trained if m.family == family and m.stopped_by == "plateau"]
+    stopped = [m for m in (*measured.trained, *measured.elsewhere) if m.family == family and m.stopped_by == "plateau"]
+    away = {id(m) for m in measured.elsewhere}
     running = max((m.steps for m in measured.trained if m.family == family and not m.complete and m.rule == rule
                    and m.task == task), default=0)
     tiers = ((lambda m: m.rule == rule, ""),
@@ -488,7 +503,10 @@ def _plateau_steps(measured: Measured, family: str, task: str, shape: tuple, cap
         pool = [m for m in stopped if belongs(m)]
         for same, where in (((True, True), ""), ((True, False), " of another model shape"),
                             ((False, True), " on other tasks")):
-            stops = [m.steps for m in pool if ((m.task == task) >= same[0]) and ((m.shape == shape) >= same[1])]
+            chosen = [m for m in pool if ((m.task == task) >= same[0]) and ((m.shape == shape) >= same[1])]
+            stops = [m.steps for m in chosen]
+            if elsewhere := sum(id(m) in away for m in chosen):
+                where = f" ({elsewhere} on other machines){where}"
             if stops:
                 median = min(cap, int(_median(stops)))
                 if running > median and under:               # other rules' stops are a floor this rule ran past

@@ -395,7 +395,8 @@ def render_estimate(p: Preview) -> list[str]:
              f"  sources: {len(m.trained)} trained models, {len(m.distillations)} distillations and {len(m.timed)} "
              f"timed rows measured on this machine, from {len(m.runs)} runs under the results folder and "
              f"{m.checkpoints} checkpoint records under the data root"
-             + (f" ({len(m.skipped)} runs from other machines left out)" if m.skipped else "")
+             + (f" ({len(m.skipped)} runs from other machines left out, but for where plateau rules stopped their "
+                f"models)" if m.skipped else "")
              + (f" ({len(m.damaged)} damaged run folder(s) left out: {', '.join(m.damaged[:3])})" if m.damaged else "")
              + "; the arithmetic: bench/estimate.py"]
     return lines

@@ -157,6 +157,10 @@ def test_a_plateau_is_estimated_from_the_nearest_models_the_rule_stopped():
         measured = estimate.Measured(trained=[model("other", small, 3000), *trained])
         return estimate.train_estimate(measured, "ar", "bible", small, "a", budget, {}, resumed_at).how
     assert how().startswith("3,000 steps (plateau: the median stop of 1 measured on other tasks, cap 60,000)")
+    # a stop read from a run on another machine counts (steps do not depend on it), said so
+    away = estimate.Measured(trained=[model("other", small, 3000)], elsewhere=[model("bible", small, 9000)])
+    assert estimate.train_estimate(away, "ar", "bible", small, "a", budget, {}).how.startswith(
+        "9,000 steps (plateau: the median stop of 1 measured (1 on other machines), cap 60,000)")
     assert how(model("bible", tiny, 4000)).startswith("4,000 steps (plateau: the median stop of 1 measured "
                                                       "of another model shape")
     assert how(model("bible", small, 8400), model("bible", tiny, 4000)).startswith("8,400 steps (plateau: the "
@@ -275,7 +279,8 @@ def test_plan_command_prints_json_and_leaves_other_machines_out(measured, monkey
     assert "5 not estimated: nothing comparable was timed" in text and "from 0 runs under the results folder" in text
     monkeypatch.setattr(estimate, "this_machine", lambda: {"cpu_model": "Other CPU", "threads": 64})
     assert main(args) == 0
-    assert "(1 runs from other machines left out)" in capsys.readouterr().out
+    assert "(1 runs from other machines left out, but for where plateau rules stopped their models)" in (
+        capsys.readouterr().out)
 
 
 def test_a_run_on_another_cpu_of_the_same_name_is_left_out(measured):
@@ -285,9 +290,14 @@ def test_a_run_on_another_cpu_of_the_same_name_is_left_out(measured):
     name, results = f"plantest/{run.run_id}", tmp_path / "results"
     signature = "Test CPU (family 6 model 167; avx2 fma avx512f)"
     run.write_env({**run.env(), "cpu_signature": signature})
-    assert estimate.Measured.collect(results, None, {**MACHINE, "cpu_signature": signature}).runs == [name]
+    rows = [json.loads(line) for line in (run.path / "rows.jsonl").read_text().splitlines()]
+    (run.path / "rows.jsonl").write_text("".join(json.dumps({**r, "stopped_by": "plateau"}) + "\n" for r in rows))
+    here = estimate.Measured.collect(results, None, {**MACHINE, "cpu_signature": signature})
+    assert here.runs == [name] and len(here.trained) == 3 and here.elsewhere == []       # AR, PaDIR raw, distilled
     other = estimate.Measured.collect(results, None, {**MACHINE, "cpu_signature": signature.replace("167", "207")})
     assert (other.runs, other.skipped, other.trained) == ([], [name], [])
+    # its models' plateau stops still count (a step count does not depend on the machine), its seconds do not
+    assert sorted((m.family, m.steps) for m in other.elsewhere) == sorted((m.family, m.steps) for m in here.trained)
     assert estimate.Measured.collect(results, None, MACHINE).runs == [name]     # no signature here: by the name
     assert estimate.Measured.collect(results, None, {**MACHINE, "threads": 4}).skipped == [name]
 
