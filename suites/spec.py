@@ -24,7 +24,7 @@ import re
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping, Protocol
+from typing import Any, Callable, Mapping, Protocol, Sequence
 
 from narbench_core.digest import COMPACT, json_digest
 from narbench_core import defaults
@@ -77,19 +77,33 @@ class TaskSpec:
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """The models' size: one preset, or several (``preset = ["mini", "small", "medium"]``: the size axis, every
-    model of the suite trained at each size, issue 52), with the suite's overrides on every one."""
+    """The models' size: one preset, or a list (``preset = ["mini", "small", "medium"]``: the size axis, every
+    model of the suite trained at each size, issue 52), with the suite's overrides on every one. A list of one is
+    an axis too: a run of one size of a sized suite (``only``) names its size like the whole suite's run."""
 
     presets: tuple[str, ...]
     overrides: tuple[tuple[str, Any], ...] = ()   # sorted (field, value) pairs
+    axis: bool = False                            # ``preset`` is a list (a size axis, even of one size)
 
     def override_dict(self) -> dict[str, Any]:
         return dict(self.overrides)
 
     @property
     def sized(self) -> bool:
-        """Whether size is an axis (several presets): cells, systems and rows then name their size."""
-        return len(self.presets) > 1
+        """Whether size is an axis (a list of presets): cells, systems and rows then name their size."""
+        return self.axis or len(self.presets) > 1
+
+    def only(self, sizes: Sequence[str]) -> "ModelSpec":
+        """The same size axis cut to ``sizes`` (in the suite's order): a run of some sizes of a sized suite,
+        each size timed where its models were trained (``narbench run --sizes``)."""
+        if not self.sized:
+            raise UserError(f"--sizes {' '.join(sizes)}: the suite has one model size ({self.presets[0]}), not a "
+                            "size axis; leave --sizes out")
+        unknown = [s for s in sizes if s not in self.presets]
+        if unknown:
+            raise UserError(f"--sizes {' '.join(unknown)}: not a size of the suite (its sizes: "
+                            f"{', '.join(self.presets)})")
+        return dataclasses.replace(self, presets=tuple(s for s in self.presets if s in sizes), axis=True)
 
     def preset_of(self, cell: Any) -> str:
         """The preset a training cell's model is built at: its own size on a size axis, else the one preset."""
@@ -607,7 +621,7 @@ def _model(r: Reader) -> ModelSpec:
             overrides[key] = o.get(key, integer(1))
     r.done()
     return ModelSpec(presets=preset if isinstance(preset, tuple) else (preset,),
-                     overrides=tuple(sorted(overrides.items())))
+                     overrides=tuple(sorted(overrides.items())), axis=isinstance(preset, tuple))
 
 
 class Section(Protocol):

@@ -21,6 +21,11 @@ from suites.spec import builtin_specs
 SUITE_HELP = f"built-in suite name ({', '.join(builtin_specs())}) or a path to a .toml spec"
 
 
+SIZES_HELP = ("only these model sizes of a suite with a size axis (its [model] preset list), in a run of their own: "
+              "each size trained and timed on one machine, the scale page drawn across such runs by `narbench "
+              "scale` (default: every size)")
+
+
 def register(sub) -> None:
     """Add this module's sub-commands to ``sub`` (argparse subparsers)."""
     p = sub.add_parser("run", help="train (cached) and benchmark every system of a suite",
@@ -28,6 +33,7 @@ def register(sub) -> None:
                        "into results/<suite>/<run_id>/ (re-running the same command resumes), then write "
                        "table.md, leaderboard.md and plots.")
     p.add_argument("--suite", default="default", help=SUITE_HELP + " (default: default)")
+    p.add_argument("--sizes", dest="suite_sizes", nargs="+", metavar="SIZE", help=SIZES_HELP)
     p.add_argument("--out", default="results", help="results root folder (default: results)")
     _timing_args(p)
     p.add_argument("--refuse-damaged", action="store_true", help=REFUSE_DAMAGED_HELP)
@@ -57,6 +63,7 @@ def register(sub) -> None:
                        "(the runs under --results, the data root's checkpoint records). Spec errors surface "
                        "here as in `narbench run`.")
     p.add_argument("--suite", default="default", help=SUITE_HELP + " (default: default)")
+    p.add_argument("--sizes", dest="suite_sizes", nargs="+", metavar="SIZE", help=SIZES_HELP)
     p.add_argument("--results", default="results", help="results root whose runs give the measured costs "
                    "(default: results)")
     p.add_argument("--batch-size", type=int, help="sentences per decoder call (default: the suite's, 1)")
@@ -99,6 +106,18 @@ def register(sub) -> None:
                    help="a PaDIR system id of the run to diagnose (repeatable; default: every JAX PaDIR system at "
                         "T = 4 and k = 1)")
     p.set_defaults(func=cmd_gap)
+
+    p = sub.add_parser("scale", help="the scale page (the AR-PaDIR gap against model size) across runs of one "
+                       "sized suite, each of some of its sizes",
+                       description="Draw scale.md and scale.png from several runs of one suite with a size axis, "
+                       "each run of some of its sizes (`narbench run --suite S --sizes SIZE`: a size trained and "
+                       "timed on one machine and committed before the next trains). Gaps and speedups pair the "
+                       "systems of one size within its own run; the page names each run's date, commit and machine, "
+                       "and includes each run's `narbench gap` tables where it has them.")
+    p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR",
+                   help="run folders (results/<suite>/<run_id>), one or more sizes each, no size in two")
+    p.add_argument("--out", help="folder to write into (default: results/<suite>/sizes-<sizes> beside the runs)")
+    p.set_defaults(func=cmd_scale)
 
     p = sub.add_parser("results", help="print a run's rows as csv, json or markdown",
                        description="Print rows.jsonl of a run for pandas and other tools; with --columns, what "
@@ -181,6 +200,8 @@ def _spec(args):
     from bench.families import load_suite
 
     spec = load_suite(args.suite)
+    if getattr(args, "suite_sizes", None):        # `latency --map` has a --sizes of its own (its models' presets)
+        spec = spec.replace(model=spec.model.only(args.suite_sizes))
     if args.batch_size is not None:
         if args.batch_size < 1:
             raise UserError(f"--batch-size must be >= 1, got {args.batch_size}")
@@ -197,7 +218,7 @@ def _command(args, names: tuple[str, ...]) -> str:
     parts = ["narbench", args.command]
     for name in names:
         value = getattr(args, name, None)
-        flag = "--" + name.replace("_", "-")
+        flag = {"suite_sizes": "--sizes"}.get(name, "--" + name.replace("_", "-"))
         if value is True:
             parts.append(flag)
         elif isinstance(value, (list, tuple)):
@@ -228,8 +249,8 @@ def cmd_run(args) -> int:
     executor_name = args.executor or defaults.EXECUTOR
     if args.address and executor_name != "ray":
         raise UserError("--address joins a Ray cluster; add --executor ray")
-    command = _command(args, ("suite", "out", "batch_size", "max_test_sentences", "platform", "bleurt_checkpoint",
-                              "executor", "address"))
+    command = _command(args, ("suite", "suite_sizes", "out", "batch_size", "max_test_sentences", "platform",
+                              "bleurt_checkpoint", "executor", "address"))
     run, resumed = store.open_run(Path(args.out), spec.name, spec.spec_hash(), spec.to_toml, command,
                                   force=args.force)
     try:
@@ -425,6 +446,17 @@ def cmd_gap(args) -> int:
     _setup(None)
     path = run_gap(args.run_dir, args.system)
     print(f"narbench: {path / 'gap.md'}")
+    return 0
+
+
+def cmd_scale(args) -> int:
+    import matplotlib
+
+    from bench.report.scale import write_across
+
+    matplotlib.use("Agg")
+    written = write_across(args.run_dirs, args.out)
+    print(f"narbench: {written[0]}")
     return 0
 
 

@@ -27,9 +27,13 @@ from typing import Sequence
 
 import numpy as np
 
+from bench import store as st
 from bench.report.grid import Cell, Effect, _Run
 from bench.report.names import display_names
 from bench.rows import Row
+from narbench_core import defaults
+from narbench_core.errors import UserError
+from narbench_core.io import read_jsonl, write_text
 from narbench_core.markdown import table
 
 SCALE_PAGE, SCALE_PLOT = "scale.md", "scale.png"
@@ -165,18 +169,40 @@ def _trend_cells(t: Trend, name: str) -> list:
     return [t.test_set, name, slope, f"{t.chi2:.2f} ({t.points - 2}), p = {t.p_fit:.3f}", t.points]
 
 
+RUN_COLUMNS = ["sizes", "run", "date", "commit", "timed on"]
+
+
+def run_cells(run: st.RunStore, link: str) -> list[str]:
+    """A run's line in a scale page's table of runs: its sizes, a link to it, its date, commit and machine."""
+    from bench.measure.env import timed_on
+
+    env, rows = run.env(), run.rows()
+    git = env.get("git") or {}
+    commit = (git.get("commit") or "?")[:7] + (" (uncommitted changes)" if git.get("dirty") else "")
+    sizes = ", ".join(dict.fromkeys(r.size for r in rows if r.size)) or "–"
+    return [sizes, f"[{run.run_id}]({link})", str(env.get("date_utc") or "?")[:10], commit, timed_on(env)]
+
+
 def render_scale_page(found: Sequence[Point], info: dict, n_resamples: int, seed: int, rows: Sequence[Row] = (),
-                      gap: Sequence[dict] = ()) -> str:
-    """``scale.md``'s text: per test set, a table of every NAR system at every size, then the trends and, where
-    the run has ``gap`` records (``bench.gap``), where the gap goes at each size."""
+                      gap: Sequence[dict] = (), runs: Sequence[list[str]] = ()) -> str:
+    """``scale.md``'s text: the runs it rests on (``runs``: ``run_cells``), per test set a table of every NAR
+    system at every size, then the trends and, where the runs have ``gap`` records (``bench.gap``), where the
+    gap goes at each size."""
     sizes = list(dict.fromkeys(p.size for p in sorted(found, key=lambda p: (p.params or 0))))
-    lines = [f"# Scale: the AR-NAR gap against model size ({info.get('suite', '')}, run {info.get('run_id', '')})",
+    several = "s" if len(runs) > 1 else ""
+    lines = [f"# Scale: the AR-NAR gap against model size ({info.get('suite', '')}, run{several} "
+             f"{info.get('run_id', '')})",
              "", f"Sizes: {', '.join(sizes)}. **Gap**: a NAR system's BLEU minus the AR greedy BLEU of the same size "
              f"on the same sentences, with the 95% interval of sacrebleu's paired bootstrap over sentences "
              f"({n_resamples} resamples, seed {seed}); negative: the NAR system is behind. **Speedups**: the median "
              "over sentences of the AR system's ms / the NAR system's ms, with its order-statistics 95% CI, against "
              "AR greedy and against the size's fastest AR system (lowest p50 of the AR side, CTranslate2 included). "
              "**Params**: the size's AR greedy model's.", ""]
+    if len(runs) > 1:
+        lines.extend(["Each size was trained, timed and scored in one run, on one machine: its speedups compare "
+                      "systems of that run only, never across runs; its BLEU does not depend on the machine.", ""])
+    if runs:
+        lines.extend([*table(RUN_COLUMNS, runs, "lllll"), ""])
     for ts in dict.fromkeys(p.test_set for p in found):
         here = sorted((p for p in found if p.test_set == ts), key=lambda p: (p.variant, p.params or 0))
         lines.extend([f"## {ts}", "", *table(list(COLUMNS), (_cells(p) for p in here), "llrlrrrlr"), ""])
@@ -250,13 +276,66 @@ def plot_scale(found: Sequence[Point], path: Path) -> None:
 def write_scale(run_dir: Path, rows: Sequence[Row], samples: Sequence[dict], info: dict, n_resamples: int,
                 seed: int) -> list[Path]:
     """``scale.md`` and ``scale.png`` in the run folder when its rows have NAR systems at two sizes or more."""
-    from bench.gap import GAP_FILE
-    from narbench_core.io import read_jsonl, write_text
-
     found = points(rows, samples, n_resamples, seed)
     if len({p.size for p in found}) < 2:
         return []
-    gap = read_jsonl(run_dir / GAP_FILE) if (run_dir / GAP_FILE).is_file() else []
-    write_text(run_dir / SCALE_PAGE, render_scale_page(found, info, n_resamples, seed, rows, gap))
-    plot_scale(found, run_dir / SCALE_PLOT)
-    return [run_dir / SCALE_PAGE, run_dir / SCALE_PLOT]
+    return _write(run_dir, found, info, n_resamples, seed, rows, _gap_records(run_dir),
+                  [run_cells(st.RunStore(run_dir), ".")])
+
+
+def write_across(run_dirs: Sequence[str | Path], out: str | Path | None = None) -> list[Path]:
+    """``scale.md`` and ``scale.png`` from several runs of one suite with a size axis, each of some of its sizes
+    (``narbench run --sizes``: a size trained and timed on one machine, its run committed before the next size's
+    models train, perhaps on another machine), into ``out`` (default: ``<results>/<suite>/sizes-<sizes>``
+    beside the runs). A size's gap and speedups pair systems of its own run; the page names each run's machine.
+    ``narbench scale`` runs it."""
+    import os
+
+    stores = [st.RunStore(st.resolve_run_dir(d)) for d in run_dirs]
+    if len(stores) < 2:
+        raise UserError("narbench scale wants two runs or more (each of some sizes of one suite); one run with "
+                        "several sizes has its scale page already (`narbench report RUN`)")
+    rows, samples, gap, owner, suites, resamples = [], [], [], {}, set(), set()
+    for run in stores:
+        own = run.samples()
+        these = run.report_rows(own)
+        sized = [r for r in these if r.size]
+        if not sized:
+            raise UserError(f"{run.path}: its rows name no model size; pass runs of a suite with a size axis "
+                            "([model] preset = [...]; `narbench run --sizes SIZE`)")
+        for size in dict.fromkeys(r.size for r in sized):
+            if size in owner:
+                raise UserError(f"size {size} is in two runs ({owner[size]} and {run.path}); pass one run per size")
+            owner[size] = run.path
+        suites.add(sized[0].suite)
+        resamples.add(run.spec_settings()["bootstrap_resamples"])
+        rows.extend(these)
+        samples.extend(own)
+        gap.extend(_gap_records(run.path))
+    if len(suites) > 1:
+        raise UserError(f"the runs are of several suites ({', '.join(sorted(suites))}); pass runs of one suite")
+    if len(resamples) > 1:
+        raise UserError(f"the runs' paired bootstraps differ ({', '.join(map(str, sorted(resamples)))} resamples); "
+                        "pass runs of one spec's settings")
+    [suite], [n_resamples] = suites, resamples
+    found = points(rows, samples, n_resamples, defaults.SIGNIFICANCE_SEED)
+    sizes = list(dict.fromkeys(p.size for p in sorted(found, key=lambda p: (p.params or 0))))
+    target = Path(out) if out else stores[0].path.parent / f"sizes-{'-'.join(sizes)}"
+    target.mkdir(parents=True, exist_ok=True)
+    stores.sort(key=lambda r: min(sizes.index(s) for s, at in owner.items() if at == r.path and s in sizes))
+    info = {"suite": suite, "run_id": ", ".join(r.run_id for r in stores)}
+    runs = [run_cells(r, Path(os.path.relpath(r.path, target)).as_posix()) for r in stores]
+    return _write(target, found, info, n_resamples, defaults.SIGNIFICANCE_SEED, rows, gap, runs)
+
+
+def _gap_records(run_dir: Path) -> list[dict]:
+    from bench.gap import GAP_FILE
+
+    return read_jsonl(run_dir / GAP_FILE) if (run_dir / GAP_FILE).is_file() else []
+
+
+def _write(folder: Path, found: Sequence[Point], info: dict, n_resamples: int, seed: int, rows: Sequence[Row],
+           gap: Sequence[dict], runs: Sequence[list[str]]) -> list[Path]:
+    write_text(folder / SCALE_PAGE, render_scale_page(found, info, n_resamples, seed, rows, gap, runs))
+    plot_scale(found, folder / SCALE_PLOT)
+    return [folder / SCALE_PAGE, folder / SCALE_PLOT]

@@ -136,3 +136,95 @@ def test_the_scale_plot_draws_each_fitted_trend_and_no_other(tmp_path, monkeypat
     plot_scale([*_sizes(-10.0, -8.0, -6.0), *_sizes(-10.0, -4.0, -6.0, variant="padir-s10")], tmp_path / "s.png")
     assert [d for d in drawn if d[0] == ":"] == [(":", 32)]       # padir-s4's line; padir-s10's does not fit
     assert (tmp_path / "s.png").stat().st_size > 0
+
+
+def test_a_run_per_size_gives_the_scale_page_of_the_run_of_every_size(tmp_path):
+    """``narbench run --sizes``: a run of some sizes of a sized suite names its size like the whole suite's run;
+    ``narbench scale`` draws the scale page across such runs with the gaps of the run of every size, and says
+    which run (date, commit, machine) each size's figures come from."""
+    from bench.report.scale import write_across
+    from narbench_core.errors import UserError
+
+    path = tmp_path / "sizes.toml"
+    path.write_text(SPEC.replace('preset = "tiny"', 'preset = ["tiny", "mini"]'))
+    whole = load_spec(path)
+    deps = fake_deps(tmp_path / "ckpt")
+    runs = {}
+    for sizes in (("tiny", "mini"), ("tiny",), ("mini",)):
+        spec = whole.replace(model=whole.model.only(sizes))
+        assert spec.model.presets == sizes and spec.model.sized
+        run = new_store(tmp_path, spec)
+        Runner(spec, deps, run, progress=False).run()
+        st.finish_run(run)
+        runs[sizes] = run
+    assert len({key for _, key in deps.train.calls}) == 6      # one size's runs ask for the whole run's models
+    assert {r.system for r in runs[("tiny",)].rows()} == {r.system for r in runs[("tiny", "mini")].rows()
+                                                          if r.size == "tiny"}
+    written = write_across([runs[("mini",)].path, runs[("tiny",)].path])
+    assert written[0] == runs[("tiny",)].path.parent / "sizes-tiny-mini" / SCALE_PAGE and written[1].is_file()
+    page = written[0].read_text()
+    whole_points = {(p.test_set, p.size, p.variant): p for p in points(runs[("tiny", "mini")].rows(),
+                                                                        runs[("tiny", "mini")].samples(), 50, 1)}
+    across = [*runs[("tiny",)].rows(), *runs[("mini",)].rows()]
+    found = points(across, [*runs[("tiny",)].samples(), *runs[("mini",)].samples()], 50, 1)
+    assert {(p.test_set, p.size, p.variant) for p in found} == set(whole_points)
+    for p in found:
+        assert (p.bleu, p.ar_bleu, p.gap.value) == pytest.approx(
+            (whole_points[p.test_set, p.size, p.variant].bleu, whole_points[p.test_set, p.size, p.variant].ar_bleu,
+             whole_points[p.test_set, p.size, p.variant].gap.value))
+    for size in ("tiny", "mini"):                        # each size's run, linked from the page beside them
+        assert f"| {size} | [{runs[(size,)].run_id}](../{runs[(size,)].run_id}) |" in page
+    assert "never across runs" in page and "## fake_task:test+refs" in page
+    with pytest.raises(UserError, match="size tiny is in two runs"):
+        write_across([runs[("tiny",)].path, runs[("tiny", "mini")].path])
+    with pytest.raises(UserError, match="two runs or more"):
+        write_across([runs[("tiny",)].path])
+    plain = tmp_path / "plain.toml"
+    plain.write_text(SPEC)
+    one = load_spec(plain)
+    with pytest.raises(UserError, match="not a size axis"):
+        one.model.only(["tiny"])
+    with pytest.raises(UserError, match=r"--sizes small: not a size of the suite \(its sizes: tiny, mini\)"):
+        whole.model.only(["tiny", "small"])
+    unsized = new_store(tmp_path, one)
+    Runner(one, deps, unsized, progress=False).run()
+    with pytest.raises(UserError, match="its rows name no model size"):
+        write_across([runs[("tiny",)].path, unsized.path])
+
+
+def test_plan_and_scale_commands_take_sizes(tmp_path, monkeypatch, capsys):
+    """`narbench plan --sizes` expands only those sizes (names as in the whole suite); a size the suite lacks is
+    one line and exit 2; `narbench scale` writes the page across runs and prints where."""
+    from bench import preview
+    from bench.cli import main
+    from grid_fakes import fake_locator
+
+    path = tmp_path / "sizes.toml"
+    path.write_text(SPEC.replace('preset = "tiny"', 'preset = ["tiny", "mini"]'))
+    deps = fake_deps(tmp_path / "ckpt")
+    monkeypatch.setattr(preview, "real_locator", lambda: fake_locator(deps))
+    plan = ["plan", "--suite", str(path), "--results", str(tmp_path / "results"), "--format", "json"]
+    assert main(plan + ["--sizes", "mini"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    systems = [s["system"] for ts in shown["test_sets"] for s in ts["systems"]]
+    assert systems and all(s.endswith("-mini") for s in systems)
+    assert main(plan + ["--sizes", "small"]) == 2
+    assert capsys.readouterr().err.strip() == ("narbench: error: --sizes small: not a size of the suite (its sizes: "
+                                               "tiny, mini)")
+    whole = load_spec(path)
+    runs = []
+    for size in ("tiny", "mini"):
+        spec = whole.replace(model=whole.model.only([size]))
+        run = new_store(tmp_path, spec)
+        Runner(spec, deps, run, progress=False).run()
+        st.finish_run(run)
+        runs.append(str(run.path))
+    out = tmp_path / "page"
+    assert main(["scale", *runs, "--out", str(out)]) == 0
+    assert capsys.readouterr().out.strip() == f"narbench: {out / SCALE_PAGE}"
+    assert (out / SCALE_PLOT).is_file() and "runs " in (out / SCALE_PAGE).read_text().splitlines()[0]
+    from argparse import Namespace
+
+    from bench.cli.run import _command
+    assert _command(Namespace(command="run", suite="scale", suite_sizes=["tiny", "mini"]), ("suite", "suite_sizes")) \
+        == "narbench run --suite scale --sizes tiny mini"          # the run's recorded command says --sizes
