@@ -319,10 +319,14 @@ def write_across(run_dirs: Sequence[str | Path], out: str | Path | None = None) 
                         "pass runs of one spec's settings")
     [suite], [n_resamples] = suites, resamples
     found = points(rows, samples, n_resamples, defaults.SIGNIFICANCE_SEED)
+    if not found:
+        raise UserError("no NAR system of these runs has BLEU and latencies beside its size's AR greedy; pass "
+                        "finished runs (`narbench run --sizes SIZE` until it finishes)")
     sizes = list(dict.fromkeys(p.size for p in sorted(found, key=lambda p: (p.params or 0))))
     target = Path(out) if out else stores[0].path.parent / f"sizes-{'-'.join(sizes)}"
     target.mkdir(parents=True, exist_ok=True)
-    stores.sort(key=lambda r: min(sizes.index(s) for s, at in owner.items() if at == r.path and s in sizes))
+    stores.sort(key=lambda r: min((sizes.index(s) for s, at in owner.items() if at == r.path and s in sizes),
+                                  default=len(sizes)))
     info = {"suite": suite, "run_id": ", ".join(r.run_id for r in stores)}
     runs = [run_cells(r, Path(os.path.relpath(r.path, target)).as_posix()) for r in stores]
     return _write(target, found, info, n_resamples, defaults.SIGNIFICANCE_SEED, rows, gap, runs)
