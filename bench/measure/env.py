@@ -201,7 +201,7 @@ def same_cpu(stored: Mapping[str, Any], now: Mapping[str, Any]) -> bool:
     else by model name (runs from before the signature). Cloud VMs name several generations alike ("Intel(R)
     Xeon(R) Processor": family 6 models 167 and 207 in this project's runs), so the name alone may join two."""
     key = "cpu_signature" if stored.get("cpu_signature") and now.get("cpu_signature") else "cpu_model"
-    return bool(stored.get(key)) and stored.get(key) == now.get(key)
+    return stored.get(key) == now.get(key)
 
 
 def check_same_machine(stored: Mapping[str, Any], now: Mapping[str, Any], timed: bool,
