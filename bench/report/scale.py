@@ -292,6 +292,9 @@ def write_across(run_dirs: Sequence[str | Path], out: str | Path | None = None) 
     import os
 
     stores = [st.RunStore(st.resolve_run_dir(d)) for d in run_dirs]
+    twice = [r.path for i, r in enumerate(stores) if r.path.resolve() in {o.path.resolve() for o in stores[:i]}]
+    if twice:
+        raise UserError(f"{twice[0]} is passed twice; pass each run once")
     if len(stores) < 2:
         raise UserError("narbench scale wants two runs or more (each of some sizes of one suite); one run with "
                         "several sizes has its scale page already (`narbench report RUN`)")

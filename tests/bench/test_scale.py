@@ -177,6 +177,8 @@ def test_a_run_per_size_gives_the_scale_page_of_the_run_of_every_size(tmp_path):
     assert "never across runs" in page and "## fake_task:test+refs" in page
     with pytest.raises(UserError, match="size tiny is in two runs"):
         write_across([runs[("tiny",)].path, runs[("tiny", "mini")].path])
+    with pytest.raises(UserError, match="is passed twice; pass each run once"):
+        write_across([runs[("tiny",)].path, runs[("mini",)].path, runs[("tiny",)].path.parent / "latest"])
     with pytest.raises(UserError, match="two runs or more"):
         write_across([runs[("tiny",)].path])
     plain = tmp_path / "plain.toml"
