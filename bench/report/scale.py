@@ -245,9 +245,10 @@ def plot_scale(found: Sequence[Point], path: Path) -> None:
     sets = list(dict.fromkeys(p.test_set for p in found))
     fig, axs = _axes_grid(len(sets), plt, width=6.0, height=4.4)
     cmap = plt.get_cmap("tab10")
+    lines = [t for t in trends(found) if t.fits]             # fitted once, drawn on each test set's panel
     for ax, ts in zip(axs, sets):
         here = [p for p in found if p.test_set == ts and p.params]
-        fitted = [t for t in trends(found) if t.test_set == ts and t.fits]
+        fitted = [t for t in lines if t.test_set == ts]
         for i, variant in enumerate(dict.fromkeys(p.variant for p in here)):
             pts = sorted((p for p in here if p.variant == variant), key=lambda p: p.params)
             xs, ys = [p.params for p in pts], [p.gap.value for p in pts]
