@@ -183,11 +183,11 @@ def export(checkpoint_dir: str | Path, out_dir: str | Path, quantization: str = 
     return write_export(out_dir, lambda tmp: spec.save(str(tmp)), stamp, "narbench export ct2", _is_export)
 
 
-def translator(model_dir: str | Path, threads: int, compute_type: str = "default"):
-    """A CPU ``ctranslate2.Translator`` on ``threads`` cores (one translation at a time)."""
+def translator(model_dir: str | Path, threads: int, compute_type: str = "default", parallel_batches: int = 1):
+    """A CPU ``ctranslate2.Translator``: ``parallel_batches`` translations at a time, each on ``threads`` cores."""
     ct2 = require_ctranslate2()
     return ct2.Translator(str(model_dir), device="cpu", compute_type=compute_type,
-                          inter_threads=1, intra_threads=int(threads))
+                          inter_threads=int(parallel_batches), intra_threads=int(threads))
 
 
 def source_pieces(vocab, sources: list[str], max_length: Optional[int] = None) -> list[list[str]]:
@@ -207,17 +207,19 @@ class CT2Decoder:
 
     Shapes follow narbench's AR decoder: the source keeps at most ``buckets[-1] - 1`` pieces plus
     EOS, and a batch decodes at most as many tokens as the AR decoder would for its source bucket.
-    CTranslate2 has no asynchronous handle, so ``run`` does all the translating and returns host
-    results; ``finish`` detokenizes. It has no XLA program: ``xla_costs`` is False and the harness
-    skips its cost analysis. ``passes`` counts decoder steps: the tokens emitted plus EOS, at most
-    the length cap.
+    With ``parallel_batches = 1`` (the timed systems) ``run`` does all the translating and returns host
+    results; ``finish`` detokenizes. With ``parallel_batches = N > 1`` the translator has N workers of
+    ``threads`` cores each (CTranslate2's ``inter_threads``): ``run`` hands the batch to them and returns at
+    once, ``finish`` waits for it, so N batches run at a time where N are in flight (the distillation's teacher:
+    ``models.distill``). It has no XLA program: ``xla_costs`` is False and the harness skips its cost analysis.
+    ``passes`` counts decoder steps: the tokens emitted plus EOS, at most the length cap.
     """
     xla_costs = False
 
     def __init__(self, model_dir: str | Path, vocab: Any, spec: str, name: str = "", *,
                  buckets=None, max_decode_length: Optional[int] = None, max_target_length: int = 128,
                  length_penalty: Optional[float] = None, threads: int = 0, compute_type: str = "default",
-                 max_batch_size: int = 0, batch_type: str = "examples"):
+                 max_batch_size: int = 0, batch_type: str = "examples", parallel_batches: int = 1):
         import os
 
         from models.decoders import check_beam, parse_spec
@@ -232,13 +234,16 @@ class CT2Decoder:
         self.max_decode_length = int(min(max_decode_length or max_target_length, max_target_length))
         self.length_penalty = defaults.LENGTH_PENALTY if length_penalty is None else float(length_penalty)
         self.threads = int(threads) or (os.cpu_count() or 1)
+        if int(parallel_batches) < 1:
+            raise UserError(f"parallel_batches must be at least 1, not {parallel_batches!r}")
+        self.parallel_batches = int(parallel_batches)
         if batch_type not in ("examples", "tokens"):
             raise UserError(f"batch_type must be examples or tokens, not {batch_type!r}")
         self.max_batch_size, self.batch_type = int(max_batch_size), batch_type   # translate_batch's own batching
         from models.checkpoint import check_export
 
         check_export(model_dir, "CTranslate2", "narbench export ct2")
-        self.translator = translator(model_dir, self.threads, compute_type)
+        self.translator = translator(model_dir, self.threads, compute_type, self.parallel_batches)
 
     def _max_len(self, pieces: list[list[str]]) -> int:
         from models.decoders import source_bucket, target_buckets
@@ -266,16 +271,20 @@ class CT2Decoder:
         results = self.translator.translate_batch(
             prepared, beam_size=beam, max_decoding_length=max_len, min_decoding_length=0,
             length_penalty=self.length_penalty if beam > 1 else 1.0, return_scores=beam > 1,
-            max_batch_size=self.max_batch_size, batch_type=self.batch_type)
-        return [(r.hypotheses[0], max_len) for r in results]
+            max_batch_size=self.max_batch_size, batch_type=self.batch_type, asynchronous=self.parallel_batches > 1)
+        return results, max_len
 
     def finish(self, outputs, prepared):
         from models.decoders import detokenize
         from narbench_core.outputs import DecodeOutput
 
+        results, cap = outputs
+        if self.parallel_batches > 1:
+            results = [r.result() for r in results]      # waits for the worker that has the batch
         sp = self.vocab.tokenizer                       # detokenized as narbench's decoders do (special ids dropped)
-        hyps = [detokenize(self.vocab, [sp.piece_to_id(p) for p in tokens]) for tokens, _ in outputs]
-        passes = np.asarray([min(len(tokens) + 1, cap) for tokens, cap in outputs], np.int64)
+        best = [r.hypotheses[0] for r in results]
+        hyps = [detokenize(self.vocab, [sp.piece_to_id(p) for p in tokens]) for tokens in best]
+        passes = np.asarray([min(len(tokens) + 1, cap) for tokens in best], np.int64)
         return DecodeOutput(hyps, passes)
 
     def warmup_inputs(self, batch_size: int) -> list:

@@ -139,6 +139,15 @@ def test_greedy_agrees_with_narbench_ar_greedy(trained_ar, tiny_vocab, toy_sente
     assert batched.finish(batched.run(prepared), prepared).hypotheses == b[:8]
     with pytest.raises(UserError, match="batch_type must be examples or tokens"):
         ct2.load_decoder(trained_ar, "greedy", vocab=tiny_vocab, batch_type="sentences", **opts)
+    # two workers (the distillation's teacher): batches run side by side, finished in any order, give the same
+    two = ct2.load_decoder(trained_ar, "greedy", vocab=tiny_vocab, threads=1, parallel_batches=2, **opts)
+    batches = [two.prepare(sources[i:i + 4]) for i in range(0, 12, 4)]
+    runs = [two.run(p) for p in batches]
+    finished = {i: two.finish(runs[i], batches[i]) for i in (2, 0, 1)}
+    assert [h for i in range(3) for h in finished[i].hypotheses] == b[:12]
+    assert [n for i in range(3) for n in finished[i].passes] == [o.passes[0] for o in out[:12]]
+    with pytest.raises(UserError, match="parallel_batches must be at least 1"):
+        ct2.load_decoder(trained_ar, "greedy", vocab=tiny_vocab, parallel_batches=0, **opts)
     # int8 weights: a model of their own, still translating
     int8 = ct2.load_decoder(trained_ar, "greedy", quantization="int8", vocab=tiny_vocab, threads=1, **opts)
     hyps = [int8.finish(int8.run(p), p).hypotheses[0] for p in (int8.prepare([s]) for s in sources[:20])]

@@ -5,6 +5,7 @@ data pipeline decodes the sample into a cached, resumable TSV exposed as ``<task
 from __future__ import annotations
 
 import json
+import os
 import shutil
 
 import numpy as np
@@ -246,7 +247,13 @@ def test_distill_samples_records_caches_resumes_and_registers(teacher, monkeypat
     assert by_ct2.record["sentences_per_second"] > 0 and 0.0 <= by_ct2.record["teacher_bleu"] <= 100.0
     ct2_lines = (by_ct2.folder / distill.TSV_NAME).read_text(encoding="utf-8").splitlines()
     assert [line.split("\t")[0] for line in ct2_lines] == [sources[i] for i in picked]
+    assert by_ct2.record["teacher_parallel_batches"] == (os.cpu_count() or 1)
     monkeypatch.undo()
+    # a batch per worker, three at a time, gives what one batch at a time gives
+    chosen = [sources[i] for i in picked]
+    one, three = (distill._decode(ct2.load_decoder(teacher, "greedy", threads=1, parallel_batches=p), chosen, 3)
+                  for p in (1, 3))
+    assert one == three == [line.split("\t")[1] for line in ct2_lines]
 
     # PaDIR trains on the distilled task through the same pipeline.
     config = preset("tiny", kind="padir", vocab_size=tasks.get_vocabulary(TASK).vocab_size, **ONE_LAYER)
@@ -255,6 +262,37 @@ def test_distill_samples_records_caches_resumes_and_registers(teacher, monkeypat
     out = train(done.task, config, cfg, progress=False)
     meta = checkpoint.read_meta(out)
     assert meta["complete"] and meta["task"] == done.task and meta["batching"]["examples"] == n
+
+
+class _Workers:
+    """A decoder whose ``run`` hands a batch to workers of its own (as CTranslate2's ``inter_threads``): it counts
+    the batches run and not yet finished."""
+    def __init__(self, parallel_batches=None):
+        if parallel_batches:
+            self.parallel_batches = parallel_batches
+        self.in_flight = self.most = 0
+
+    def prepare(self, sources):
+        return list(sources)
+
+    def run(self, prepared):
+        self.in_flight += 1
+        self.most = max(self.most, self.in_flight)
+        return [s.upper() for s in prepared]
+
+    def finish(self, outputs, prepared):
+        from narbench_core.outputs import DecodeOutput
+
+        self.in_flight -= 1
+        return DecodeOutput(outputs, np.ones(len(outputs), np.int64))
+
+
+@pytest.mark.parametrize("parallel, most", [(None, 1), (1, 2), (2, 3)])
+def test_decode_keeps_one_batch_more_in_flight_than_the_decoder_runs_at_a_time(parallel, most):
+    sources = [f"s{i} " + "x" * (i % 5) for i in range(11)]
+    decoder = _Workers(parallel)
+    assert distill._decode(decoder, sources, batch_size=2) == [s.upper().strip() for s in sources]
+    assert decoder.most == most and decoder.in_flight == 0
 
 
 def test_teacher_must_be_a_finished_ar_checkpoint(tmp_path):
