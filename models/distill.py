@@ -314,7 +314,7 @@ def dev_targets(train_tsv: str | os.PathLike, sources: list[str] | tuple[str, ..
 def load_teacher(teacher_dir, decoder: str, engine: str, length_penalty: float):
     """The teacher's decoder: narbench's JAX AR decoder, or the checkpoint's CTranslate2 export (exported on
     first use; float32, so it searches as the JAX decoder does) decoding a batch per core, each on one thread:
-    on a 2-core Intel Xeon that was 4.0x the sentences a second of one batch at a time on both cores, with the
+    on a 2-core Intel Xeon that was 4.1x the sentences a second of one batch at a time on both cores, with the
     same outputs (docs/experiments.md, "The teacher's threads")."""
     name = f"teacher {decoder}" + ("" if engine == defaults.DISTILL_ENGINE else f" ({engine})")
     if engine == "ct2":

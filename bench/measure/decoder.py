@@ -46,7 +46,7 @@ class Decoder(Protocol):
     # Optional: a decoder that cuts long sources also has ``max_source_tokens`` (the longest source it
     # keeps, EOS included) and ``count_truncated(sources) -> int`` (how many of them ``prepare`` cuts).
     # One whose ``run`` hands batches to workers of its own has ``parallel_batches`` (how many run at a time):
-    # untimed batch loops (the distillation's) keep that many run before finishing the oldest.
+    # untimed batch loops (the distillation's) keep one batch more than that run before finishing the oldest.
 
 
 __all__ = ["DecodeOutput", "Decoder", "truncated_sources", "truncation_note", "translate"]
