@@ -23,7 +23,8 @@ The estimator is deliberately simple:
   each scaled linearly by batch tokens and by its family's work per step (``Family.train_work``); a size
   never measured here takes the measured size of its family nearest it in work per token, scaled by the
   ratio of their work per token (``token_work``: its layers' matrices and the output layer); plus
-  its dev points x seconds per point and the fixed overhead, where a checkpoint record measured them. A
+  its dev points x seconds per point (scaled by the dev sentences each point decodes: ``dev_point_sentences``)
+  and the fixed overhead, where a checkpoint record measured them. A
   partial training counts only its rest: to where its rule stops it, from its dev curve so far
   (``progress``: exact once the plateau rule fired; before, the earliest it can fire, unless the
   measured stop is later), at its own seconds per step so far (its checkpoint's record: the nearest
@@ -41,6 +42,7 @@ Scoring (BLEU and its bootstrap), the report and process start-up are not counte
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import tomllib
@@ -422,16 +424,48 @@ def train_estimate(measured: Measured, family: str, task: str, shape: tuple, lab
     steps = max(steps, done)
     every = fam.eval_every(budget.train_kwargs())
     points = (steps // every - done // every + (1 if steps % every else 0)) if every else 0
-    per_point = ([m.eval_seconds_per_point for m in pool if m.eval_seconds_per_point and m.task == task]
-                 or [m.eval_seconds_per_point for m in pool if m.eval_seconds_per_point])
+    sentences = dev_point_sentences(task, plateau_rule(budget.train_kwargs(), every))
+    per_point = ([_point_seconds(m, sentences) for m in pool if m.eval_seconds_per_point and m.task == task]
+                 or [_point_seconds(m, sentences) for m in pool if m.eval_seconds_per_point])
     fixed = [m.overhead_seconds for m in pool if m.overhead_seconds and m.task == task]
     evals = points * _median(per_point) * ratio if per_point else 0.0
     overhead = _median(fixed) if fixed else 0.0
+    of = f" of {sentences:,} sentences" if sentences else ""
     how = (f"{steps - done:,} {'more ' if done else ''}steps{stop} x {rate}"
-           + (f" + {points} dev points x {_median(per_point) * ratio:.1f} s" if per_point else
+           + (f" + {points} dev points{of} x {_median(per_point) * ratio:.1f} s" if per_point else
               (f" + {points} dev points (not measured)" if points else ""))
            + (f" + {overhead:.0f} s compiling and checkpoints" if fixed else ""))
     return Estimate((steps - done) * per_step + evals + overhead, how)
+
+
+def dev_point_sentences(task: str, rule: tuple) -> int | None:
+    """The dev sentences each curve point of a training under ``rule`` (``plateau_rule``) decodes: its
+    ``dev_sentences``, the whole dev split for 0 (its size from the task's catalog), at most the split; None where
+    nothing says (no rule recorded, or the whole split of a task whose data is not prepared)."""
+    from suites.taskinfo import source_task
+
+    n = dict(rule).get("dev_sentences")
+    if n is None:
+        return None
+    split = _dev_split_size(source_task(task))
+    return (split or None) if n == 0 else (min(n, split) if split else n)
+
+
+@functools.lru_cache(maxsize=32)
+def _dev_split_size(task: str) -> int | None:
+    from suites.catalog import task_info
+
+    try:
+        return task_info(task).splits.get("dev")
+    except UserError:                                  # a task this checkout does not know
+        return None
+
+
+def _point_seconds(model: TrainedModel, sentences: int | None) -> float:
+    """A dev point's seconds for a training whose points decode ``sentences``, from ``model``'s: scaled by the
+    sentences each decodes where both counts are known (a 200-sentence point against the whole split's 1,007)."""
+    own = dev_point_sentences(model.task, model.rule)
+    return model.eval_seconds_per_point * (sentences / own if sentences and own else 1.0)
 
 
 def token_work(shape: tuple, vocab_size: int = 0) -> float:

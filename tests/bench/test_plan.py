@@ -51,7 +51,8 @@ def test_plan_shows_what_is_cached_the_systems_and_an_estimate(measured):
     # each of their curve points took.
     new = [c for c in shown.cells if c.state == "to train"]
     assert [c.estimate.seconds for c in new] == [pytest.approx(5 * STEP_COST["padir"]["seconds"] + 5 * 0.1)] * 2
-    assert new[0].estimate.how == "5 steps x 0.80 s (median of 2 measured: 0.80 s a step) + 5 dev points x 0.1 s"
+    assert new[0].estimate.how == ("5 steps x 0.80 s (median of 2 measured: 0.80 s a step) + 5 dev points of 200 "
+                                   "sentences x 0.1 s")
     assert sorted(c.systems for c in new) == [["padir-s1-u0.5-distill-k3", "padir-s4-u0.5-distill-k3"],
                                               ["padir-s1-u0.5-k3", "padir-s4-u0.5-k3"]]
     # One timed measurement serves test and test+refs: every system once on 20 sentences and the solo check's.
@@ -237,6 +238,39 @@ def test_a_plateau_is_estimated_from_the_nearest_models_the_rule_stopped():
     resumed = estimate.train_estimate(capped, "ar", "bible", small, "a", budget, {}, (1000, _curve(1.0, 2.0)))
     assert fresh.how.startswith("60,000 steps (plateau: the cap, an upper bound)")
     assert resumed.how.startswith("2,600 more steps (plateau: step 3,600 at the earliest")
+
+
+def test_dev_points_are_scaled_by_the_sentences_each_decodes(monkeypatch):
+    """A measured training's dev points decoded 200 sentences in 10 s each: a cell whose points decode 1,000 takes
+    50 s a point, one of the whole dev split its split's size (the task's catalog's; a task it does not know:
+    unscaled)."""
+    from suites.spec import TrainBudget
+
+    monkeypatch.setattr(estimate, "_dev_split_size", {"bible": 1007}.get)
+
+    small = estimate.model_shape("small")
+
+    def budget(dev_sentences):
+        return TrainBudget(steps=1000, batch_tokens=2048, learning_rate=0.03, warmup_steps=100, eval_every=500,
+                           dev_sentences=dev_sentences)
+
+    def model(task, dev_sentences):
+        return estimate.TrainedModel("x", "ar", task, small, 2048, 1.0, None, 7000, 2.0, "cap",
+                                     eval_seconds_per_point=10.0,
+                                     rule=estimate.plateau_rule(budget(dev_sentences).train_kwargs(), 500))
+
+    def got(task, measured_sentences, cell_sentences):
+        measured = estimate.Measured(trained=[model(task, measured_sentences)])
+        return estimate.train_estimate(measured, "ar", task, small, "a", budget(cell_sentences), {})
+    same = got("nowhere", 200, 200)
+    assert same.seconds == pytest.approx(1000 * 2.0 + 2 * 10.0) and "2 dev points of 200 sentences x 10.0 s" in same.how
+    assert got("nowhere", 200, 1000).seconds == pytest.approx(1000 * 2.0 + 2 * 50.0)
+    unknown = got("nowhere", 200, 0)                # the whole split of a task nobody knows: left as measured
+    assert unknown.seconds == pytest.approx(1000 * 2.0 + 2 * 10.0) and "dev points x 10.0 s" in unknown.how
+    whole = got("bible", 200, 0)
+    assert whole.seconds == pytest.approx(1000 * 2.0 + 2 * 10.0 * 1007 / 200)
+    assert "2 dev points of 1,007 sentences x 50.4 s" in whole.how
+    assert got("bible", 5000, 0).seconds == pytest.approx(1000 * 2.0 + 2 * 10.0)   # 5,000 of a 1,007 split: all
 
 
 def test_a_size_never_measured_takes_the_nearest_size_scaled_by_work_per_token():
