@@ -211,6 +211,41 @@ def distill_task(teacher_dir: str | os.PathLike, task: str, decoder: str = defau
     return distill(teacher_dir, task, decoder, max_examples, **kwargs).task
 
 
+def register_trained_task(meta: dict) -> None:
+    """Make the task a checkpoint record (``meta``) trained on known to this process: a distilled task
+    (``<task>_distilled``) is registered from the distillation under the data root whose ``train.tsv`` is the
+    text the record names (its ``data`` fingerprint, ``models.batching.task_identity``). A process that did not
+    distill (``narbench continue`` on a distilled model) knows only the tasks a suite registers. Any other task:
+    nothing to do."""
+    from models.batching import task_identity
+    from narbench_core.paths import subdir
+    from suites import catalog
+
+    task = meta.get("task") or ""
+    base = catalog.source_task(task)
+    if base == task:
+        return
+    try:
+        if catalog.distilled_train(task) is not None and task_identity(task)["data"] == meta.get("data"):
+            return
+    except UserError:                                # not registered yet
+        pass
+    for record_file in sorted(subdir("distill").glob(f"*/{RECORD_NAME}")):
+        tsv = record_file.parent / TSV_NAME
+        try:
+            record = json.loads(record_file.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if record.get("task") != base or not tsv.is_file():
+            continue
+        catalog.register_distilled_task(base, tsv)
+        if task_identity(task)["data"] == meta.get("data"):
+            return
+    raise UserError(f"no distillation under {subdir('distill')} holds the training text {task} was trained on "
+                    f"(data {meta.get('data')}): run its suite's distillation again (`narbench run --suite ... "
+                    f"--train-only`), or `narbench train --distill --teacher <its AR checkpoint>`")
+
+
 def _run(teacher_dir, task: str, out: Path, settings: dict, batch_size: int, chunk_size: int,
          progress: bool) -> None:
     """Decode the missing chunks and the held-aside pairs, then write the record and ``train.tsv``."""

@@ -449,6 +449,10 @@ def continue_past_plateau(ckpt_dir: Path, out_dir: Path | None = None, factor: f
     if start not in checkpoint.kept_steps(ckpt_dir):
         raise UserError(f"{ckpt_dir} kept no state at its plateau (step {start}; trainings keep it since "
                         "2026-12-03): train it again to continue it")
+    if "data" not in train_kwargs:                     # a distilled task this process has not registered
+        from models.distill import register_trained_task
+
+        register_trained_task(meta)
     model_config = ModelConfig.from_dict(meta["model_config"])
     cfg = TrainConfig.from_dict(meta["train_config"]).replace(min_steps=math.ceil(factor * start))
     out = Path(out_dir) if out_dir is not None else ckpt_dir.with_name(f"{ckpt_dir.name}.past-plateau-{factor:g}x")

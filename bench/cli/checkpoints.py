@@ -397,8 +397,11 @@ def final_dev_difference(stopped: Path, continued: Path, n_resamples: int = 1000
     from models import checkpoint
     from models.train import TrainConfig, dev_evaluator
 
+    from models.distill import register_trained_task
+
     model_config, params, meta = checkpoint.load(stopped)
     _, continued_params, _ = checkpoint.load(continued)
+    register_trained_task(meta)                      # a distilled model's task, where this process did not distill
     scorer = dev_evaluator(meta["task"], model_config, TrainConfig.from_dict(meta["train_config"]))
     dev = scorer.dev
     metric = BLEU(tokenize=dev.tokenize, references=[list(dev.references), *(list(r) for r in dev.others)])
