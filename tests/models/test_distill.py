@@ -352,3 +352,45 @@ def test_translate_cli_errors(teacher, argv, message):
     code, out, err = _run_cli(["translate", *argv], "a b c\n")
     assert code == 2 and out == ""
     assert err.startswith("narbench: error:") and message in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_distilled_record_registers_the_distillation_of_its_training_text():
+    """`narbench continue` on a distilled model runs in a process that did not distill: the record's task
+    (`<task>_distilled`) is registered from the distillation whose train.tsv is the text the record names
+    (its `data` fingerprint), among others of the same task; none holding it is one line naming the fix."""
+    from models.batching import task_identity
+    from narbench_core.paths import subdir
+    from suites import catalog, tasks
+
+    name = catalog.distilled_name(TASK)
+    before = catalog.distilled_train(name) if name in tasks.known_tasks() else None
+    sources, refs = tasks.load_text(TASK, "train")
+    folders, data = [], {}
+    try:
+        for tag in ("a", "b"):
+            folder = subdir("distill") / f"{TASK}-registers-{tag}-{os.getpid()}"
+            folder.mkdir()
+            folders.append(folder)
+            (folder / distill.TSV_NAME).write_text("".join(f"{s}\t{t} {tag}\n" for s, t in zip(sources[:20], refs[0])),
+                                                   encoding="utf-8")
+            (folder / distill.RECORD_NAME).write_text(json.dumps({"task": TASK}), encoding="utf-8")
+            catalog.register_distilled_task(TASK, folder / distill.TSV_NAME)
+            data[tag] = task_identity(name)["data"]
+        assert data["a"] != data["b"]
+        for tag, folder in (("a", folders[0]), ("b", folders[1]), ("a", folders[0])):
+            distill.register_trained_task({"task": name, "data": data[tag]})
+            assert catalog.distilled_train(name) == folder / distill.TSV_NAME
+        with pytest.raises(UserError, match="no distillation under .* holds the training text .* run its suite's"):
+            distill.register_trained_task({"task": name, "data": "0" * 16})
+        distill.register_trained_task({"task": TASK, "data": "anything"})        # not distilled: nothing to do
+        assert catalog.distilled_train(TASK) is None
+    finally:
+        for folder in folders:
+            shutil.rmtree(folder, ignore_errors=True)
+        if before is not None:
+            catalog.register_distilled_task(TASK, before)
+        else:                                               # as the test found it: not registered
+            tasks._SPECS.pop(name, None)
+            if tasks._IN_SEQIO.pop(name, None) is not None:
+                import seqio
+                seqio.TaskRegistry.remove(name)
