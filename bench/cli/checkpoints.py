@@ -395,9 +395,8 @@ def final_dev_difference(stopped: Path, continued: Path, n_resamples: int = 1000
 
     from bench.report.grid import bleu_difference
     from models import checkpoint
-    from models.train import TrainConfig, dev_evaluator
-
     from models.distill import register_trained_task
+    from models.train import TrainConfig, dev_evaluator
 
     model_config, params, meta = checkpoint.load(stopped)
     _, continued_params, _ = checkpoint.load(continued)
