@@ -9,6 +9,7 @@ count; checkpoint and distillation records under the data root, which only this 
   seconds per dev evaluation point from the points' ``eval_seconds`` (a checkpoint's ``curve.jsonl``;
   a run's ``curves.jsonl`` since it copies them); a checkpoint record also gives the rest of its wall
   time (compiling, checkpoints), which committed runs do not keep;
+- per probed train step (``Probe``, from the data root's ``probes/``, made on this machine): seconds per step;
 - per distillation (``Distillation``, from ``distill.json``): seconds per distilled sentence;
 - per timed system (``TimedSystem``, committed rows): mean latency per sentence, mean decoder passes
   and warm-up (compile) seconds.
@@ -22,8 +23,10 @@ The estimator is deliberately simple:
   model shape; preferring the same checkpoint, then training cell, task, batch tokens and work per step),
   each scaled linearly by batch tokens and by its family's work per step (``Family.train_work``); a size
   never measured here takes the measured size of its family nearest it in work per token, scaled by the
-  ratio of their work per token (``token_work``: its layers' matrices and the output layer); plus
-  its dev points x seconds per point (scaled by the dev sentences each point decodes: ``dev_point_sentences``)
+  ratio of their work per token (``token_work``: its layers' matrices and the output layer); a probe of
+  the same family, shape, batch tokens and work (``Probe``: ``narbench plan --probe`` timed that step here)
+  replaces all of these (not a partial training's own rate, below); plus its dev points x seconds per
+  point (scaled by the dev sentences each point decodes: ``dev_point_sentences``)
   and the fixed overhead, where a checkpoint record measured them. A
   partial training counts only its rest: to where its rule stops it, from its dev curve so far
   (``progress``: exact once the plateau rule fired; before, the earliest it can fire, unless the
@@ -43,6 +46,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
 import json
 import math
 import tomllib
@@ -187,6 +191,62 @@ class TimedSystem:
     compile_s: float | None
 
 
+PROBES_DIR = "probes"          # under the data root: ``narbench plan --probe``'s records, one per key
+
+
+@dataclass(frozen=True)
+class Probe:
+    """A train step timed by ``narbench plan --probe`` (``bench.step_probe``) on one machine."""
+
+    family: str
+    task: str                  # the data it stepped on (a distilled cell's source task)
+    label: str                 # the training cell that asked for it (the first, where several share it)
+    shape: tuple               # ``model_shape``
+    batch_tokens: int
+    work: float                # ``Family.train_work`` of the cell's axes
+    seconds_per_step: float
+    measured_at: str           # UTC, ISO 8601
+    machine: dict              # ``this_machine()`` where it ran
+    others_cpu_share: float | None = None   # of the machine's CPU, by processes other than the probe's
+
+    @property
+    def key(self) -> tuple:
+        return probe_key(self.family, self.task, self.shape, self.batch_tokens, self.work)
+
+    def to_json(self) -> dict:
+        return {**dataclasses.asdict(self), "shape": [list(p) for p in self.shape]}
+
+    @classmethod
+    def from_json(cls, data: dict) -> "Probe":
+        return cls(**{**data, "shape": tuple(tuple(p) for p in data["shape"])})
+
+
+def probe_key(family: str, task: str, shape: tuple, batch_tokens: int, work: float) -> tuple:
+    """What one probe stands for: models of one family, task, shape, batch tokens and work per step train at one rate
+    (a distilled model and its raw twin)."""
+    return (family, task, shape, batch_tokens, work)
+
+
+def probe_file(data_root: Path, key: tuple) -> Path:
+    """Where the probe of ``key`` (``Probe.key``) is kept: a newer probe of the key replaces it."""
+    digest = hashlib.sha256(json.dumps(key).encode()).hexdigest()[:12]
+    return Path(data_root) / PROBES_DIR / f"{key[0]}-{digest}.json"
+
+
+def read_probes(data_root: Path, machine: Mapping[str, Any]) -> list[Probe]:
+    """The probe records under ``data_root`` made on ``machine`` (its CPU and thread count); unreadable ones are
+    left out."""
+    out = []
+    for path in sorted((Path(data_root) / PROBES_DIR).glob("*.json")):
+        try:
+            probe = Probe.from_json(json.loads(path.read_text(encoding="utf-8")))
+        except (OSError, ValueError, TypeError, KeyError):
+            continue
+        if same_cpu(probe.machine, machine) and probe.machine.get("threads") == machine.get("threads"):
+            out.append(probe)
+    return out
+
+
 @dataclass
 class Measured:
     """Costs measured on this machine (see the module docstring)."""
@@ -198,6 +258,7 @@ class Measured:
     skipped: list[str] = field(default_factory=list)     # run folders measured on another machine
     elsewhere: list[TrainedModel] = field(default_factory=list)   # their models a plateau rule stopped: the step
                                                                   # counts only (``_plateau_steps``), never seconds
+    probes: list[Probe] = field(default_factory=list)             # train steps ``narbench plan --probe`` timed here
     damaged: list[str] = field(default_factory=list)     # run folders whose files cannot be read (left out)
     checkpoints: int = 0                                  # checkpoint records read
     served: dict[tuple, float] = field(default_factory=dict)   # (serving settings_key, system) -> serve seconds
@@ -234,6 +295,7 @@ class Measured:
                 out.runs.append(name)
         if data_root is not None:
             out._read_data_root(Path(data_root))
+            out.probes = read_probes(Path(data_root), machine)
         return out
 
     def _read_stops(self, folder: Path, name: str) -> None:
@@ -396,20 +458,28 @@ def train_estimate(measured: Measured, family: str, task: str, shape: tuple, lab
     if resumed is not None and resumed.exact and resumed.stop <= resumed.steps_done:
         return Estimate(0.0, f"nothing to train: it stopped at step {resumed.stop:,}")
     work = fam.train_work(axes)
+    probed = _probed(measured, family, task, shape, budget.batch_tokens, work)
     pool = [m for m in measured.trained if m.family == family and m.shape == shape]
     ratio = 1.0                                       # this size's work per token over the measured size's
     if not pool:
         others = [m for m in measured.trained if m.family == family]
-        if not others:
+        if not others and probed is None:
             return Estimate(None, f"no {fam.label} model was measured on this machine")
-        near = _nearest_shape(others, shape, vocab_size or 0)
-        ratio = token_work(shape, vocab_size or 0) / token_work(near, vocab_size or 0)
-        pool = [m for m in others if m.shape == near]
-    per_step, rate = _measured_rate(pool, checkpoint if ratio == 1.0 else None, label, task, budget.batch_tokens, work)
-    if ratio != 1.0:
-        per_step *= ratio
-        rate = (f"{per_step:.2f} s (no model of this size measured here: {rate} at the nearest size"
-                f" x {ratio:.2f} work per token)")
+        if others:
+            near = _nearest_shape(others, shape, vocab_size or 0)
+            ratio = token_work(shape, vocab_size or 0) / token_work(near, vocab_size or 0)
+            pool = [m for m in others if m.shape == near]
+    own = checkpoint is not None and ratio == 1.0 and any(m.source == checkpoint for m in pool)
+    if probed is not None and not own:                # the probe timed this very step here: it beats any other model
+        per_step = probed.seconds_per_step
+        rate = f"{per_step:.2f} s (probed here on {probed.measured_at[:10]}: `narbench plan --probe`)"
+    else:
+        per_step, rate = _measured_rate(pool, checkpoint if ratio == 1.0 else None, label, task, budget.batch_tokens,
+                                        work)
+        if ratio != 1.0:
+            per_step *= ratio
+            rate = (f"{per_step:.2f} s (no model of this size measured here: {rate} at the nearest size"
+                    f" x {ratio:.2f} work per token)")
     steps, stop, median = budget.steps, "", None
     if budget.until == "plateau":
         kwargs = budget.train_kwargs()
@@ -479,6 +549,13 @@ def token_work(shape: tuple, vocab_size: int = 0) -> float:
     attn, ffn = 4 * dm * d.get("num_heads", 0) * d.get("head_dim", 0), 3 * dm * d.get("d_ff", 0)
     return (d.get("num_encoder_layers", 0) * (attn + ffn) + d.get("num_decoder_layers", 0) * (2 * attn + ffn)
             + dm * vocab_size) or 1.0
+
+
+def _probed(measured: Measured, family: str, task: str, shape: tuple, batch_tokens: int, work: float) -> Probe | None:
+    """The newest probe of this family, shape, batch tokens and work per step, of the same task if there is one."""
+    found = [p for p in measured.probes
+             if (p.family, p.shape, p.batch_tokens, p.work) == (family, shape, batch_tokens, work)]
+    return max(found, key=lambda p: (p.task == task, p.measured_at), default=None)
 
 
 def _nearest_shape(pool: list[TrainedModel], shape: tuple, vocab_size: int) -> tuple:

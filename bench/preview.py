@@ -395,6 +395,7 @@ def render_estimate(p: Preview) -> list[str]:
              f"  sources: {len(m.trained)} trained models, {len(m.distillations)} distillations and {len(m.timed)} "
              f"timed rows measured on this machine, from {len(m.runs)} runs under the results folder and "
              f"{m.checkpoints} checkpoint records under the data root"
+             + (f", and {len(m.probes)} train steps probed here (`narbench plan --probe`)" if m.probes else "")
              + (f" ({len(m.skipped)} runs from other machines left out, but for where plateau rules stopped their "
                 f"models)" if m.skipped else "")
              + (f" ({len(m.damaged)} damaged run folder(s) left out: {', '.join(m.damaged[:3])})" if m.damaged else "")
@@ -428,5 +429,6 @@ def to_json(p: Preview) -> dict[str, Any]:
                                  "checkpoint_records": p.measured.checkpoints,
                                  "trained_models": len(p.measured.trained),
                                  "distillations": len(p.measured.distillations),
-                                 "timed_rows": len(p.measured.timed)}},
+                                 "timed_rows": len(p.measured.timed),
+                                 "probes": len(p.measured.probes)}},
     }

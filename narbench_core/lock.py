@@ -113,6 +113,11 @@ def _state(pid: int) -> str | None:
     return fields[0] if fields else None
 
 
+def stopped(pid: int) -> bool:
+    """Whether ``pid`` is stopped (``kill -STOP``, Ctrl-Z; a tracing stop): it takes no CPU until continued."""
+    return _state(pid) in ("T", "t")
+
+
 def _instance(pid: int) -> str | None:
     """The boot id and start time (clock ticks since boot) of ``pid``: equal only for the same process."""
     fields = _stat_fields(pid)

@@ -71,6 +71,10 @@ def register(sub) -> None:
     p.add_argument("--leave-out", action="append", default=[], metavar="SUITE/RUN_ID",
                    help="estimate as if this run (under --results) had not been measured, to compare the "
                         "estimate with its real time (repeatable)")
+    p.add_argument("--probe", action="store_true",
+                   help="first time a train step of each model still to train, on this machine (compiling each "
+                        "batch shape: minutes a model), keep it under the data root and estimate from it; refused "
+                        "while another narbench process trains or times here (pause it with kill -STOP)")
     p.add_argument("--format", choices=("text", "json"), default="text", help="output format (default: text)")
     p.set_defaults(func=cmd_plan)
 
@@ -428,6 +432,13 @@ def cmd_plan(args) -> int:
     locator = preview.real_locator()
     measured = estimate.Measured.collect(Path(args.results), locator.data_root, exclude=args.leave_out)
     shown = preview.preview(spec, locator, measured)
+    if args.probe:
+        from bench import step_probe
+
+        _setup(None)
+        if step_probe.probe_plan(shown, locator.configs, locator.data_root):
+            measured = estimate.Measured.collect(Path(args.results), locator.data_root, exclude=args.leave_out)
+            shown = preview.preview(spec, locator, measured)
     sys.stdout.write(json.dumps(preview.to_json(shown), indent=1) + "\n" if args.format == "json"
                      else preview.render_text(shown))
     return 0

@@ -370,3 +370,141 @@ def test_a_training_carried_on_under_another_cap_is_measured_once(tmp_path):
             "kind": "ar", "task": "fake_task", "model_config": {"d_model": 8}, "train_config": {}, **record}))
     [model] = estimate.Measured.collect(None, tmp_path, MACHINE).trained
     assert model.source.endswith("new-cap") and model.seconds_per_step == pytest.approx(0.6)
+
+
+# -- narbench plan --probe ---------------------------------------------------------------------------------------
+
+WHEN = "2026-12-05T10:00:00+00:00"
+
+
+def _probe(**kw) -> estimate.Probe:
+    fields = dict(family="ar", task="bible", label="a", shape=estimate.model_shape("small"), batch_tokens=2048,
+                  work=1.0, seconds_per_step=0.5, measured_at=WHEN, machine=MACHINE)
+    return estimate.Probe(**{**fields, **kw})
+
+
+def test_a_probe_replaces_other_measures_but_not_a_partial_trainings_own_rate():
+    from suites.spec import TrainBudget
+
+    small = estimate.model_shape("small")
+    budget = TrainBudget(steps=1000, batch_tokens=2048, learning_rate=0.03, warmup_steps=100)
+    trained = estimate.TrainedModel("ckpt/x", "ar", "bible", small, 2048, 1.0, None, 7000, 2.0, "cap")
+
+    def got(probes, **kw):
+        return estimate.train_estimate(estimate.Measured(trained=[trained], probes=probes), "ar", "bible", small, "a",
+                                       budget, {}, **kw)
+    assert got([]).seconds == pytest.approx(1000 * 2.0)
+    probed = got([_probe()])
+    assert probed.seconds == pytest.approx(1000 * 0.5)
+    assert "x 0.50 s (probed here on 2026-12-05: `narbench plan --probe`)" in probed.how
+    # another batch size, work per step, shape or family is another step
+    for other in (_probe(batch_tokens=4096), _probe(work=2.0), _probe(shape=estimate.model_shape("mini")),
+                  _probe(family="padir")):
+        assert got([other]).seconds == pytest.approx(1000 * 2.0)
+    # the newest probe of the same task first
+    newer = _probe(seconds_per_step=0.4, measured_at="2026-12-06T10:00:00+00:00")
+    assert got([_probe(), newer]).seconds == pytest.approx(400.0)
+    assert got([_probe(), _probe(task="wmt", seconds_per_step=0.3, measured_at="2026-12-07")]).seconds == 500.0
+    # a probe alone is enough for the steps (nothing says what a dev point takes: none counted, and said so)
+    alone = estimate.train_estimate(estimate.Measured(probes=[_probe()]), "ar", "bible", small, "a",
+                                    TrainBudget(steps=1000, batch_tokens=2048, learning_rate=0.03, warmup_steps=100,
+                                                eval_every=500), {})
+    assert alone.seconds == pytest.approx(500.0) and "2 dev points (not measured)" in alone.how
+    # a partial training's own steps so far are nearer still
+    own = got([_probe()], resumed_at=(600, []), checkpoint="ckpt/x")
+    assert own.seconds == pytest.approx(400 * 2.0) and "its own rate so far" in own.how
+
+
+def test_probes_are_read_from_the_data_root_for_this_machine_only(tmp_path):
+    from narbench_core.io import write_json
+
+    here, there = _probe(), _probe(task="wmt", machine={"cpu_model": "Other CPU", "threads": 2})
+    for p in (here, there):
+        write_json(estimate.probe_file(tmp_path, p.key), p.to_json())
+    (tmp_path / estimate.PROBES_DIR / "ar-damaged.json").write_text("{not json")
+    assert estimate.read_probes(tmp_path, MACHINE) == [here]
+    assert estimate.read_probes(tmp_path, {**MACHINE, "threads": 4}) == []
+    assert estimate.Measured.collect(None, tmp_path, MACHINE).probes == [here]
+    again = _probe(seconds_per_step=0.7, measured_at="2026-12-06T10:00:00+00:00")   # the same key: replaces it
+    write_json(estimate.probe_file(tmp_path, again.key), again.to_json())
+    assert estimate.read_probes(tmp_path, MACHINE) == [again]
+
+
+def test_plan_probe_times_each_step_still_to_train_once_and_the_plan_then_reads_it(measured, monkeypatch):
+    """The two new PaDIR models (raw and distilled) step alike: one probe, on the cell's task, kept under the data
+    root; the plan then counts their steps at the probed rate. A suite with nothing to train probes nothing."""
+    from bench import step_probe
+    from bench.measure import load
+
+    tmp_path, deps, run = measured
+    path = tmp_path / "more.toml"
+    path.write_text(SPEC.replace('name = "plantest"', 'name = "more"') + "unmask_rate = [0.15, 0.5]\n")
+    locator, results, data = fake_locator(deps), tmp_path / "results", tmp_path / "data"
+    monkeypatch.setattr(estimate, "this_machine", lambda: MACHINE)
+    monkeypatch.setattr(load, "snapshot", lambda pids: None)          # the machine's load: not read here
+    calls = []
+
+    def measure(task, model_config, train_config):
+        calls.append(task)
+        return 0.25
+
+    shown = preview.preview(load_spec(path), locator, estimate.Measured.collect(results, None, MACHINE))
+    kept = step_probe.probe_plan(shown, locator.configs, data, measure)
+    assert calls == ["fake_task"] and [p.label for p in kept] in ([f"{PADIR} 0.5 seed 0"],
+                                                                   [f"{PADIR} 0.5 distill seed 0"])
+    assert kept[0].machine == MACHINE and kept[0].others_cpu_share is None
+    again = preview.preview(load_spec(path), locator, estimate.Measured.collect(results, data, MACHINE))
+    new = [c for c in again.cells if c.state == "to train"]
+    assert [c.estimate.seconds for c in new] == [pytest.approx(5 * 0.25 + 5 * 0.1)] * 2
+    assert "5 steps x 0.25 s (probed here on" in new[0].estimate.how
+    assert "and 1 train steps probed here (`narbench plan --probe`)" in preview.render_text(again)
+    cached = preview.preview(load_spec(tmp_path / "plantest.toml"), locator,
+                             estimate.Measured.collect(results, data, MACHINE))
+    assert step_probe.probe_plan(cached, locator.configs, data, measure) == [] and calls == ["fake_task"]
+
+
+def test_a_probe_starts_only_on_a_machine_no_narbench_process_shares_and_keeps_only_a_quiet_measure(tmp_path):
+    from bench import step_probe
+    from narbench_core import lock
+    from narbench_core.errors import UserError
+
+    want = step_probe.Wanted("ar", "bible", "a", estimate.model_shape("small"), 2048, 1.0, None, None)
+    calls, lines = [], []
+
+    def measure(*args):
+        calls.append(args)
+        return 0.5
+
+    def probe(others, share):
+        return step_probe.run_probes([want], measure, tmp_path, MACHINE, lambda: WHEN, lambda: others,
+                                     lambda: "snapshot", lambda a, b: share, lines.append)
+    training = lock.Holder("host", 4321, "training checkpoints/x", WHEN)
+    with pytest.raises(UserError, match=r"another narbench process is busy .*training checkpoints/x.*kill -STOP"):
+        probe([training], None)
+    assert calls == []
+    assert step_probe.competing([training], lambda pid: True) == []           # stopped: it takes no CPU
+    assert step_probe.competing([training], lambda pid: False) == [training]
+    assert probe([], {"others": 0.30}) == [] and not (tmp_path / estimate.PROBES_DIR).exists()
+    assert lines[-1] == ("narbench plan: not kept: other processes took 30% of the CPU while it ran (0.500 s a step); "
+                         "probe again on a quiet machine")
+    [kept] = probe([], {"others": 0.01})
+    assert kept.others_cpu_share == 0.01 and estimate.read_probes(tmp_path, MACHINE) == [kept]
+    assert lines[-1] == "narbench plan: 0.500 s a step"
+
+
+def test_plan_command_with_probe_prints_the_estimate_from_the_probes(measured, monkeypatch, capsys):
+    import models.train
+    from bench.measure import load
+
+    tmp_path, deps, run = measured
+    path = tmp_path / "more.toml"
+    path.write_text(SPEC.replace('name = "plantest"', 'name = "more"') + "unmask_rate = [0.15, 0.5]\n")
+    monkeypatch.setattr(preview, "real_locator", lambda: dataclasses.replace(fake_locator(deps), data_root=tmp_path))
+    monkeypatch.setattr(estimate, "this_machine", lambda: MACHINE)
+    monkeypatch.setattr(load, "snapshot", lambda pids: None)
+    monkeypatch.setattr(models.train, "seconds_per_step", lambda task, model_config, train_config: 0.125)
+    assert main(["plan", "--suite", str(path), "--results", str(tmp_path / "results"), "--probe"]) == 0
+    captured = capsys.readouterr()
+    assert "narbench plan: 0.125 s a step" in captured.err
+    assert captured.out.count("5 steps x 0.12 s (probed here on") == 2
+    assert len(estimate.read_probes(tmp_path, MACHINE)) == 1

@@ -203,6 +203,29 @@ def test_busy_processes_of_this_host_are_listed_while_alive(second_process):
     assert all(h.pid != other.pid for h in lock.others())
 
 
+def test_a_stopped_process_is_told_apart_from_a_running_one():
+    """``stopped``: a process paused with SIGSTOP (a training paused while something is timed) takes no CPU."""
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        assert not lock.stopped(proc.pid)
+        proc.send_signal(signal.SIGSTOP)
+        for _ in range(200):                          # the kernel stops it asynchronously
+            if lock.stopped(proc.pid):
+                break
+            threading.Event().wait(0.01)
+        assert lock.stopped(proc.pid)
+        proc.send_signal(signal.SIGCONT)
+        for _ in range(200):
+            if not lock.stopped(proc.pid):
+                break
+            threading.Event().wait(0.01)
+        assert not lock.stopped(proc.pid)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert not lock.stopped(proc.pid)                 # gone: not stopped either
+
+
 def test_the_entry_of_a_dead_busy_process_is_removed():
     entries = Path(os.environ["NARBENCH_DATA"]) / lock.BUSY_DIR
     proc = subprocess.Popen([sys.executable, "-c", "pass"])
