@@ -72,10 +72,13 @@ def expand(spec: SuiteSpec) -> Plan:
     if base.trains and spec.budget(base.name).match is not None:
         raise UserError(f"{spec.source}: train.{base.name}: match gives a model the {base.label} model's budget; "
                         f"the {base.label} budget itself needs plain steps (drop match)")
-    # Stable: teachers and warm-start sources first, then the cells that need them, then the cells no
-    # other needs and that need none (another AR layout): every answer that depends on a chain comes first.
+    # Stable: on a size axis one size after another, in the spec's order (a size's models are all trained, to be
+    # timed and committed, before the next size's start); within it teachers and warm-start sources first, then the
+    # cells that need them, then the cells no other needs and that need none (another AR layout): every answer
+    # that depends on a chain comes first.
     sources = {s for c in cells for s in c.sources}
-    ordered = sorted(cells, key=lambda c: 1 if c.sources else 0 if c in sources else 2)
+    rank = {size: i for i, size in enumerate(sizes)}
+    ordered = sorted(cells, key=lambda c: (rank.get(c.preset, 0), 1 if c.sources else 0 if c in sources else 2))
     return Plan(tuple(ordered), tuple(systems), tuple(evals))
 
 

@@ -35,11 +35,12 @@ def test_a_size_axis_trains_every_model_at_each_size_and_pairs_each_size_with_it
     path.write_text(SPEC.replace('preset = "tiny"', 'preset = ["tiny", "mini"]'))
     spec = load_spec(path)
     plan = expand(spec)
+    # one size after another (each can be timed and committed as it finishes), its teacher before its students
     assert [(c.family, c.preset, c.teacher is not None) for c in plan.train_cells] == [
-        ("ar", "tiny", False), ("ar", "mini", False), ("padir", "tiny", True), ("padir", "mini", True),
-        ("padir", "tiny", False), ("padir", "mini", False)]
+        ("ar", "tiny", False), ("padir", "tiny", True), ("padir", "tiny", False),
+        ("ar", "mini", False), ("padir", "mini", True), ("padir", "mini", False)]
     assert all(c.teacher.preset == c.preset for c in plan.train_cells if c.teacher)
-    assert " size mini " in plan.train_cells[1].label
+    assert " size mini " in plan.train_cells[3].label
     names = [s.name for s in plan.systems]
     assert names[:2] == ["ar-greedy-tiny", "ar-beam3-tiny"] and len(names) == 12
     assert all(s.baseline == f"ar-greedy-{s.cell.preset}" and s.name.endswith(f"-{s.cell.preset}")
