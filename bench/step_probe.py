@@ -51,10 +51,10 @@ class Wanted:
         return est.probe_key(self.family, self.task, self.shape, self.batch_tokens, self.work)
 
 
-def wanted(shown: Any, configs: Callable[[Any, Any], tuple]) -> tuple[list[Wanted], list[str]]:
+def wanted(shown: Any, locator: Any) -> tuple[list[Wanted], list[str]]:
     """The probes ``shown`` (a ``bench.preview.Preview``) needs: one per key of its cells still to train or of
-    unknown budget (a partial training has its own rate), and the labels of cells that cannot be probed yet
-    (their task's data or vocabulary is not prepared: ``configs`` fails)."""
+    unknown budget (a partial training has its own rate), and why each cell that cannot be probed yet cannot
+    (its task's data or vocabulary is not prepared: ``locator.not_ready``)."""
     from bench.preview import TO_TRAIN, UNKNOWN
 
     spec, out, skipped = shown.spec, {}, []
@@ -62,11 +62,11 @@ def wanted(shown: Any, configs: Callable[[Any, Any], tuple]) -> tuple[list[Wante
         cell = preview.cell
         if preview.state not in (TO_TRAIN, UNKNOWN) or not families.get(cell.family).trains:
             continue
-        try:
-            model_config, train_config = configs(spec, cell)
-        except (UserError, OSError):
-            skipped.append(cell.label)
+        why = locator.not_ready(cell.task)
+        if why is not None:
+            skipped.append(f"{cell.label}: {why}")
             continue
+        model_config, train_config = locator.configs(spec, cell)
         fam = families.get(cell.family)
         model_extra, _ = fam.axes_configs(dict(cell.axes))
         shape = est.model_shape(spec.model.preset_of(cell), {**spec.model.override_dict(), **model_extra})
@@ -112,23 +112,22 @@ def run_probes(todo: Iterable[Wanted], measure: Callable[[str, Any, Any], float]
     return kept
 
 
-def probe_plan(shown: Any, configs: Callable[[Any, Any], tuple], data_root: Path | None,
-               measure: Callable[[str, Any, Any], float] | None = None) -> list[est.Probe]:
-    """Probe what ``shown`` still has to train, on this machine (the real trainer's step unless ``measure``)."""
+def probe_plan(shown: Any, locator: Any, measure: Callable[[str, Any, Any], float] | None = None) -> list[est.Probe]:
+    """Probe what ``shown`` still has to train, on this machine (the real trainer's step unless ``measure``), and
+    keep the probes under ``locator.data_root`` (a ``bench.preview.Locator``)."""
     from bench.measure import load
     from narbench_core import lock
     from narbench_core.runs import utc_now
 
-    if data_root is None:
-        raise UserError("no data root to keep probes under; set NARBENCH_DATA (or run `narbench data prepare`)")
-    todo, skipped = wanted(shown, configs)
-    for label in skipped:
-        print(f"narbench plan: not probed: {label} (its task's data or vocabulary is not prepared yet)",
-              file=sys.stderr)
+    if locator.data_root is None:
+        raise UserError("no data root to keep probes under; set NARBENCH_DATA")
+    todo, skipped = wanted(shown, locator)
+    for why in skipped:
+        print(f"narbench plan: not probed: {why}", file=sys.stderr)
     if measure is None:
         from models.train import seconds_per_step as measure
     with lock.busy("probing train steps"):
-        return run_probes(todo, measure, Path(data_root), est.this_machine(),
+        return run_probes(todo, measure, Path(locator.data_root), est.this_machine(),
                           lambda: utc_now().isoformat(timespec="seconds"),
                           lambda: competing(lock.others(), lock.stopped),
                           lambda: load.snapshot([os.getpid()]), load.share)

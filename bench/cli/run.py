@@ -436,7 +436,7 @@ def cmd_plan(args) -> int:
         from bench import step_probe
 
         _setup(None)
-        if step_probe.probe_plan(shown, locator.configs, locator.data_root):
+        if step_probe.probe_plan(shown, locator):
             measured = estimate.Measured.collect(Path(args.results), locator.data_root, exclude=args.leave_out)
             shown = preview.preview(spec, locator, measured)
     sys.stdout.write(json.dumps(preview.to_json(shown), indent=1) + "\n" if args.format == "json"

@@ -439,7 +439,8 @@ def test_plan_probe_times_each_step_still_to_train_once_and_the_plan_then_reads_
     tmp_path, deps, run = measured
     path = tmp_path / "more.toml"
     path.write_text(SPEC.replace('name = "plantest"', 'name = "more"') + "unmask_rate = [0.15, 0.5]\n")
-    locator, results, data = fake_locator(deps), tmp_path / "results", tmp_path / "data"
+    results, data = tmp_path / "results", tmp_path / "data"
+    locator = dataclasses.replace(fake_locator(deps), data_root=data)
     monkeypatch.setattr(estimate, "this_machine", lambda: MACHINE)
     monkeypatch.setattr(load, "snapshot", lambda pids: None)          # the machine's load: not read here
     calls = []
@@ -449,7 +450,7 @@ def test_plan_probe_times_each_step_still_to_train_once_and_the_plan_then_reads_
         return 0.25
 
     shown = preview.preview(load_spec(path), locator, estimate.Measured.collect(results, None, MACHINE))
-    kept = step_probe.probe_plan(shown, locator.configs, data, measure)
+    kept = step_probe.probe_plan(shown, locator, measure)
     assert calls == ["fake_task"] and [p.label for p in kept] in ([f"{PADIR} 0.5 seed 0"],
                                                                    [f"{PADIR} 0.5 distill seed 0"])
     assert kept[0].machine == MACHINE and kept[0].others_cpu_share is None
@@ -460,7 +461,12 @@ def test_plan_probe_times_each_step_still_to_train_once_and_the_plan_then_reads_
     assert "and 1 train steps probed here (`narbench plan --probe`)" in preview.render_text(again)
     cached = preview.preview(load_spec(tmp_path / "plantest.toml"), locator,
                              estimate.Measured.collect(results, data, MACHINE))
-    assert step_probe.probe_plan(cached, locator.configs, data, measure) == [] and calls == ["fake_task"]
+    assert step_probe.probe_plan(cached, locator, measure) == [] and calls == ["fake_task"]
+    # a task whose data is not prepared cannot be probed: said, and nothing measured
+    unready = dataclasses.replace(locator, not_ready=lambda task: f"{task}'s data is not prepared")
+    todo, skipped = step_probe.wanted(shown, unready)
+    assert todo == [] and sorted(skipped) == [f"{PADIR} 0.5 distill seed 0: fake_task's data is not prepared",
+                                              f"{PADIR} 0.5 seed 0: fake_task's data is not prepared"]
 
 
 def test_a_probe_starts_only_on_a_machine_no_narbench_process_shares_and_keeps_only_a_quiet_measure(tmp_path):
