@@ -472,7 +472,8 @@ def train_estimate(measured: Measured, family: str, task: str, shape: tuple, lab
     own = checkpoint is not None and ratio == 1.0 and any(m.source == checkpoint for m in pool)
     if probed is not None and not own:                # the probe timed this very step here: it beats any other model
         per_step = probed.seconds_per_step
-        rate = f"{per_step:.2f} s (probed here on {probed.measured_at[:10]}: `narbench plan --probe`)"
+        on = "" if probed.task == task else f", on {probed.task}'s data"
+        rate = f"{per_step:.2f} s (probed here on {probed.measured_at[:10]}{on}: `narbench plan --probe`)"
     else:
         per_step, rate = _measured_rate(pool, checkpoint if ratio == 1.0 else None, label, task, budget.batch_tokens,
                                         work)

@@ -60,14 +60,14 @@ def wanted(shown: Any, locator: Any) -> tuple[list[Wanted], list[str]]:
     spec, out, skipped = shown.spec, {}, []
     for preview in shown.cells:
         cell = preview.cell
-        if preview.state not in (TO_TRAIN, UNKNOWN) or not families.get(cell.family).trains:
+        fam = families.get(cell.family)
+        if preview.state not in (TO_TRAIN, UNKNOWN) or not fam.trains:
             continue
         why = locator.not_ready(cell.task)
         if why is not None:
             skipped.append(f"{cell.label}: {why}")
             continue
         model_config, train_config = locator.configs(spec, cell)
-        fam = families.get(cell.family)
         model_extra, _ = fam.axes_configs(dict(cell.axes))
         shape = est.model_shape(spec.model.preset_of(cell), {**spec.model.override_dict(), **model_extra})
         want = Wanted(cell.family, cell.task, cell.label, shape, spec.budget(cell.family).batch_tokens,

@@ -405,6 +405,8 @@ def test_a_probe_replaces_other_measures_but_not_a_partial_trainings_own_rate():
     newer = _probe(seconds_per_step=0.4, measured_at="2026-12-06T10:00:00+00:00")
     assert got([_probe(), newer]).seconds == pytest.approx(400.0)
     assert got([_probe(), _probe(task="wmt", seconds_per_step=0.3, measured_at="2026-12-07")]).seconds == 500.0
+    other_task = got([_probe(task="wmt", seconds_per_step=0.3)])               # another task's step, said so
+    assert other_task.seconds == pytest.approx(300.0) and "(probed here on 2026-12-05, on wmt's data:" in other_task.how
     # a probe alone is enough for the steps (nothing says what a dev point takes: none counted, and said so)
     alone = estimate.train_estimate(estimate.Measured(probes=[_probe()]), "ar", "bible", small, "a",
                                     TrainBudget(steps=1000, batch_tokens=2048, learning_rate=0.03, warmup_steps=100,
