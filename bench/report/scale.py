@@ -30,6 +30,7 @@ import numpy as np
 from bench import store as st
 from bench.report.grid import Cell, Effect, _Run
 from bench.report.names import display_names
+from bench.report.tables import render_budgets
 from bench.rows import Row
 from narbench_core import defaults
 from narbench_core.errors import UserError
@@ -186,8 +187,9 @@ def run_cells(run: st.RunStore, link: str) -> list[str]:
 def render_scale_page(found: Sequence[Point], info: dict, n_resamples: int, seed: int, rows: Sequence[Row] = (),
                       gap: Sequence[dict] = (), runs: Sequence[list[str]] = ()) -> str:
     """``scale.md``'s text: the runs it rests on (``runs``: ``run_cells``), per test set a table of every NAR
-    system at every size, then the trends and, where the runs have ``gap`` records (``bench.gap``), where the
-    gap goes at each size."""
+    system at every size, then the trends, every size's models as trained (``render_budgets``: steps, seconds,
+    what stopped them) and, where the runs have ``gap`` records (``bench.gap``), where the gap goes at each
+    size."""
     sizes = list(dict.fromkeys(p.size for p in sorted(found, key=lambda p: (p.params or 0))))
     several = "s" if len(runs) > 1 else ""
     lines = [f"# Scale: the AR-NAR gap against model size ({info.get('suite', '')}, run{several} "
@@ -222,6 +224,7 @@ def render_scale_page(found: Sequence[Point], info: dict, n_resamples: int, seed
                       ""])
     lines.extend([f"![{SCALE_PLOT}]({SCALE_PLOT})", "",
                   "The gap against the parameters (log scale), one line per NAR system, its 95% interval as bars.", ""])
+    lines.extend(render_budgets(rows, "each run's learning_curves.png" if len(runs) > 1 else "learning_curves.png"))
     if gap:
         from bench.gap import GAP_PAGE, gap_table
 

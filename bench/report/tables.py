@@ -88,9 +88,10 @@ def render_grid(rows: Sequence[Row], title: str, metric: str) -> list[str]:
     return [f"## {title}", "", *table([*header, *sets], body, align), ""]
 
 
-def render_budgets(rows: Sequence[Row]) -> list[str]:
+def render_budgets(rows: Sequence[Row], curves: str = "learning_curves.png") -> list[str]:
     """The "Training budgets" table: one line per trained model (the rows' ``model``), with its FLOPs
-    as a share of its baseline (AR) model's; [] when no row has a trained model."""
+    as a share of its baseline (AR) model's; [] when no row has a trained model. ``curves`` says where the
+    models' learning curves are drawn."""
     order = {name: i for i, name in enumerate(system_order(rows))}
     first: dict[str, Row] = {}
     for r in sorted(rows, key=lambda r: (r.task, order[r.system])):   # per task, in the order of the systems
@@ -121,7 +122,7 @@ def render_budgets(rows: Sequence[Row]) -> list[str]:
                   "improving), cap (no plateau within its steps) or steps (a set number); decay from step: where "
                   "the plateau rule fired and the learning rate began to decay, and dev BLEU at plateau the best "
                   "before it. Len exact / ±2: dev sentences whose top predicted length is exact or within 2 tokens "
-                  "(models with a length predictor). Curves: learning_curves.png.", ""])
+                  f"(models with a length predictor). Curves: {curves}.", ""])
     return lines
 
 

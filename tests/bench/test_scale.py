@@ -176,6 +176,13 @@ def test_a_run_per_size_gives_the_scale_page_of_the_run_of_every_size(tmp_path):
     for size in ("tiny", "mini"):                        # each size's run, linked from the page beside them
         assert f"| {size} | [{runs[(size,)].run_id}](../{runs[(size,)].run_id}) |" in page
     assert "never across runs" in page and "## fake_task:test+refs" in page
+    # every size's models as trained, from both runs: one line each, with what stopped it
+    budgets = page[page.index("## Training budgets"):].split("\n\n")[1].splitlines()
+    assert "stopped by" in budgets[0] or "train steps" in budgets[0]
+    models = {r.model for r in across if r.model}
+    assert len(models) == 6 and len(budgets) == 2 + len(models)
+    assert all(any(line.startswith(f"| {m} |") for line in budgets) for m in models)
+    assert "Curves: each run's learning_curves.png." in page
     with pytest.raises(UserError, match="size tiny is in two runs"):
         write_across([runs[("tiny",)].path, runs[("tiny", "mini")].path])
     with pytest.raises(UserError, match="is passed twice; pass each run once"):
