@@ -177,10 +177,8 @@ def preview(spec: SuiteSpec, locator: Locator, measured: est.Measured) -> Previe
               resumed_at: tuple[int, list[dict]] | None = None, rate_from: str | None = None) -> CellPreview:
         budget = spec.budget(cell.family)
         axes = dict(cell.axes)
-        model_extra, _ = families.get(cell.family).axes_configs(dict(axes))
-        cell_shape = est.model_shape(spec.model.preset_of(cell), {**spec.model.override_dict(), **model_extra})
-        estimate = est.train_estimate(measured, cell.family, cell.task, cell_shape, cell.label, budget, axes,
-                                      resumed_at, rate_from or folder, _vocab_size(cell))
+        estimate = est.train_estimate(measured, cell.family, cell.task, cell_shape(spec, cell), cell.label, budget,
+                                      axes, resumed_at, rate_from or folder, _vocab_size(cell))
         return CellPreview(cell, state, folder, note, estimate)
 
     def _vocab_size(cell: TrainCell) -> int | None:
@@ -200,10 +198,8 @@ def preview(spec: SuiteSpec, locator: Locator, measured: est.Measured) -> Previe
             size, cap = locator.split_size(cell.task, "train"), kwargs["max_examples"]
             rest = None if size is None else max(size - defaults.DISTILL_HELDOUT, 0)
             sentences = rest if cap is None else cap if rest is None else min(cap, rest)
-            teacher_extra, _ = families.get(cell.teacher.family).axes_configs(dict(cell.teacher.axes))
-            teacher_shape = est.model_shape(spec.model.preset_of(cell.teacher), {**spec.model.override_dict(), **teacher_extra})
-            cost = est.distill_estimate(measured, teacher_shape, cell.task, kwargs["decoder"], kwargs["engine"],
-                                        sentences)
+            cost = est.distill_estimate(measured, cell_shape(spec, cell.teacher), cell.task, kwargs["decoder"],
+                                        kwargs["engine"], sentences)
             if teacher_dir is None:
                 distills[key] = DistillPreview(cell.teacher, cell.task, cell.seed, TO_TRAIN,
                                                note="after its teacher trains", estimate=cost)
@@ -265,6 +261,13 @@ def preview(spec: SuiteSpec, locator: Locator, measured: est.Measured) -> Previe
                    locator.data_root)
 
 
+def cell_shape(spec: SuiteSpec, cell: TrainCell) -> tuple:
+    """The model shape (``bench.estimate.model_shape``) a training cell trains: its size with the suite's overrides
+    and its family's model axes."""
+    model_extra, _ = families.get(cell.family).axes_configs(dict(cell.axes))
+    return est.model_shape(spec.model.preset_of(cell), {**spec.model.override_dict(), **model_extra})
+
+
 def _portable(folder: Path) -> str:
     from narbench_core.paths import portable
 
@@ -284,12 +287,10 @@ def _splits(spec: SuiteSpec, plan: Plan, locator: Locator, measured: est.Measure
         costs = {}
         for s in systems:
             info = dict(s.info)
-            model_extra, _ = families.get(s.cell.family).axes_configs(dict(s.cell.axes))
             axes = families.get(s.family).grid_axes({**info, "distill": s.cell.teacher is not None})
             cost = est.system_cost(measured, s.family, s.name, tuple(sorted(axes.items())), s.cell.task,
-                                   est.model_shape(spec.model.preset_of(s.cell),
-                                                   {**spec.model.override_dict(), **model_extra}),
-                                   spec.batch_size, s.decoder, info.get("hypotheses"), info.get("iterations"))
+                                   cell_shape(spec, s.cell), spec.batch_size, s.decoder, info.get("hypotheses"),
+                                   info.get("iterations"))
             seconds = None if n is None else est.timing_seconds(cost, n, spec.timing.repeats, solo)
             costs[s.name] = (cost, seconds)
         parts = [sec for _, sec in costs.values()]

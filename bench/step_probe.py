@@ -20,7 +20,7 @@ import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable
 
 from bench import estimate as est
 from bench import families
@@ -28,34 +28,21 @@ from narbench_core import defaults
 from narbench_core.errors import UserError
 
 
-def competing(others: Sequence[Any], stopped: Callable[[int], bool]) -> list[Any]:
-    """The busy narbench processes of ``others`` (``narbench_core.lock.Holder``s) that can take CPU: not stopped."""
-    return [h for h in others if not stopped(h.pid)]
-
-
 @dataclass(frozen=True)
 class Wanted:
-    """A probe a plan needs: its key's fields and the cell's configs."""
+    """A probe a plan needs: its key (``bench.estimate.probe_key``), the first cell that asked and its configs."""
 
-    family: str
-    task: str
+    key: tuple
     label: str
-    shape: tuple
-    batch_tokens: int
-    work: float
     model_config: Any
     train_config: Any
-
-    @property
-    def key(self) -> tuple:
-        return est.probe_key(self.family, self.task, self.shape, self.batch_tokens, self.work)
 
 
 def wanted(shown: Any, locator: Any) -> tuple[list[Wanted], list[str]]:
     """The probes ``shown`` (a ``bench.preview.Preview``) needs: one per key of its cells still to train or of
     unknown budget (a partial training has its own rate), and why each cell that cannot be probed yet cannot
     (its task's data or vocabulary is not prepared: ``locator.not_ready``)."""
-    from bench.preview import TO_TRAIN, UNKNOWN
+    from bench.preview import TO_TRAIN, UNKNOWN, cell_shape
 
     spec, out, skipped = shown.spec, {}, []
     for preview in shown.cells:
@@ -67,12 +54,9 @@ def wanted(shown: Any, locator: Any) -> tuple[list[Wanted], list[str]]:
         if why is not None:
             skipped.append(f"{cell.label}: {why}")
             continue
-        model_config, train_config = locator.configs(spec, cell)
-        model_extra, _ = fam.axes_configs(dict(cell.axes))
-        shape = est.model_shape(spec.model.preset_of(cell), {**spec.model.override_dict(), **model_extra})
-        want = Wanted(cell.family, cell.task, cell.label, shape, spec.budget(cell.family).batch_tokens,
-                      fam.train_work(dict(cell.axes)), model_config, train_config)
-        out.setdefault(want.key, want)
+        key = est.probe_key(cell.family, cell.task, cell_shape(spec, cell), spec.budget(cell.family).batch_tokens,
+                            fam.train_work(dict(cell.axes)))
+        out.setdefault(key, Wanted(key, cell.label, *locator.configs(spec, cell)))
     return list(out.values()), skipped
 
 
@@ -97,11 +81,12 @@ def run_probes(todo: Iterable[Wanted], measure: Callable[[str, Any, Any], float]
         log(f"narbench plan: probing {want.label} ({i}/{len(todo)}): compiling its train step for each batch "
             "shape, then timing a few steps of each")
         before = snapshot()
-        seconds = float(measure(want.task, want.model_config, want.train_config))
+        family, task, shape, batch_tokens, work = want.key
+        seconds = float(measure(task, want.model_config, want.train_config))
         load = share(before, snapshot())
         others_share = None if load is None else float(load["others"])
-        probe = est.Probe(want.family, want.task, want.label, want.shape, want.batch_tokens, want.work, seconds,
-                          now(), dict(machine), others_share)
+        probe = est.Probe(family, task, want.label, shape, batch_tokens, work, seconds, now(), dict(machine),
+                          others_share)
         if others_share is not None and others_share > defaults.BUSY_SHARE:
             log(f"narbench plan: not kept: other processes took {others_share:.0%} of the CPU while it ran "
                 f"({seconds:.3f} s a step); probe again on a quiet machine")
@@ -129,5 +114,5 @@ def probe_plan(shown: Any, locator: Any, measure: Callable[[str, Any, Any], floa
     with lock.busy("probing train steps"):
         return run_probes(todo, measure, Path(locator.data_root), est.this_machine(),
                           lambda: utc_now().isoformat(timespec="seconds"),
-                          lambda: competing(lock.others(), lock.stopped),
+                          lambda: lock.others(stopped_too=False),
                           lambda: load.snapshot([os.getpid()]), load.share)

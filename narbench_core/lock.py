@@ -399,9 +399,10 @@ def busy(what: str) -> Iterator[Holder]:
             path.unlink()
 
 
-def others() -> list[Holder]:
-    """The other processes of this host registered as busy and still alive (oldest first); the entries of
-    dead processes of this host are removed."""
+def others(stopped_too: bool = True) -> list[Holder]:
+    """The other processes of this host registered as busy and still alive (oldest first), without the stopped
+    ones (``stopped``: they take no CPU) unless ``stopped_too``; the entries of dead processes of this host are
+    removed."""
     found = []
     host, pid = socket.gethostname(), os.getpid()
     for path in sorted(_busy_dir().glob("*.json")):
@@ -412,7 +413,8 @@ def others() -> list[Holder]:
         if holder is None or holder.host != host or holder.pid == pid:
             continue
         if holder.alive():
-            found.append(holder)
+            if stopped_too or not stopped(holder.pid):
+                found.append(holder)
         else:
             with contextlib.suppress(FileNotFoundError):
                 path.unlink()

@@ -436,8 +436,10 @@ def cmd_plan(args) -> int:
         from bench import step_probe
 
         _setup(None)
-        if step_probe.probe_plan(shown, locator):
-            measured = estimate.Measured.collect(Path(args.results), locator.data_root, exclude=args.leave_out)
+        kept = step_probe.probe_plan(shown, locator)
+        if kept:                                     # each replaces the record of its key, as on disk
+            new = {p.key for p in kept}
+            measured.probes = [p for p in measured.probes if p.key not in new] + kept
             shown = preview.preview(spec, locator, measured)
     sys.stdout.write(json.dumps(preview.to_json(shown), indent=1) + "\n" if args.format == "json"
                      else preview.render_text(shown))

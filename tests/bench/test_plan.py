@@ -476,7 +476,8 @@ def test_a_probe_starts_only_on_a_machine_no_narbench_process_shares_and_keeps_o
     from narbench_core import lock
     from narbench_core.errors import UserError
 
-    want = step_probe.Wanted("ar", "bible", "a", estimate.model_shape("small"), 2048, 1.0, None, None)
+    want = step_probe.Wanted(estimate.probe_key("ar", "bible", estimate.model_shape("small"), 2048, 1.0), "a",
+                             None, None)
     calls, lines = [], []
 
     def measure(*args):
@@ -490,8 +491,6 @@ def test_a_probe_starts_only_on_a_machine_no_narbench_process_shares_and_keeps_o
     with pytest.raises(UserError, match=r"another narbench process is busy .*training checkpoints/x.*kill -STOP"):
         probe([training], None)
     assert calls == []
-    assert step_probe.competing([training], lambda pid: True) == []           # stopped: it takes no CPU
-    assert step_probe.competing([training], lambda pid: False) == [training]
     assert probe([], {"others": 0.30}) == [] and not (tmp_path / estimate.PROBES_DIR).exists()
     assert lines[-1] == ("narbench plan: not kept: other processes took 30% of the CPU while it ran (0.500 s a step); "
                          "probe again on a quiet machine")
@@ -515,4 +514,5 @@ def test_plan_command_with_probe_prints_the_estimate_from_the_probes(measured, m
     captured = capsys.readouterr()
     assert "narbench plan: 0.125 s a step" in captured.err
     assert captured.out.count("5 steps x 0.12 s (probed here on") == 2
+    assert "and 1 train steps probed here" in captured.out
     assert len(estimate.read_probes(tmp_path, MACHINE)) == 1

@@ -203,6 +203,27 @@ def test_busy_processes_of_this_host_are_listed_while_alive(second_process):
     assert all(h.pid != other.pid for h in lock.others())
 
 
+def test_a_stopped_busy_process_is_listed_unless_only_running_ones_are_asked_for(second_process):
+    """A training paused with SIGSTOP takes no CPU: ``others(stopped_too=False)`` (what a train-step probe asks) leaves
+    it out; ``others()`` (what a timing run records) keeps it."""
+    other = second_process("busy", "training test-ar-5678")
+    os.kill(other.pid, signal.SIGSTOP)
+    try:
+        for _ in range(200):
+            if lock.stopped(other.pid):
+                break
+            threading.Event().wait(0.01)
+        assert [h.what for h in lock.others() if h.pid == other.pid] == ["training test-ar-5678"]
+        assert all(h.pid != other.pid for h in lock.others(stopped_too=False))
+    finally:
+        os.kill(other.pid, signal.SIGCONT)
+    for _ in range(200):
+        if not lock.stopped(other.pid):
+            break
+        threading.Event().wait(0.01)
+    assert [h.what for h in lock.others(stopped_too=False) if h.pid == other.pid] == ["training test-ar-5678"]
+
+
 def test_a_stopped_process_is_told_apart_from_a_running_one():
     """``stopped``: a process paused with SIGSTOP (a training paused while something is timed) takes no CPU."""
     proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
