@@ -478,20 +478,35 @@ def finish_run(store: RunStore, finished: str | None = None) -> None:
     write_text(store.path.parent / LATEST, store.run_id + "\n")
 
 
-def resolve_run_dir(arg: str | Path, writes: bool = False) -> Path:
-    """A run folder from a run folder, a suite folder (its ``latest``) or a ``latest`` file. For a command that
+def newest_run_dir(suite_dir: Path) -> Path | None:
+    """The newest run folder in a suite's folder, finished or not (a run id starts with its UTC start time, so
+    names sort by age); None where it holds none."""
+    runs = sorted(p for p in suite_dir.iterdir() if p.is_dir() and (p / RUN).is_file()) if suite_dir.is_dir() else []
+    return runs[-1] if runs else None
+
+
+def resolve_run_dir(arg: str | Path, writes: bool = False, newest: bool = False) -> Path:
+    """A run folder from a run folder, a suite folder (its ``latest``, the newest finished run; with ``newest``
+    its newest run, finished or not: what ``narbench status`` reads) or a ``latest`` file. For a command that
     ``writes`` into it, a run folder that is a link is one line: no command writes through a link out of the
     results tree."""
     path = Path(arg)
     if path.is_file() and path.name == LATEST:
         path = path.parent
-    if path.is_dir() and not (path / ROWS).exists() and not (path / RUN).exists() and (path / LATEST).is_file():
+    is_suite = path.is_dir() and not (path / ROWS).exists() and not (path / RUN).exists()
+    if is_suite and newest and newest_run_dir(path) is not None:
+        path = newest_run_dir(path)
+    elif is_suite and (path / LATEST).is_file():
         name = (path / LATEST).read_text(encoding="utf-8", errors="replace").strip()
         if not name or name in (".", "..") or "/" in name or "\\" in name or name.startswith("."):
             raise UserError(f"{path / LATEST} points at {name[:80]!r}, not a run folder of its suite; write the "
                             "name of one of the folders beside it into it, or delete it")
         path = path / name
     if not path.is_dir() or not ((path / RUN).is_file() or (path / ROWS).is_file()):
+        unfinished = newest_run_dir(path) if is_suite else None
+        if unfinished is not None:
+            raise UserError(f"{arg} has no finished run yet (no {LATEST} file); pass one of its run folders, e.g. "
+                            f"{unfinished}, or see where it stands: narbench status {arg}")
         raise UserError(f"{arg} is not a run folder; pass results/<suite>/<run_id> or results/<suite> "
                         "(its latest run), e.g. from `narbench run`")
     if writes and path.is_symlink():

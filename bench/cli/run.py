@@ -53,7 +53,8 @@ def register(sub) -> None:
                        description="Read a run folder's cells.json, written by the `narbench run` that drives it: "
                        "every training, distillation and evaluation job of its last session, its state, host, "
                        "attempt and time, and whether a process still drives the run.")
-    p.add_argument("run_dir", help="run folder (results/<suite>/<run_id>) or suite folder (latest)")
+    p.add_argument("run_dir", help="run folder (results/<suite>/<run_id>) or suite folder (its newest run, "
+                   "finished or not)")
     p.set_defaults(func=cmd_status)
 
     p = sub.add_parser("plan", help="print what a suite expands to, what is cached and an estimate of its time",
@@ -393,7 +394,7 @@ def cmd_status(args) -> int:
     from narbench_core import lock
     from narbench_core.markdown import table
 
-    run = store.RunStore(store.resolve_run_dir(args.run_dir), allow_finished=True)
+    run = store.RunStore(store.resolve_run_dir(args.run_dir, newest=True), allow_finished=True)
     info, board = run.info, run.board()
     run.env(), run.spec_table()              # a damaged file of the run is named in one line
     holder = lock.read_holder(run.path)
@@ -418,7 +419,7 @@ def cmd_status(args) -> int:
         lines += table(("job", "kind", "state", "host", "attempt", "seconds", "error"),
                        [(c["cell"], c["kind"], c["state"], c.get("host") or "", c.get("attempt") or "",
                          "" if c.get("seconds") is None else f"{c['seconds']:g}", c.get("error") or "")
-                        for c in cells])
+                        for c in cells], "llllrrl")
     sys.stdout.write("\n".join(lines) + "\n")
     return 0
 

@@ -117,6 +117,29 @@ def test_status_prints_the_jobs_and_whether_the_run_is_driven(cli, capsys, tmp_p
     assert f"| {board['cells'][-1]['cell']} | {board['cells'][-1]['kind']} | stopped |" in text
 
 
+def test_status_of_a_suite_folder_reads_its_newest_run_finished_or_not(cli, capsys):
+    # A --train-only run never finishes, so its suite folder has no `latest`: status reads the newest run
+    # folder; a command that reads results names that folder and status instead of "not a run folder".
+    path, out = cli
+    assert main(["run", "--suite", str(path), "--out", str(out), "--no-progress"]) == 0
+    run_dir = st.resolve_run_dir(out / "exectest")
+    info = json.loads((run_dir / st.RUN).read_text())
+    (run_dir / st.RUN).write_text(json.dumps({**info, "status": "running"}))
+    (out / "exectest" / st.LATEST).unlink()
+    older = out / "exectest" / "20000101T000000Z-00000000"
+    older.mkdir()
+    (older / st.RUN).write_text(json.dumps(info))
+    capsys.readouterr()
+    assert main(["status", str(out / "exectest")]) == 0
+    text = capsys.readouterr().out
+    assert text.startswith(f"{run_dir}: stopped before it finished")
+    assert "| job | kind | state | host | attempt | seconds | error |\n|---|---|---|---|---:|---:|---|" in text
+    assert main(["results", str(out / "exectest")]) == 2
+    err = capsys.readouterr().err
+    assert f"has no finished run yet (no latest file); pass one of its run folders, e.g. {run_dir}," in err
+    assert f"narbench status {out / 'exectest'}" in err and len(err.strip().splitlines()) == 1
+
+
 def test_status_of_a_run_from_before_cells_json(cli, capsys):
     path, out = cli
     assert main(["run", "--suite", str(path), "--out", str(out), "--no-progress"]) == 0
