@@ -314,7 +314,7 @@ class Runner:
         progress = self.progress and self.executor.shows_progress
 
         def visit(cell: TrainCell) -> str:
-            key = f"train {cell.label}"
+            key = cell.job
             if key in jobs:
                 return key
             needs = []

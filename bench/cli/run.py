@@ -420,8 +420,29 @@ def cmd_status(args) -> int:
                        [(c["cell"], c["kind"], c["state"], c.get("host") or "", c.get("attempt") or "",
                          "" if c.get("seconds") is None else f"{c['seconds']:g}", c.get("error") or "")
                         for c in cells], "llllrrl")
+        training = {c["cell"] for c in cells if c["kind"] == "train" and c["state"] == "running"}
+        if training:
+            lines += ["", "Trainings under way (as `narbench plan` sees their checkpoints on this machine):",
+                      *_trainings(run, training)]
     sys.stdout.write("\n".join(lines) + "\n")
     return 0
+
+
+def _trainings(run, jobs: set[str]) -> list[str]:
+    """The plan's lines (``bench.preview.cell_lines``) of the run's training cells whose jobs are ``jobs``: where
+    each stands and its time left, its rates read from the run's results folder and the data root's records."""
+    import tomllib
+
+    from bench import estimate, preview, store
+    from bench.families import parse_suite
+
+    try:
+        spec = parse_suite(tomllib.loads(run.spec_text()), str(run.path / store.SPEC), base_dir=run.path)
+        locator = preview.real_locator()
+        shown = preview.preview(spec, locator, estimate.Measured.collect(run.path.parent.parent, locator.data_root))
+    except UserError as err:                  # the jobs table stands without them
+        return [f"  unknown here: {err}"]
+    return [line for c in shown.cells if c.cell.job in jobs for line in preview.cell_lines(c)]
 
 
 def cmd_plan(args) -> int:

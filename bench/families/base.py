@@ -36,6 +36,11 @@ class TrainCell:
                 f"{' distill' if self.teacher else ''}"
                 f"{' init ' + self.warm_start.family if self.warm_start else ''} seed {self.seed}")
 
+    @property
+    def job(self) -> str:
+        """The name of the job that trains it (the runner's key, ``cells.json``'s ``cell``)."""
+        return f"train {self.label}"
+
     def sized(self, preset: str) -> "TrainCell":
         """This cell, its teacher and its warm-start source at the size ``preset``."""
         return dataclasses.replace(self, preset=preset,

@@ -13,6 +13,7 @@ from bench.plan import expand
 from bench.runner import Runner
 from grid_fakes import FakeFactory, fake_deps, fake_spec
 from narbench_core.errors import UserError
+from narbench_core.paths import portable
 
 SPEC = fake_spec("exectest", test=["test"], ar_decoders=["greedy"], padir_iterations=[1, 2], max_test_sentences=6)
 
@@ -138,6 +139,46 @@ def test_status_of_a_suite_folder_reads_its_newest_run_finished_or_not(cli, caps
     err = capsys.readouterr().err
     assert f"has no finished run yet (no latest file); pass one of its run folders, e.g. {run_dir}," in err
     assert f"narbench status {out / 'exectest'}" in err and len(err.strip().splitlines()) == 1
+
+
+def test_status_shows_where_a_training_under_way_stands(tmp_path, monkeypatch, fixed_peaks, capsys):
+    # A run whose process trains the AR model (this test's process holds its lock): status adds the plan's lines for
+    # that training, its checkpoint's step and last dev point; none for the jobs that are done or pending.
+    from grid_fakes import fake_locator
+    from models.curves import write_curve
+    from narbench_core import lock
+
+    deps = fake_deps(tmp_path / "ckpt", FakeFactory())
+    monkeypatch.setattr("bench.runner.real_deps", lambda **_: deps)
+    monkeypatch.setattr("bench.preview.real_locator", lambda: fake_locator(deps))
+    path, out = tmp_path / "exectest.toml", tmp_path / "results"
+    path.write_text(SPEC)
+    assert main(["run", "--suite", str(path), "--out", str(out), "--no-progress"]) == 0
+    run_dir = st.resolve_run_dir(out / "exectest")
+    info = json.loads((run_dir / st.RUN).read_text())
+    (run_dir / st.RUN).write_text(json.dumps({**info, "status": "running"}))
+    board = json.loads((run_dir / st.CELLS).read_text())
+    [ar] = [c for c in board["cells"] if c["cell"] == "train ar fake_task seed 0"]
+    ar["state"] = "running"
+    (run_dir / st.CELLS).write_text(json.dumps(board))
+    [folder] = [f.parent for f in (tmp_path / "ckpt").glob("*/narbench.json")
+                if json.loads(f.read_text())["family"] == "ar"]
+    (folder / "narbench.json").write_text(json.dumps({"steps_done": 3}))
+    write_curve(folder, [{"step": 2, "dev_bleu": 10.0, "dev_nll": 3.5}, {"step": 3, "dev_bleu": 12.345}])
+    capsys.readouterr()
+    lock.acquire(run_dir, "narbench run --suite exectest")
+    try:
+        assert main(["status", str(run_dir)]) == 0
+    finally:
+        lock.release(run_dir)
+    text = capsys.readouterr().out
+    assert text.startswith(f"{run_dir}: running: narbench pid ")
+    head, under_way = text.split("\nTrainings under way (as `narbench plan` sees their checkpoints on this machine):\n")
+    assert "| train ar fake_task seed 0 | train | running |" in head
+    lines = under_way.splitlines()
+    assert lines[0] == "  partial   ar fake_task seed 0" and lines[1].strip() == portable(folder)
+    assert lines[2] == "            resumes at step 3; its last dev point: step 3, dev BLEU 12.35"
+    assert lines[3].startswith("            ~") and len(lines) == 4
 
 
 def test_status_of_a_run_from_before_cells_json(cli, capsys):
