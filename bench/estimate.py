@@ -128,27 +128,17 @@ class Progress:
 
 def progress(cfg: Any, steps_done: int, points: Iterable[Mapping[str, Any]]) -> Progress:
     """The ``Progress`` of a training of ``cfg`` (a ``TrainConfig``) resumed at ``steps_done`` with dev
-    curve ``points``: where the rule stops it if it fired; otherwise the earliest it can, when its signal
-    never again progresses (each later point scores worse than every point so far: the rule is replayed on
-    them, smoothing and a growing patience included), then the wsd decay runs."""
-    from models.schedule import decay_steps, latest_decay_start, progress_sign, stop_state
+    curve ``points``: where the rule stops it if it fired; otherwise the earliest it can
+    (``models.schedule.earliest_stop``: its signal never progresses again, then the wsd decay)."""
+    from models.schedule import earliest_stop, stop_state
 
     points = list(points)
     state = stop_state(cfg, points)
     if cfg.until != "plateau" or state.stopped_by == "plateau":
         return Progress(steps_done, state.stop, True, None)
-    cap = latest_decay_start(cfg) if cfg.schedule == "wsd" else cfg.steps
-    sign = progress_sign(cfg)
-    worst = sign * (min((sign * float(p[cfg.signal]) for p in points), default=0.0) - 1.0)
-    step, future = max((int(p["step"]) for p in points), default=0), list(points)
-    while True:
-        step += cfg.eval_every
-        if step >= cap:
-            return Progress(steps_done, cfg.steps, True, None)                   # no plateau before the cap
-        future.append({"step": step, cfg.signal: worst})
-        if stop_state(cfg, future).stopped_by == "plateau":
-            break
-    stop = step + decay_steps(cfg, step) if cfg.schedule == "wsd" else step
+    stop = earliest_stop(cfg, points)
+    if stop is None:
+        return Progress(steps_done, cfg.steps, True, None)                   # no plateau before the cap
     return Progress(steps_done, stop, False, _threshold(cfg, points, state))
 
 

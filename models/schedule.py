@@ -113,6 +113,28 @@ def stop_state(cfg: Any, points: Iterable[Mapping[str, Any]]) -> StopState:
     return StopState(None, fired, "plateau", best, best_step, since)
 
 
+def earliest_stop(cfg: Any, points: Iterable[Mapping[str, Any]]) -> int | None:
+    """The earliest step a plateau training of ``cfg`` with dev curve ``points`` so far can stop at, where its rule
+    has not fired yet: the rule replayed on later points that each score worse than every point so far (the
+    signal never progresses again; smoothing and a growing patience included), then the wsd decay. None where no
+    plateau can fire before the cap (the latest decay start), the rule has fired (``stop_state``'s stop is then
+    exact) or the training runs a set number of steps."""
+    points = list(points)
+    if cfg.until != "plateau" or stop_state(cfg, points).stopped_by == "plateau":
+        return None
+    cap = latest_decay_start(cfg) if cfg.schedule == "wsd" else cfg.steps
+    sign = progress_sign(cfg)
+    worst = sign * (min((sign * float(p[cfg.signal]) for p in points), default=0.0) - 1.0)
+    step, future = max((int(p["step"]) for p in points), default=0), list(points)
+    while True:
+        step += cfg.eval_every
+        if step >= cap:
+            return None
+        future.append({"step": step, cfg.signal: worst})
+        if stop_state(cfg, future).stopped_by == "plateau":
+            return step + decay_steps(cfg, step) if cfg.schedule == "wsd" else step
+
+
 def replay(cfg: Any, points: Iterable[Mapping[str, Any]], grid: Mapping[str, Sequence[Any]]) -> list[dict]:
     """Every rule of ``grid`` (``RULE_FIELDS`` names -> the values to try; each other field as in ``cfg``, a
     ``TrainConfig``) read on one dev curve, in the grid's order: its fields, the step it fires at (``fires``, None

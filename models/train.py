@@ -723,7 +723,7 @@ def _train_held(task: str, model_config: ModelConfig, cfg: TrainConfig, data: To
     clock = _SessionClock(record["wall_seconds"], record["stopped_seconds"])
     bar = tqdm(total=stop.stop, initial=start, disable=not progress, unit="step",
                desc=f"train {task} {model_config.kind}", dynamic_ncols=True)
-    dev_note = _dev_note(stop, curve, cfg.signal)
+    dev_note = _dev_note(cfg, stop, curve)
     try:
         done = start
         while done < stop.stop:
@@ -741,7 +741,7 @@ def _train_held(task: str, model_config: ModelConfig, cfg: TrainConfig, data: To
                 fired = stop.stopped_by == "plateau" and stop.decay_start == done
                 steps.decay_from(stop.decay_start)
                 bar.total = stop.stop
-                dev_note = _dev_note(stop, curve, cfg.signal)
+                dev_note = _dev_note(cfg, stop, curve)
                 _record_stop(record, stop, cfg.signal)
             if done % cfg.checkpoint_every == 0 or done == stop.stop or fired:
                 _save_checkpoint(out_dir, state, done, done == stop.stop, metrics, record, clock)
@@ -758,17 +758,20 @@ def _train_held(task: str, model_config: ModelConfig, cfg: TrainConfig, data: To
     return out_dir
 
 
-def _dev_note(stop: "schedules.StopState", curve: list[dict], signal: str) -> str:
+def _dev_note(cfg: TrainConfig, stop: "schedules.StopState", curve: list[dict]) -> str:
     """The progress bar's dev BLEU: the last point's, the rule's best so far (of its signal: dev NLL where it reads
-    that) and, once the plateau rule fired, where the decay started (the bar's total is then the real last step,
-    no longer the cap)."""
+    that), and the earliest step the plateau rule can stop the training at (the bar's total is the cap till it
+    fires) or, once it fired, where the decay started (the bar's total is then the real last step)."""
     if not curve or stop.best is None:
         return ""
     last = max(curve, key=lambda p: p["step"])
-    best = (f"best {stop.best:.2f} at {stop.best_step:,}" if signal == "dev_bleu" else
+    best = (f"best {stop.best:.2f} at {stop.best_step:,}" if cfg.signal == "dev_bleu" else
             f"nll {last['dev_nll']:.3f}, best {stop.best:.3f} at {stop.best_step:,}")
     note = f"{last['dev_bleu']:.2f} ({best})"
-    return note + (f", plateau at {stop.decay_start:,}: decaying" if stop.stopped_by == "plateau" else "")
+    if stop.stopped_by == "plateau":
+        return note + f", plateau at {stop.decay_start:,}: decaying"
+    earliest = schedules.earliest_stop(cfg, curve)
+    return note + ("" if earliest is None else f", stops at {earliest:,} at the earliest")
 
 
 def _record_stop(record: dict, stop: "schedules.StopState", signal: str) -> None:

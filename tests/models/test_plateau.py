@@ -102,14 +102,19 @@ def test_the_progress_bar_shows_the_dev_curve_and_the_plateau():
     from models.train import _dev_note, _record_stop
 
     c = cfg()
-    assert _dev_note(stop_state(c, []), [], c.signal) == ""
+    assert _dev_note(c, stop_state(c, []), []) == ""
+    # Waiting: the earliest stop is one more flat evaluation (14, patience 2) and its decay (half of 14).
     waiting = curve(rises_then_flat, 12)
-    assert _dev_note(stop_state(c, waiting), waiting, c.signal) == "30.00 (best 30.00 at 10)"
+    assert decay_steps(c, 14) == 7
+    assert _dev_note(c, stop_state(c, waiting), waiting) == "30.00 (best 30.00 at 10), stops at 21 at the earliest"
     fired = curve(lambda s: rises_then_flat(s) - (s == 14), 16)
-    assert _dev_note(stop_state(c, fired), fired, c.signal) == "30.00 (best 30.00 at 10), plateau at 14: decaying"
+    assert _dev_note(c, stop_state(c, fired), fired) == "30.00 (best 30.00 at 10), plateau at 14: decaying"
+    # A rule that cannot fire before its latest decay start (26) says no earliest stop.
+    assert _dev_note(c, stop_state(c, rising := curve(float, 24)), rising) == "24.00 (best 24.00 at 24)"
     by_nll = cfg(signal="dev_nll")
     falling = [{**p, "dev_nll": 5.0 - p["dev_bleu"] / 10} for p in waiting]
-    assert _dev_note(stop_state(by_nll, falling), falling, by_nll.signal) == "30.00 (nll 2.000, best 2.000 at 10)"
+    assert _dev_note(by_nll, stop_state(by_nll, falling), falling) == ("30.00 (nll 2.000, best 2.000 at 10), stops "
+                                                                      "at 21 at the earliest")
     # narbench.json names the best by the signal it is of.
     record = {}
     _record_stop(record, stop_state(by_nll, falling), by_nll.signal)
