@@ -494,8 +494,9 @@ def resolve_run_dir(arg: str | Path, writes: bool = False, newest: bool = False)
     if path.is_file() and path.name == LATEST:
         path = path.parent
     is_suite = path.is_dir() and not (path / ROWS).exists() and not (path / RUN).exists()
-    if is_suite and newest and newest_run_dir(path) is not None:
-        path = newest_run_dir(path)
+    newest_dir = newest_run_dir(path) if is_suite and newest else None
+    if newest_dir is not None:
+        path = newest_dir
     elif is_suite and (path / LATEST).is_file():
         name = (path / LATEST).read_text(encoding="utf-8", errors="replace").strip()
         if not name or name in (".", "..") or "/" in name or "\\" in name or name.startswith("."):
