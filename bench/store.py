@@ -389,13 +389,14 @@ def _whole_line_before(f, end: int) -> bool:
 
 
 def open_run(out_root: Path, suite: str, spec_hash: str, spec_toml: str | Callable[[Path], str], command: str,
-             force: bool = False, now: datetime | None = None, report: str | None = REPORT) -> tuple[RunStore, bool]:
+             force: bool = False, now: datetime | None = None, report: str | None = REPORT,
+             doing: str | None = None) -> tuple[RunStore, bool]:
     """The run folder for this spec, locked for this process: the newest unfinished one of the same hash
     (a finished one whose ``report`` page is missing or whose files end in a cut-off line counts as
     unfinished and is repaired), else a new one.
 
     ``spec_toml`` is the spec's text, or a function of the new run folder giving it. ``force`` always
-    starts a new folder. Returns ``(store, resumed)``; ``store.release()`` ends the hold. A folder held by
+    starts a new folder. The lock says the process does ``doing`` (default: ``command``, which resumes the run). Returns ``(store, resumed)``; ``store.release()`` ends the hold. A folder held by
     another live process raises ``narbench_core.lock.Locked``.
     """
     check_name(suite, "suite name")
@@ -413,7 +414,7 @@ def open_run(out_root: Path, suite: str, spec_hash: str, spec_toml: str | Callab
             except UserError as err:                    # a damaged old folder never blocks a new run
                 print(f"narbench: skipping a damaged run folder: {err}", file=sys.stderr)
                 continue
-            lock.acquire(candidate, command)
+            lock.acquire(candidate, doing or command)
             try:
                 if not _resumable(store, spec_hash, report):   # finished meanwhile by the process that held it
                     store.release()
@@ -436,7 +437,7 @@ def open_run(out_root: Path, suite: str, spec_hash: str, spec_toml: str | Callab
         except FileExistsError:                  # two starts within one second
             n += 1
             path = suite_dir / f"{run_id}.{n}"
-    lock.acquire(path, command)                  # before run.json exists: no other process resumes it
+    lock.acquire(path, doing or command)                # before run.json exists: no other process resumes it
     store = RunStore(path)
     try:
         write_text(path / SPEC, spec_toml if isinstance(spec_toml, str) else spec_toml(path))

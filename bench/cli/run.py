@@ -257,7 +257,7 @@ def cmd_run(args) -> int:
     command = _command(args, ("suite", "suite_sizes", "out", "batch_size", "max_test_sentences", "platform",
                               "bleurt_checkpoint", "executor", "address"))
     run, resumed = store.open_run(Path(args.out), spec.name, spec.spec_hash(), spec.to_toml, command,
-                                  force=args.force)
+                                  force=args.force, doing=command + " --train-only" if args.train_only else None)
     try:
         print(f"narbench: {'resuming' if resumed else 'starting'} {spec.name} in {run.path}", file=sys.stderr)
         done = [] if resumed or args.force else store.finished_runs(Path(args.out), spec.name, spec.spec_hash())

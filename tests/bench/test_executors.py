@@ -181,6 +181,24 @@ def test_status_shows_where_a_training_under_way_stands(tmp_path, monkeypatch, f
     assert lines[3].startswith("            ~") and len(lines) == 4
 
 
+def test_a_train_only_run_says_so_to_status_while_it_runs(cli, capsys, monkeypatch):
+    # The lock says what the process does (--train-only); run.json keeps the command that resumes the run to its end.
+    from bench.runner import Runner
+
+    path, out = cli
+    seen = []
+
+    def run(self):
+        assert main(["status", str(out / "exectest")]) == 0
+        seen.append(capsys.readouterr().out.splitlines()[0])
+        return []
+    monkeypatch.setattr(Runner, "run", run)
+    assert main(["run", "--suite", str(path), "--out", str(out), "--no-progress", "--train-only"]) == 0
+    command = f"narbench run --suite {path} --out {out}"
+    assert ": running: narbench pid " in seen[0] and f"({command} --train-only) since " in seen[0]
+    assert st.RunStore(st.resolve_run_dir(out / "exectest", newest=True)).info["command"] == command
+
+
 def test_status_of_a_run_from_before_cells_json(cli, capsys):
     path, out = cli
     assert main(["run", "--suite", str(path), "--out", str(out), "--no-progress"]) == 0
