@@ -18,7 +18,8 @@ The estimator is deliberately simple:
 
 - training a cell: its steps (``until = "plateau"``: the median stop of the family's models its plateau
   rule stopped (``plateau_rule``: the same signal, smoothing, patience and thresholds), of the same task and
-  model shape (size and layers), else the same task, else the same shape; else other rules' stops, said so;
+  model shape (size and layers), else the same task and the nearest model shape, else the same shape; else
+  other rules' stops, said so;
   else the cap) x the median seconds per step of the nearest measured models (same family and
   model shape; preferring the same checkpoint, then training cell, task, batch tokens and work per step),
   each scaled linearly by batch tokens and by its family's work per step (``Family.train_work``); a size
@@ -475,7 +476,7 @@ def train_estimate(measured: Measured, family: str, task: str, shape: tuple, lab
     if budget.until == "plateau":
         kwargs = budget.train_kwargs()
         median, stop = _plateau_steps(measured, family, task, shape, budget.steps,
-                                      plateau_rule(kwargs, fam.eval_every(kwargs)))
+                                      plateau_rule(kwargs, fam.eval_every(kwargs)), vocab_size or 0)
         steps = budget.steps if median is None else median
     done = 0 if resumed is None else min(resumed.steps_done, budget.steps)
     if resumed is not None and (resumed.exact or median is None or resumed.stop > steps):
@@ -585,10 +586,12 @@ def _measured_rate(pool: list[TrainedModel], checkpoint: str | None, label: str,
 
 
 def _plateau_steps(measured: Measured, family: str, task: str, shape: tuple, cap: int,
-                   rule: tuple) -> tuple[int | None, str]:
+                   rule: tuple, vocab_size: int = 0) -> tuple[int | None, str]:
     """Where the plateau ``rule`` (``plateau_rule``) will stop a training: the median stop of the models of its
     family that rule stopped (on this machine or, from committed runs, another: steps do not depend on it), of the
-    same task and model shape, else of the same task, else of the same shape; else the same from other rules on its
+    same task and model shape, else of the same task and the nearest model shape in work per token (a larger model
+    may train longer to its plateau: the scale suite's mini AR ran past twice tiny's stop), else of the same shape; else the
+    same from other rules on its
     signal, then from rules on another signal, said so (None when there are none: the cap is the bound); and how
     that was chosen, saying so where a training of the family under the rule on the same task, still under way,
     has already run past that stop. Past other rules' stops, its steps so far are the estimate (a floor: the rule
@@ -606,6 +609,9 @@ def _plateau_steps(measured: Measured, family: str, task: str, shape: tuple, cap
         for same, where in (((True, True), ""), ((True, False), " of another model shape"),
                             ((False, True), " on other tasks")):
             chosen = [m for m in pool if ((m.task == task) >= same[0]) and ((m.shape == shape) >= same[1])]
+            if chosen and same == (True, False):
+                near = _nearest_shape(chosen, shape, vocab_size)
+                chosen = [m for m in chosen if m.shape == near]
             stops = [m.steps for m in chosen]
             if elsewhere := sum(id(m) in away for m in chosen):
                 where = f" ({elsewhere} on other machines){where}"

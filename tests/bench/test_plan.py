@@ -166,6 +166,12 @@ def test_a_plateau_is_estimated_from_the_nearest_models_the_rule_stopped():
                                                       "of another model shape")
     assert how(model("bible", small, 8400), model("bible", tiny, 4000)).startswith("8,400 steps (plateau: the "
                                                                                    "median stop of 1 measured, ")
+    # Of other shapes, the nearest's stops (a larger model trains longer to its plateau), not every shape's median.
+    sized = {d: (("d_model", d), ("d_ff", 4 * d), ("num_encoder_layers", 2)) for d in (64, 128, 256)}
+    three = estimate.Measured(trained=[model("bible", sized[64], 4000), model("bible", sized[64], 4400),
+                                       model("bible", sized[128], 9000)])
+    assert estimate.train_estimate(three, "ar", "bible", sized[256], "a", budget, {}).how.startswith(
+        "9,000 steps (plateau: the median stop of 1 measured of another model shape")
     # A rule on dev NLL is estimated from stops by rules on dev NLL first, whatever their shape; from the others only
     # where there are none, said so.
     import dataclasses
