@@ -420,7 +420,8 @@ def cmd_status(args) -> int:
                        [(c["cell"], c["kind"], c["state"], c.get("host") or "", c.get("attempt") or "",
                          "" if c.get("seconds") is None else f"{c['seconds']:g}", c.get("error") or "")
                         for c in cells], "llllrrl")
-        training = {c["cell"] for c in cells if c["kind"] == "train" and c["state"] == "running"}
+        job_kinds = {c["cell"]: c["kind"] for c in cells if c["state"] == "running"}
+        training = {job for job, what in job_kinds.items() if what == "train"}
         if training:
             lines += ["", "Trainings under way (as `narbench plan` sees their checkpoints on this machine):",
                       *_trainings(run, training)]
