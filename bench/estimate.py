@@ -590,12 +590,11 @@ def _plateau_steps(measured: Measured, family: str, task: str, shape: tuple, cap
     """Where the plateau ``rule`` (``plateau_rule``) will stop a training: the median stop of the models of its
     family that rule stopped (on this machine or, from committed runs, another: steps do not depend on it), of the
     same task and model shape, else of the same task and the nearest model shape in work per token (a larger model
-    may train longer to its plateau: the scale suite's mini AR ran past twice tiny's stop), else of the same shape; else the
-    same from other rules on its
-    signal, then from rules on another signal, said so (None when there are none: the cap is the bound); and how
-    that was chosen, saying so where a training of the family under the rule on the same task, still under way,
-    has already run past that stop. Past other rules' stops, its steps so far are the estimate (a floor: the rule
-    has not stopped it yet)."""
+    may train longer to its plateau: the scale suite's mini AR ran past twice tiny's stop), else of the same shape;
+    else the same from other rules on its signal, then from rules on another signal, said so (None when there are
+    none: the cap is the bound); and how that was chosen, saying so where a training of the family under the rule on
+    the same task, still under way, has already run past that stop. Past other rules' stops, its steps so far are
+    the estimate (a floor: the rule has not stopped it yet)."""
     signal = dict(rule).get("signal") or "dev_bleu"
     stopped = [m for m in (*measured.trained, *measured.elsewhere) if m.family == family and m.stopped_by == "plateau"]
     away = {id(m) for m in measured.elsewhere}

@@ -396,8 +396,9 @@ def open_run(out_root: Path, suite: str, spec_hash: str, spec_toml: str | Callab
     unfinished and is repaired), else a new one.
 
     ``spec_toml`` is the spec's text, or a function of the new run folder giving it. ``force`` always
-    starts a new folder. The lock says the process does ``doing`` (default: ``command``, which resumes the run). Returns ``(store, resumed)``; ``store.release()`` ends the hold. A folder held by
-    another live process raises ``narbench_core.lock.Locked``.
+    starts a new folder. The lock says the process does ``doing`` (default: ``command``, which resumes the run).
+    Returns ``(store, resumed)``; ``store.release()`` ends the hold. A folder held by another live process raises
+    ``narbench_core.lock.Locked``.
     """
     check_name(suite, "suite name")
     suite_dir = Path(out_root) / suite
@@ -437,7 +438,7 @@ def open_run(out_root: Path, suite: str, spec_hash: str, spec_toml: str | Callab
         except FileExistsError:                  # two starts within one second
             n += 1
             path = suite_dir / f"{run_id}.{n}"
-    lock.acquire(path, doing or command)                # before run.json exists: no other process resumes it
+    lock.acquire(path, doing or command)         # before run.json exists: no other process resumes it
     store = RunStore(path)
     try:
         write_text(path / SPEC, spec_toml if isinstance(spec_toml, str) else spec_toml(path))
