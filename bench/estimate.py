@@ -557,10 +557,11 @@ def _nearest_shape(pool: list[TrainedModel], shape: tuple, vocab_size: int) -> t
 
 
 def _stays(budget, resumed: Progress) -> str:
-    """What keeps a partial training's plateau at its earliest step: its signal not passing the threshold."""
+    """What keeps a partial training's plateau at its earliest step: its signal progressing no more, the next point
+    not passing the threshold (each later point has its own, as the smoothing window moves on)."""
     if (budget.signal or "dev_bleu") == "dev_bleu":
-        return f"dev BLEU stays under {resumed.threshold:.2f}"
-    return f"dev NLL stays over {resumed.threshold:.3f}"
+        return f"dev BLEU rises no more: the next point under {resumed.threshold:.2f}"
+    return f"dev NLL falls no more: the next point over {resumed.threshold:.3f}"
 
 
 def _measured_rate(pool: list[TrainedModel], checkpoint: str | None, label: str, task: str, batch_tokens: int,

@@ -137,7 +137,8 @@ def test_a_rule_on_dev_nll_is_replayed_with_a_falling_signal():
     assert estimate.progress(cfg, 9000, falling + [{"step": 9000, "dev_nll": 1.9}]).stop == 11_000 + 2_200
     assert estimate.progress(cfg, 9000, falling + [{"step": 9000, "dev_nll": 2.1}]).stop == 12_000
     budget = TrainBudget(steps=60_000, batch_tokens=256, learning_rate=1e-2, warmup_steps=4, signal="dev_nll")
-    assert estimate._stays(budget, estimate.progress(cfg, 8500, falling)) == "dev NLL stays over 2.040"
+    assert (estimate._stays(budget, estimate.progress(cfg, 8500, falling))
+            == "dev NLL falls no more: the next point over 2.040")
 
 
 def test_a_plateau_is_estimated_from_the_nearest_models_the_rule_stopped():
@@ -226,7 +227,8 @@ def test_a_plateau_is_estimated_from_the_nearest_models_the_rule_stopped():
     # Resumed: the measured stop when it is later than the earliest the rule can stop it, else the earliest.
     assert how(model("bible", small, 8400), resumed_at=(1000, _curve(1.0, 2.0))).startswith("7,400 more steps")
     assert how(model("bible", small, 8400), resumed_at=(8500, _curve(*[float(i) for i in range(17)]))).startswith(
-        "4,100 more steps (plateau: step 12,600 at the earliest, if dev BLEU stays under 16.20; cap 60,000)")
+        "4,100 more steps (plateau: step 12,600 at the earliest, if dev BLEU rises no more: the next point under "
+        "16.20; cap 60,000)")
     # A resumed training runs at its own rate so far: its checkpoint's record (1.5 s a step over 1,000 steps)
     # before models of the same cell label, task and batch tokens (1.0 s).
     own = estimate.TrainedModel("checkpoints/own", "ar", "bible", small, 2048, 1.0, None, 1000, 1.5, "cap")
