@@ -105,10 +105,11 @@ PINNED = {
     # new folder (models.train.seed_source). On 2026-12-04 its rule moved to dev NLL (issue 52; the folders of the
     # dev-BLEU rule with the 240,000 cap: -ar-68798e13d056, -ar-9cac9070d77e, -padir-265a6468dde3,
     # _distilled-padir-6c03310dc068). On 2026-12-05 it moved to dev BLEU smoothed over 9 points (the dev-NLL rule's
-    # folders: -ar-23ef1caf6127, -ar-97a51ce693af, -padir-97d1abe8194f, _distilled-padir-841b55fd16aa). The PaDIR
-    # names here hold their warm start's path fixed.
-    "converged": ["bible_de_en-ar-3fdb6d650674", "bible_de_en-ar-eac84c139b70", "bible_de_en-padir-ab512b2ab8af",
-                  "bible_de_en_distilled-padir-d90bed8e1255"],
+    # folders: -ar-23ef1caf6127, -ar-97a51ce693af, -padir-97d1abe8194f, _distilled-padir-841b55fd16aa). On 2026-12-06
+    # its patience rose from 4 to 9 evaluations (a patience of 4: -ar-3fdb6d650674, -ar-eac84c139b70,
+    # -padir-ab512b2ab8af, _distilled-padir-d90bed8e1255). The PaDIR names here hold their warm start's path fixed.
+    "converged": ["bible_de_en-ar-137491ddb2e5", "bible_de_en-ar-82f4c5c5c73f", "bible_de_en-padir-b811a0050f08",
+                  "bible_de_en_distilled-padir-222972dc376c"],
     "anchors": ["bible_de_en-ar-5317078f4b91", "bible_de_en-ar-c68b00224461", "bible_de_en-padir-ffe84b5bc1c3",
                 "bible_de_en_distilled-padir-8aab413ec836"],
 }
