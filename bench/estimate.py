@@ -19,7 +19,8 @@ The estimator is deliberately simple:
 - training a cell: its steps (``until = "plateau"``: the median stop of the family's models its plateau
   rule stopped (``plateau_rule``: the same signal, smoothing, patience and thresholds), of the same task and
   model shape (size and layers), else the same task and the nearest model shape, else the same shape; else
-  other rules' stops, said so;
+  other rules' stops, said so; stops at another peak learning rate only where none at its own, scaled by the
+  ratio of the two peaks' stops at a shape that has both (else as they are), said so;
   else the cap) x the median seconds per step of the nearest measured models (same family and
   model shape; preferring the same checkpoint, then training cell, task, batch tokens and work per step),
   each scaled linearly by batch tokens and by its family's work per step (``Family.train_work``); a size
@@ -108,6 +109,7 @@ class TrainedModel:
     overhead_seconds: float | None = None   # wall time neither in train steps nor in dev evaluation
     rule: tuple = ()                        # its plateau rule (``plateau_rule``; () where nothing says)
     complete: bool = True                   # False: a checkpoint folder whose training is still under way
+    learning_rate: float | None = None      # its peak learning rate (None where nothing says)
 
     @property
     def signal(self) -> str:
@@ -332,7 +334,7 @@ class Measured:
                     name, family, r.task, shape, int(budget.get("batch_tokens") or 0), fam.train_work(r),
                     label, int(steps), float(seconds) / int(steps), r.stopped_by,
                     _median(evals[label]) if evals.get(label) else None,
-                    rule=plateau_rule(budget, fam.eval_every(budget))))
+                    rule=plateau_rule(budget, fam.eval_every(budget)), learning_rate=_peak(budget)))
             split = (r.system, r.test_set.removesuffix("+refs"))     # test sets of one split: one measurement
             if r.latency_mean_ms and r.passes_mean is not None and split not in timed:
                 timed.add(split)
@@ -394,7 +396,8 @@ class Measured:
                 float(seconds) / int(steps), meta.get("stopped_by"),
                 evals / points if points and evals else None,
                 max(float(meta.get("wall_seconds") or 0.0) - float(seconds) - evals, 0.0) or None,
-                rule=plateau_rule(train, train.get("eval_every")), complete=meta.get("complete", True) is not False))
+                rule=plateau_rule(train, train.get("eval_every")), complete=meta.get("complete", True) is not False,
+                learning_rate=_peak(train)))
         for record in sorted((root / "distill").glob("*/distill.json")):
             data = _json(record) or {}
             teacher = _json(root / str(data.get("teacher")) / "narbench.json") or {}
@@ -415,6 +418,12 @@ def plateau_rule(train: Mapping[str, Any], eval_every: int | None) -> tuple:
         values["dev_sentences"] = 0
     values["eval_every"] = eval_every
     return tuple((k, values[k]) for k in RULE_FIELDS)
+
+
+def _peak(train: Mapping[str, Any]) -> float | None:
+    """The peak learning rate of a train config or budget (None where it does not say)."""
+    value = train.get("learning_rate")
+    return float(value) if isinstance(value, (int, float)) else None
 
 
 def _json(path: Path) -> Any:
@@ -476,7 +485,8 @@ def train_estimate(measured: Measured, family: str, task: str, shape: tuple, lab
     if budget.until == "plateau":
         kwargs = budget.train_kwargs()
         median, stop = _plateau_steps(measured, family, task, shape, budget.steps,
-                                      plateau_rule(kwargs, fam.eval_every(kwargs)), vocab_size or 0)
+                                      plateau_rule(kwargs, fam.eval_every(kwargs)), vocab_size or 0,
+                                      budget.learning_rate)
         steps = budget.steps if median is None else median
     done = 0 if resumed is None else min(resumed.steps_done, budget.steps)
     if resumed is not None and (resumed.exact or median is None or resumed.stop > steps):
@@ -587,20 +597,22 @@ def _measured_rate(pool: list[TrainedModel], checkpoint: str | None, label: str,
 
 
 def _plateau_steps(measured: Measured, family: str, task: str, shape: tuple, cap: int,
-                   rule: tuple, vocab_size: int = 0) -> tuple[int | None, str]:
-    """Where the plateau ``rule`` (``plateau_rule``) will stop a training: the median stop of the models of its
-    family that rule stopped (on this machine or, from committed runs, another: steps do not depend on it), of the
-    same task and model shape, else of the same task and the nearest model shape in work per token (a larger model
-    may train longer to its plateau: the scale suite's mini AR ran past twice tiny's stop), else of the same shape;
-    else the same from other rules on its signal, then from rules on another signal, said so (None when there are
-    none: the cap is the bound); and how that was chosen, saying so where a training of the family under the rule on
-    the same task, still under way, has already run past that stop. Past other rules' stops, its steps so far are
-    the estimate (a floor: the rule has not stopped it yet)."""
+                   rule: tuple, vocab_size: int = 0, peak: float | None = None) -> tuple[int | None, str]:
+    """Where the plateau ``rule`` (``plateau_rule``) will stop a training at the ``peak`` learning rate: the median
+    stop of the models of its family that rule stopped (on this machine or, from committed runs, another: steps do
+    not depend on it), of the same task and model shape, else of the same task and the nearest model shape in work
+    per token (a larger model may train longer to its plateau: the scale suite's mini AR ran past twice tiny's
+    stop), else of the same shape; else the same from other rules on its signal, then from rules on another signal,
+    said so (None when there are none: the cap is the bound); and how that was chosen, saying so where a training of
+    the family under the rule on the same task, still under way, has already run past that stop. Past other rules'
+    stops, its steps so far are the estimate (a floor: the rule has not stopped it yet). Where those models trained
+    at another peak only (a lower peak stops later), their stops are scaled by the ratio of the stops at the two
+    peaks at a shape where both were measured (``_peak_ratio``), else taken as they are; either said so."""
     signal = dict(rule).get("signal") or "dev_bleu"
     stopped = [m for m in (*measured.trained, *measured.elsewhere) if m.family == family and m.stopped_by == "plateau"]
     away = {id(m) for m in measured.elsewhere}
     running = max((m.steps for m in measured.trained if m.family == family and not m.complete and m.rule == rule
-                   and m.task == task), default=0)
+                   and m.task == task and _same_peak(m, peak)), default=0)
     tiers = ((lambda m: m.rule == rule, ""),
              (lambda m: m.rule != rule and m.signal == signal, " under another rule on its signal"),
              (lambda m: m.signal != signal, " under a rule on another signal"))
@@ -612,11 +624,24 @@ def _plateau_steps(measured: Measured, family: str, task: str, shape: tuple, cap
             if chosen and same == (True, False):
                 near = _nearest_shape(chosen, shape, vocab_size)
                 chosen = [m for m in chosen if m.shape == near]
+            scale = 1.0
+            if chosen and not any(_same_peak(m, peak) for m in chosen):
+                other = min({m.learning_rate for m in chosen}, key=lambda r: abs(math.log(r / peak)))
+                chosen = [m for m in chosen if m.learning_rate == other]
+                ratio = _peak_ratio(pool, task, shape, peak, other, vocab_size)
+                if ratio is None:
+                    where += f" at another peak learning rate ({other:g})"
+                else:
+                    scale, at = ratio
+                    where += (f" at peak learning rate {other:g}, x {scale:.2f}: the ratio of the stops at {peak:g}"
+                              f" and {other:g} {at}")
+            else:
+                chosen = [m for m in chosen if _same_peak(m, peak)]
             stops = [m.steps for m in chosen]
             if elsewhere := sum(id(m) in away for m in chosen):
                 where = f" ({elsewhere} on other machines){where}"
             if stops:
-                median = min(cap, int(_median(stops)))
+                median = min(cap, int(_median(stops) * scale))
                 if running > median and under:               # other rules' stops are a floor this rule ran past
                     floor = min(cap, running)
                     return floor, (f" (plateau: at least {floor:,}, as far as a training of this family under this"
@@ -626,6 +651,32 @@ def _plateau_steps(measured: Measured, family: str, task: str, shape: tuple, cap
                         if running > median else "")
                 return median, f" (plateau: the median stop of {len(stops)} measured{where}{under}{past}, cap {cap:,})"
     return None, " (plateau: the cap, an upper bound)"
+
+
+def _same_peak(model: TrainedModel, peak: float | None) -> bool:
+    """Whether ``model`` trained at the ``peak`` learning rate (True where either is unknown)."""
+    return peak is None or model.learning_rate is None or math.isclose(model.learning_rate, peak, rel_tol=1e-6)
+
+
+def _peak_ratio(pool: list[TrainedModel], task: str, shape: tuple, peak: float, other: float,
+                vocab_size: int) -> tuple[float, str] | None:
+    """How much later a plateau rule stops a training at the ``peak`` learning rate than at ``other``: the ratio of
+    the median stops of ``pool``'s models at the two peaks, at the model shape nearest ``shape`` where both were
+    measured (on ``task`` first), and where it was measured; None where no shape has both."""
+    for on_task in (True, False):
+        groups: dict[tuple, list[TrainedModel]] = {}
+        for m in pool:
+            if m.learning_rate is not None and (m.task == task or not on_task):
+                groups.setdefault((m.task, m.shape), []).append(m)
+        both = [ms for ms in groups.values()
+                if any(_same_peak(m, peak) for m in ms) and any(m.learning_rate == other for m in ms)]
+        if both:
+            near = _nearest_shape([m for ms in both for m in ms], shape, vocab_size)
+            ms = next(ms for ms in both if ms[0].shape == near)
+            ratio = (_median([m.steps for m in ms if _same_peak(m, peak)])
+                     / _median([m.steps for m in ms if m.learning_rate == other]))
+            return ratio, "measured at another model shape" + ("" if on_task else f" on {ms[0].task}")
+    return None
 
 
 def distill_estimate(measured: Measured, shape: tuple, task: str, decoder: str, engine: str,

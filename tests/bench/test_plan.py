@@ -325,6 +325,60 @@ def test_plan_command_prints_json_and_leaves_other_machines_out(measured, monkey
         capsys.readouterr().out)
 
 
+def test_a_plateau_at_another_peak_learning_rate_is_scaled_where_both_peaks_were_measured(tmp_path):
+    """A lower peak stops later (the scale suite's tiny AR: 3.4x the steps at 1e-2 as at 3e-2): stops at another
+    peak count only where none at the cell's own exists, scaled by the ratio of the two peaks' stops at a shape that
+    has both, else as they are; either said so. A model whose peak nothing says counts as at any."""
+    import dataclasses
+
+    from suites.spec import TrainBudget
+
+    small, tiny = (("d_model", 256),), (("d_model", 64),)
+    budget = TrainBudget(steps=60_000, batch_tokens=2048, learning_rate=0.01, warmup_steps=100, eval_every=500,
+                         until="plateau", schedule="wsd", patience=4, min_delta=0.2)
+    rule = estimate.plateau_rule(budget.train_kwargs(), 500)
+
+    def model(shape, steps, peak, task="bible"):
+        return estimate.TrainedModel("x", "ar", task, shape, 2048, 1.0, None, steps, 1.0, "plateau", rule=rule,
+                                     learning_rate=peak)
+
+    def how(*trained):
+        return estimate.train_estimate(estimate.Measured(trained=list(trained)), "ar", "bible", small, "a", budget,
+                                       {}).how
+    assert how(model(small, 8400, 0.03)).startswith(
+        "8,400 steps (plateau: the median stop of 1 measured at another peak learning rate (0.03), cap 60,000)")
+    pair = (model(tiny, 4000, 0.03), model(tiny, 12000, 0.01))
+    assert how(model(small, 8400, 0.03), *pair).startswith(
+        "25,200 steps (plateau: the median stop of 1 measured at peak learning rate 0.03, x 3.00: the ratio of the "
+        "stops at 0.01 and 0.03 measured at another model shape, cap 60,000)")
+    assert how(model(small, 30000, 0.03), *pair).startswith("60,000 steps")             # the cap bounds it
+    # of other peaks, the nearest (by ratio); a pair on another task serves where the task has none, said so
+    assert how(model(small, 8400, 0.03), model(small, 900, 1.0)).startswith("8,400 steps")
+    away = [dataclasses.replace(m, task="other") for m in pair]
+    assert how(model(small, 8400, 0.03), *away).startswith(
+        "25,200 steps (plateau: the median stop of 1 measured at peak learning rate 0.03, x 3.00: the ratio of the "
+        "stops at 0.01 and 0.03 measured at another model shape on other, cap 60,000)")
+    # the cell's own peak first, at its shape and then at the nearest other; an unknown peak matches any
+    assert how(model(small, 8400, 0.03), model(small, 20000, 0.01), *pair).startswith(
+        "20,000 steps (plateau: the median stop of 1 measured, cap 60,000)")
+    assert how(model(tiny, 12000, 0.01)).startswith("12,000 steps (plateau: the median stop of 1 measured of another "
+                                                    "model shape, cap 60,000)")
+    assert how(model(small, 8400, None)).startswith("8,400 steps (plateau: the median stop of 1 measured, cap")
+    # a training at another peak still under way is no floor for this one
+    running = dataclasses.replace(model(small, 50000, 0.03), stopped_by="cap", complete=False)
+    nll = dataclasses.replace(budget, signal="dev_nll", min_delta=0.02)
+    assert estimate.train_estimate(estimate.Measured(trained=[model(small, 8400, 0.01), dataclasses.replace(
+        running, rule=estimate.plateau_rule(nll.train_kwargs(), 500))]), "ar", "bible", small, "a",
+        nll, {}).how.startswith("8,400 steps (plateau: the median stop of 1 measured under a rule on another signal")
+    # read from a checkpoint record's train config
+    folder = tmp_path / "checkpoints" / "ckpt"
+    folder.mkdir(parents=True)
+    (folder / "narbench.json").write_text(json.dumps({
+        "kind": "ar", "task": "fake_task", "model_config": {"d_model": 8}, "steps_done": 10, "train_seconds": 5.0,
+        "train_config": {"learning_rate": 0.01}}))
+    assert [m.learning_rate for m in estimate.Measured.collect(None, tmp_path, MACHINE).trained] == [0.01]
+
+
 def test_a_run_on_another_cpu_of_the_same_name_is_left_out(measured):
     """Cloud VMs give several CPU generations one name: a run counts as measured here by its CPU signature (family,
     model, ISA) where both sides have one, by the name where the run is older than the signature."""
