@@ -675,7 +675,8 @@ def _peak_ratio(pool: list[TrainedModel], task: str, shape: tuple, peak: float, 
             ms = next(ms for ms in both if ms[0].shape == near)
             ratio = (_median([m.steps for m in ms if _same_peak(m, peak)])
                      / _median([m.steps for m in ms if m.learning_rate == other]))
-            return ratio, "measured at another model shape" + ("" if on_task else f" on {ms[0].task}")
+            return ratio, ("measured at another model shape" if near != shape else "measured at this shape") + (
+                "" if on_task else f" on {ms[0].task}")
     return None
 
 

@@ -358,6 +358,10 @@ def test_a_plateau_at_another_peak_learning_rate_is_scaled_where_both_peaks_were
     assert how(model(small, 8400, 0.03), *away).startswith(
         "25,200 steps (plateau: the median stop of 1 measured at peak learning rate 0.03, x 3.00: the ratio of the "
         "stops at 0.01 and 0.03 measured at another model shape on other, cap 60,000)")
+    same_shape = [dataclasses.replace(m, task="other", shape=small) for m in pair]
+    assert how(model(small, 8400, 0.03), *same_shape).startswith(
+        "25,200 steps (plateau: the median stop of 1 measured at peak learning rate 0.03, x 3.00: the ratio of the "
+        "stops at 0.01 and 0.03 measured at this shape on other, cap 60,000)")
     # the cell's own peak first, at its shape and then at the nearest other; an unknown peak matches any
     assert how(model(small, 8400, 0.03), model(small, 20000, 0.01), *pair).startswith(
         "20,000 steps (plateau: the median stop of 1 measured, cap 60,000)")
