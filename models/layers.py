@@ -20,6 +20,24 @@ NEG_INF = -1e10
 default_kernel_init = nn.initializers.variance_scaling(1.0, "fan_in", "truncated_normal")
 
 
+def flat_dot_general(lhs: Array, rhs: Array, dimension_numbers, precision=None, preferred_element_type=None,
+                     **kwargs) -> Array:
+    """``lax.dot_general`` for a dense layer, as one 2-D matmul where it can be: ``lhs`` [..., c1..cm] contracted
+    with ``rhs`` [c1..cm, f1..fk] is reshaped to [N, C] @ [C, F] and back to [..., f1..fk]. The same products and
+    sums; XLA's CPU backend runs the backward of the n-D form (a kernel gradient contracting batch and sequence
+    axes together) markedly slower (docs/experiments.md, "Train steps as 2-D matmuls")."""
+    (lc, rc), (lb, rb) = dimension_numbers
+    m = len(lc)
+    if lb or rb or tuple(lc) != tuple(range(lhs.ndim - m, lhs.ndim)) or tuple(rc) != tuple(range(m)) or m == lhs.ndim:
+        return jax.lax.dot_general(lhs, rhs, dimension_numbers, precision=precision,
+                                   preferred_element_type=preferred_element_type, **kwargs)
+    lead, contract, feats = lhs.shape[:-m], rhs.shape[:m], rhs.shape[m:]
+    out = jax.lax.dot_general(lhs.reshape(math.prod(lead), math.prod(contract)),
+                              rhs.reshape(math.prod(contract), math.prod(feats)), (((1,), (0,)), ((), ())),
+                              precision=precision, preferred_element_type=preferred_element_type, **kwargs)
+    return out.reshape(*lead, *feats)
+
+
 class RMSNorm(nn.Module):
     """T5 layer norm: scale only, no mean subtraction, no bias."""
     epsilon: float = 1e-6
@@ -42,11 +60,14 @@ class MlpBlock(nn.Module):
     @nn.compact
     def __call__(self, x: Array, enable_dropout: bool = False) -> Array:
         d_model = x.shape[-1]
-        gate = nn.Dense(self.d_ff, use_bias=False, dtype=self.dtype, kernel_init=default_kernel_init, name="wi_0")(x)
-        lin = nn.Dense(self.d_ff, use_bias=False, dtype=self.dtype, kernel_init=default_kernel_init, name="wi_1")(x)
+        gate = nn.Dense(self.d_ff, use_bias=False, dtype=self.dtype, kernel_init=default_kernel_init,
+                        dot_general=flat_dot_general, name="wi_0")(x)
+        lin = nn.Dense(self.d_ff, use_bias=False, dtype=self.dtype, kernel_init=default_kernel_init,
+                       dot_general=flat_dot_general, name="wi_1")(x)
         h = nn.gelu(gate, approximate=True) * lin                                     # [b, n, d_ff]
         h = nn.Dropout(self.dropout_rate, broadcast_dims=(-2,))(h, deterministic=not enable_dropout)
-        return nn.Dense(d_model, use_bias=False, dtype=self.dtype, kernel_init=default_kernel_init, name="wo")(h)
+        return nn.Dense(d_model, use_bias=False, dtype=self.dtype, kernel_init=default_kernel_init,
+                        dot_general=flat_dot_general, name="wo")(h)
 
 
 def relative_position_bucket(relative_position: Array, bidirectional: bool, num_buckets: int,
@@ -113,7 +134,8 @@ class MultiHeadAttention(nn.Module):
         inputs_v = inputs_kv if inputs_v is None else inputs_v
         features = (self.num_heads, self.head_dim)
         dense = lambda name: nn.DenseGeneral(features, axis=-1, use_bias=False, dtype=self.dtype,
-                                             kernel_init=default_kernel_init, name=name)
+                                             kernel_init=default_kernel_init, dot_general=flat_dot_general,
+                                             name=name)
         query = dense("query")(inputs_q)                                            # [b, q, h, hd]
         key = dense("key")(inputs_kv)                                               # [b, k, h, hd]
         value = dense("value")(inputs_v)                                            # [b, k, h, hd]
@@ -139,5 +161,6 @@ class MultiHeadAttention(nn.Module):
         dropped = nn.Dropout(self.dropout_rate)(weights, deterministic=not enable_dropout)
         out = jnp.einsum("bhqk,bkhd->bqhd", dropped.astype(self.dtype), value)     # [b, q, h, hd]
         out = nn.DenseGeneral(inputs_q.shape[-1], axis=(-2, -1), use_bias=False, dtype=self.dtype,
-                              kernel_init=default_kernel_init, name="out")(out)   # [b, q, d]
+                              kernel_init=default_kernel_init, dot_general=flat_dot_general,
+                              name="out")(out)                                     # [b, q, d]
         return out, weights

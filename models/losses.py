@@ -18,17 +18,20 @@ def token_cross_entropy(logits: jax.Array, targets: jax.Array, weights: jax.Arra
 
     logits [B, L, V] (any float dtype; computed in float32), targets [B, L] int, weights [B, L].
     Smoothing spreads ``label_smoothing`` uniformly over all V classes (target included):
-    loss = (1 - ls) * nll + ls * (logsumexp - mean logit); no one-hot [B, L, V] is built.
+    loss = (1 - ls) * nll + ls * (logsumexp - mean logit). The target's logit is picked by a comparison with
+    the class index, fused into the passes over [B, L, V] (a gather's backward is a scatter, which XLA's CPU
+    backend runs as a pass of its own), and a hit is a target logit at the row's maximum (a tie counts).
     """
     assert logits.ndim == 3 and targets.ndim == 2, (logits.shape, targets.shape)
     logits = logits.astype(jnp.float32)
     lse = jax.nn.logsumexp(logits, axis=-1)                                        # [B, L]
-    target_logit = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]  # [B, L]
+    is_target = jnp.arange(logits.shape[-1]) == targets[..., None]                 # [B, L, V]
+    target_logit = jnp.where(is_target, logits, 0.0).sum(axis=-1)                  # [B, L]
     nll = lse - target_logit
     loss = nll
     if label_smoothing:
         loss = (1.0 - label_smoothing) * nll + label_smoothing * (lse - logits.mean(axis=-1))
-    hits = (jnp.argmax(logits, axis=-1) == targets).astype(jnp.float32)
+    hits = (target_logit >= logits.max(axis=-1)).astype(jnp.float32)
     w = weights.astype(jnp.float32)
     return {"loss_sum": (loss * w).sum(), "nll_sum": (nll * w).sum(),
             "correct_sum": (hits * w).sum(), "weight_sum": w.sum()}
