@@ -181,7 +181,7 @@ class Decoder(nn.Module):
             x = jax.lax.dynamic_slice_in_dim(x, logit_index, 1, axis=1)             # [b, 1, d]
         x = RMSNorm(dtype=cfg.jnp_dtype, name="decoder_norm")(x)
         x = _dropout(cfg)(x, deterministic=det)
-        b, n, d = x.shape             # a 2-D matmul: XLA's CPU backward of the 3-D one took twice as long
+        b, n, d = x.shape             # one 2-D matmul, as the dense layers (layers.flat_dot_general: why)
         logits = self.shared_embedding.attend(x.astype(jnp.float32).reshape(b * n, d)).reshape(b, n, -1)  # [b, n, V]
         return logits / jnp.sqrt(jnp.float32(cfg.d_model))
 
