@@ -13,6 +13,7 @@
 #        REHEARSE=1 JAX_PLATFORMS=cpu scripts/gpu-map.sh OUT_DIR 300    (the same steps at tiny sizes, on a CPU)
 #        DRY_RUN=1 scripts/gpu-map.sh OUT_DIR                             (print each step's narbench arguments)
 #        RESUME=results/gpu-speedmap/RUN_ID scripts/gpu-map.sh OUT_DIR    (step 1 goes on with that unfinished map)
+#        PYTHON=.venv/bin/python scripts/gpu-map.sh OUT_DIR              (the interpreter with JAX; default python3)
 #
 # Steps, in order of value: (1) paper size at batch 1 and 32; (2) small at batch 1, 8 and 32; (3) paper at
 # batch 8. A step killed by the budget keeps every cell it finished (a map saves each cell whole), and running
@@ -40,12 +41,18 @@ fi
 
 # What the device is, before anything is timed (fails here, not half-way, if JAX cannot see it).
 if [ "${DRY_RUN:-0}" != 1 ]; then
+  if ! "$py" -c "import jax" 2>/dev/null; then
+    echo "scripts/gpu-map.sh: $py cannot import jax; name an interpreter that has JAX (PYTHON=.venv/bin/python)" \
+         "or install it (docs/gpu.md)" >&2
+    exit 2
+  fi
   "$py" - "$out/device.json" <<'PY'
 import json, sys
 from bench.measure.env import capture
 env = capture()
 json.dump(env, open(sys.argv[1], "w"), indent=2, default=str)
-print(f"device: {env['platform']} {env['device_kind']} x{env['device_count']}; {env.get('device_driver') or 'no driver line'}")
+driver = env.get('device_driver') or 'no driver line'
+print(f"device: {env['platform']} {env['device_kind']} x{env['device_count']}; {driver}")
 PY
 fi
 

@@ -48,3 +48,15 @@ def test_resume_goes_to_step_one_only(tmp_path):
     commands = steps(tmp_path / "out", RESUME=str(run))
     parsed = [build_parser().parse_args(c) for c in commands]
     assert [a.resume_from for a in parsed] == [str(run.resolve()), None, None]
+
+
+def test_an_interpreter_without_jax_is_refused_in_one_line(tmp_path):
+    """Before the device is recorded or anything timed: one line naming PYTHON, exit 2, no map folder."""
+    fake = tmp_path / "python"
+    fake.write_text("#!/bin/sh\nexit 1\n")
+    fake.chmod(0o755)
+    done = subprocess.run(["bash", str(SCRIPT), str(tmp_path / "out"), "600"], capture_output=True, text=True,
+                          env={**os.environ, "PYTHON": str(fake)})
+    assert done.returncode == 2
+    assert len(done.stderr.strip().splitlines()) == 1 and "PYTHON=" in done.stderr
+    assert not (tmp_path / "out" / "device.json").exists() and not any((tmp_path / "out" / "results").iterdir())
