@@ -13,7 +13,7 @@
 #        REHEARSE=1 JAX_PLATFORMS=cpu scripts/gpu-map.sh OUT_DIR 300    (the same steps at tiny sizes, on a CPU)
 #        DRY_RUN=1 scripts/gpu-map.sh OUT_DIR                             (print each step's narbench arguments)
 #        RESUME=results/gpu-speedmap/RUN_ID scripts/gpu-map.sh OUT_DIR    (step 1 goes on with that unfinished map)
-#        PYTHON=.venv/bin/python scripts/gpu-map.sh OUT_DIR              (the interpreter with JAX; default python3)
+#        PYTHON=.venv/bin/python scripts/gpu-map.sh OUT_DIR               (the interpreter with JAX; default python3)
 #
 # Steps, in order of value: (1) paper size at batch 1 and 32; (2) small at batch 1, 8 and 32; (3) paper at
 # batch 8. A step killed by the budget keeps every cell it finished (a map saves each cell whole), and running
