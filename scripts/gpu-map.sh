@@ -41,13 +41,14 @@ fi
 
 # What the device is, before anything is timed (fails here, not half-way, if JAX cannot see it).
 if [ "${DRY_RUN:-0}" != 1 ]; then
-  if ! "$py" -c "import jax" 2>/dev/null; then
-    echo "scripts/gpu-map.sh: $py cannot import jax; name an interpreter that has JAX (PYTHON=.venv/bin/python)" \
-         "or install it (docs/gpu.md)" >&2
-    exit 2
-  fi
   "$py" - "$out/device.json" <<'PY'
 import json, sys
+try:
+    import jax  # noqa: F401  (checked here, in the one interpreter start that records the device)
+except ImportError:
+    print(f"scripts/gpu-map.sh: {sys.executable} cannot import jax; name an interpreter that has JAX "
+          "(PYTHON=.venv/bin/python) or install it (docs/gpu.md)", file=sys.stderr)
+    sys.exit(2)
 from bench.measure.env import capture
 env = capture()
 json.dump(env, open(sys.argv[1], "w"), indent=2, default=str)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shlex
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -53,7 +54,7 @@ def test_resume_goes_to_step_one_only(tmp_path):
 def test_an_interpreter_without_jax_is_refused_in_one_line(tmp_path):
     """Before the device is recorded or anything timed: one line naming PYTHON, exit 2, no map folder."""
     fake = tmp_path / "python"
-    fake.write_text("#!/bin/sh\nexit 1\n")
+    fake.write_text(f'#!/bin/sh\nexec "{sys.executable}" -S "$@"\n')     # no site-packages: no JAX
     fake.chmod(0o755)
     done = subprocess.run(["bash", str(SCRIPT), str(tmp_path / "out"), "600"], capture_output=True, text=True,
                           env={**os.environ, "PYTHON": str(fake)})
